@@ -1,0 +1,155 @@
+"""The ``rollart`` command line (typer): simulate, compare, scenarios."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rollart.core.modes import mode_config
+from rollart.plan import MODES, Plan, PlanError, load_plan
+from rollart.report import RunResult, compare_table, print_result
+from rollart.scenarios_catalog import default_scenario, resolve, shipped
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Plan, simulate and run disaggregated multi-task agentic RL training.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(problems: list[str]) -> None:
+    for line in problems:
+        err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def _load(scenario: Optional[str], overrides: list[str]) -> Plan:
+    path = resolve(scenario) if scenario else default_scenario()
+    try:
+        return load_plan(path, overrides)
+    except PlanError as exc:
+        _fail(exc.problems)
+        raise  # unreachable
+
+
+def _check_mode(mode: Optional[str]) -> None:
+    if mode is not None and mode not in MODES:
+        _fail([f"--mode: unknown mode '{mode}'; modes are: {', '.join(MODES)}"])
+
+
+def run_simulation(plan: Plan, mode: Optional[str], seed: int, trace: Optional[Path], progress: bool) -> RunResult:
+    """Simulate ``plan`` with a progress bar over training steps."""
+    from rollart.sim import simulate_plan
+    from rollart.trace import Tracer
+
+    cfg = mode_config(plan, mode)
+    tracer = Tracer() if trace else None
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("steps · simulated {task.fields[sim]}"), TimeElapsedColumn(),
+                  console=err_console, transient=True, disable=not progress) as bar:
+        task = bar.add_task(f"simulating {plan.name} ({cfg.name})", total=plan.algorithm.steps, sim="0 s")
+        outcome = simulate_plan(plan, cfg, seed, tracer,
+                                on_step=lambda rec: bar.update(task, advance=1, sim=f"{rec.end_s:,.0f} s"))
+    try:
+        result = outcome.to_result()
+    except PlanError as exc:
+        _fail(exc.problems)
+        raise
+    if tracer is not None and trace is not None:
+        tracer.write(trace)
+    return result
+
+
+@app.command()
+def simulate(
+    scenario: Optional[str] = typer.Argument(None, help="scenario YAML or shipped name; the embedded default if omitted"),
+    mode: Optional[str] = typer.Option(None, "--mode", help=f"override algorithm.mode ({', '.join(MODES)})"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="override algorithm.steps"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="override algorithm.seed"),
+    set_: list[str] = typer.Option([], "--set", help="override a field: --set algorithm.alpha=2 (repeatable)"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+) -> None:
+    """Simulate a plan and print the step table."""
+    _check_mode(mode)
+    overrides = list(set_)
+    if steps is not None:
+        overrides.append(f"algorithm.steps={steps}")
+    if seed is not None:
+        overrides.append(f"algorithm.seed={seed}")
+    plan = _load(scenario, overrides)
+    t0 = time.perf_counter()
+    try:
+        result = run_simulation(plan, mode, plan.algorithm.seed, trace, progress=not quiet)
+    except PlanError as exc:
+        _fail(exc.problems)
+        return
+    wall = time.perf_counter() - t0
+    print_result(result, console)
+    console.print(f"[dim]simulated {result.summary['simulated_s']:,.0f} s in {wall:.1f} s wall "
+                  f"({result.summary['effects'] / max(wall, 1e-9):,.0f} effects/s)[/]")
+    if json_path:
+        result.write_json(json_path)
+        console.print(f"[dim]wrote {json_path}[/]")
+    if trace:
+        console.print(f"[dim]wrote {trace} (open in https://ui.perfetto.dev)[/]")
+    if result.error:
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def compare(
+    scenario: str = typer.Argument(..., help="scenario YAML or shipped name"),
+    modes: str = typer.Option("sync,sync+,one-off,areal,rollart", "--modes", help="comma-separated modes"),
+    steps: Optional[int] = typer.Option(None, "--steps"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    set_: list[str] = typer.Option([], "--set"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write every mode's result as JSON"),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+) -> None:
+    """Simulate one plan under several modes; throughput is normalised to the first mode."""
+    names = [m.strip() for m in modes.split(",") if m.strip()]
+    for m in names:
+        _check_mode(m)
+    overrides = list(set_)
+    if steps is not None:
+        overrides.append(f"algorithm.steps={steps}")
+    if seed is not None:
+        overrides.append(f"algorithm.seed={seed}")
+    plan = _load(scenario, overrides)
+    results = []
+    try:
+        for m in names:
+            results.append(run_simulation(plan, m, plan.algorithm.seed, None, progress=not quiet))
+    except PlanError as exc:
+        _fail(exc.problems)
+    console.print(compare_table(results))
+    for r in results:
+        if r.error:
+            console.print(f"[bold red]{r.mode} stopped early:[/] {r.error}")
+    if json_path:
+        json_path.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+        console.print(f"[dim]wrote {json_path}[/]")
+
+
+@app.command()
+def scenarios() -> None:
+    """List the shipped scenarios."""
+    from rich.table import Table
+
+    table = Table(title="shipped scenarios (pass the name or a path to simulate/compare)", title_justify="left")
+    table.add_column("name")
+    table.add_column("description")
+    for name, _, desc in shipped():
+        table.add_row(name.removesuffix(".yaml"), desc)
+    console.print(table)
+
+
+def main() -> None:  # pragma: no cover
+    app()

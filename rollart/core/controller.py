@@ -1,0 +1,136 @@
+"""The single controller: wires proxy, buffer, scheduler, env managers and trainer.
+
+A backend creates one Controller per run, spawns :meth:`Controller.main` and executes the
+effects its processes yield. Everything the controller decides is backend-neutral."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Generator
+
+from rollart.core.barrier import LockstepBarrier
+from rollart.core.buffer import SampleBuffer
+from rollart.core.effects import Spawn
+from rollart.core.env_manager import run_trajectory
+from rollart.core.modes import ModeConfig
+from rollart.core.proxy import LLMProxy, WorkerInfo
+from rollart.core.scheduler import RolloutScheduler
+from rollart.core.signals import Signal
+from rollart.core.stats import RunStats, StepRecord, critical_path_breakdown
+from rollart.core.trainer import run_trainer
+from rollart.core.trajectory import Group, Trajectory, TrajState
+from rollart.plan.schema import Plan, TaskSpec
+from rollart.trace import NullTracer, Tracer
+
+
+class RunAborted(RuntimeError):
+    """The run cannot make progress (e.g. every environment keeps failing)."""
+
+
+def build_workers(plan: Plan) -> list[WorkerInfo]:
+    """Inference workers in placement order; backends build their engines with the same ids."""
+    workers: list[WorkerInfo] = []
+    for g in plan.placement.generation:
+        for _ in range(g.workers):
+            workers.append(WorkerInfo(id=len(workers), pool=g.pool, role=g.role, tp=g.tp,
+                                      max_num_seqs=g.max_num_seqs))
+    return workers
+
+
+class Controller:
+    def __init__(self, plan: Plan, mode: ModeConfig, clock: Callable[[], float],
+                 tracer: Tracer | None = None, on_step: Callable[[StepRecord], None] | None = None):
+        self.plan = plan
+        self.mode = mode
+        self.now = clock
+        self.tracer: Tracer = tracer or NullTracer()
+        self.on_step = on_step
+        affinity = plan.placement.hw_affinity if mode.hw_affinity else None
+        self.proxy = LLMProxy(build_workers(plan), affinity)
+        self.buffer = SampleBuffer(plan.algorithm.group_size, plan.groups_per_batch, mode.alpha)
+        self.scheduler = RolloutScheduler(plan.tasks, mode, plan.groups_per_batch, plan.algorithm.group_size)
+        self.stats = RunStats()
+        self.trajectories: list[Trajectory] = []
+        self.groups: list[Group] = []
+        self.version = 0                 # trainer's policy version (train steps done)
+        self.published_version = 0       # newest version every worker has pulled
+        self.weights_published = Signal("weights.published")
+        self.finished = False
+        self._lockstep: dict[int, LockstepBarrier] = {}
+        self._reward_gate: dict[int, LockstepBarrier] = {}
+        self._failure_limit = 20 * plan.algorithm.batch_size
+
+    # ---- processes ------------------------------------------------------------------------
+
+    def main(self) -> Generator[Any, Any, None]:
+        yield Spawn(self.scheduler.run(self))
+        yield from run_trainer(self)
+        self.finished = True
+
+    def trajectory_process(self, traj: Trajectory) -> Generator[Any, Any, None]:
+        return run_trajectory(self, traj)
+
+    # ---- bookkeeping used by the processes --------------------------------------------
+
+    def new_group(self, task: TaskSpec, batch_index: int) -> Group:
+        group = Group(id=len(self.groups), task=task.name, version=self.proxy.version,
+                      size=self.plan.algorithm.group_size, batch_index=batch_index)
+        self.groups.append(group)
+        self.buffer.add_group(group)
+        return group
+
+    def new_trajectory(self, group: Group) -> Trajectory:
+        task = self.plan.task(group.task)
+        traj = Trajectory(id=len(self.trajectories), group=group, task=task.name, tag=task.affinity_tag,
+                          start_version=self.proxy.version, started_at=self.now())
+        group.members.append(traj)
+        self.trajectories.append(traj)
+        for barrier in (self.lockstep_barrier(group.batch_index), self.reward_barrier(group.batch_index)):
+            if barrier is not None:
+                barrier.join(traj.id)
+        return traj
+
+    def lockstep_barrier(self, batch_index: int) -> LockstepBarrier | None:
+        if not self.mode.lockstep_env:
+            return None
+        return self._lockstep.setdefault(batch_index, LockstepBarrier(f"lockstep.{batch_index}"))
+
+    def reward_barrier(self, batch_index: int) -> LockstepBarrier | None:
+        if not self.mode.reward_after_batch:
+            return None
+        return self._reward_gate.setdefault(batch_index, LockstepBarrier(f"reward.{batch_index}"))
+
+    def record_failure(self, traj: Trajectory) -> None:
+        self.stats.env_failures += 1
+        self.stats.consecutive_failures += 1
+        if self.stats.consecutive_failures > self._failure_limit:
+            raise RunAborted(f"tasks.{traj.task}.env: {self.stats.consecutive_failures} trajectories failed in a row "
+                             f"without one succeeding (last: {traj.error}); check failure_prob and timeout_s")
+
+    def record_step(self, n: int, start: float, end: float, groups: list[Group], batch: tuple[Trajectory, ...],
+                    wait_start: float, wait_end: float, sync_s: float, train_s: float) -> None:
+        last_group = max(groups, key=lambda g: (g.completed_at or 0.0, g.id))
+        critical = max(last_group.scored, key=lambda t: (t.finished_at or 0.0, t.id))
+        breakdown = critical_path_breakdown(critical.segments, wait_start, wait_end)
+        breakdown["weight_sync"] += sync_s
+        breakdown["train"] += train_s
+        breakdown["idle"] += max(0.0, (end - start) - sum(breakdown.values()))
+        rewards = [t.reward for t in batch if t.reward is not None]
+        record = StepRecord(
+            step=n, start_s=start, end_s=end, breakdown_s=breakdown, trajectories=len(batch),
+            tokens=sum(t.context_tokens for t in batch),
+            mean_staleness=sum(n - t.start_version for t in batch) / len(batch),
+            mean_reward=sum(rewards) / len(rewards) if rewards else None,
+        )
+        self.stats.steps.append(record)
+        for t in batch:
+            t.segments = []  # consumed: free the per-turn spans
+        if self.on_step is not None:
+            self.on_step(record)
+
+    # ---- end-of-run accounting ------------------------------------------------------------
+
+    def outcome_counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in TrajState}
+        for t in self.trajectories:
+            counts[t.state.value] += 1
+        return counts

@@ -1,0 +1,146 @@
+"""EnvManager: one trajectory's life — reset → (generate → step)* → reward → buffer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generator
+
+from rollart.core.effects import (Abort, Aborted, ComputeReward, EnvClose, EnvOutcome, EnvReset, EnvStep,
+                                  Generate, GenOutcome, Sleep, Spawn, Wait)
+from rollart.core.signals import Signal
+from rollart.core.trajectory import ENV_RESET, ENV_STEP, GEN, REWARD, WEIGHT_SYNC, Trajectory, TrajState
+
+if TYPE_CHECKING:
+    from rollart.core.controller import Controller
+
+Proc = Generator[Any, Any, Any]
+
+
+def _wait(ctl: "Controller", traj: Trajectory, signal: Signal, category: str) -> Proc:
+    t0 = ctl.now()
+    yield Wait(signal)
+    traj.record(t0, ctl.now(), category)
+
+
+def _env_call(ctl: "Controller", traj: Trajectory, effect_type: type, category: str) -> Proc:
+    """Call the env with the task's retry policy; returns the last :class:`EnvOutcome`."""
+    spec = ctl.plan.task(traj.task).env
+    outcome = EnvOutcome(ok=False, error="not attempted")
+    for attempt in range(spec.max_retries + 1):
+        if attempt:
+            t0 = ctl.now()
+            yield Sleep(spec.retry_backoff_s * 2 ** (attempt - 1))
+            traj.record(t0, ctl.now(), category)
+        t0 = ctl.now()
+        outcome = yield effect_type(traj, attempt)
+        traj.record(t0, ctl.now(), category)
+        ctl.tracer.env_span(traj, category if outcome.ok else f"{category} ({outcome.error})", t0, ctl.now())
+        if outcome.ok:
+            return outcome
+        ctl.stats.env_errors += 1
+    return outcome
+
+
+def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:
+    while ctl.proxy.suspended:  # step ②: no new requests while weights are swapped
+        yield from _wait(ctl, traj, ctl.proxy.resumed, WEIGHT_SYNC)
+    proxy = ctl.proxy
+    prefill = None
+    if ctl.plan.placement.pd_disaggregation:
+        prefill = proxy.route(traj.tag, None, role="prefill")
+        worker = proxy.route(traj.tag, traj.last_worker, role="decode")
+    else:
+        worker = proxy.route(traj.tag, traj.last_worker)
+    proxy.dispatch(worker)
+    if prefill is not None:
+        proxy.dispatch(prefill)
+    t0 = ctl.now()
+    try:
+        out: GenOutcome = yield Generate(traj, worker.id, traj.context_tokens, max_new_tokens,
+                                         prefill.id if prefill is not None else None)
+    finally:
+        proxy.release(worker)
+        if prefill is not None:
+            proxy.release(prefill)
+    traj.record(t0, ctl.now(), GEN)
+    traj.last_worker = worker.id
+    traj.context_tokens += out.tokens
+    traj.generated_tokens += out.tokens
+    traj.turns += 1
+    ctl.stats.generated_tokens += out.tokens
+
+
+def run_trajectory(ctl: "Controller", traj: Trajectory) -> Proc:
+    """The EnvManager process of one trajectory (see the module docstring)."""
+    task = ctl.plan.task(traj.task)
+    barrier = ctl.lockstep_barrier(traj.group.batch_index)
+    reward_gate = ctl.reward_barrier(traj.group.batch_index)
+    in_barrier = barrier is not None
+    gated = reward_gate is not None
+    try:
+        reset = yield from _env_call(ctl, traj, EnvReset, ENV_RESET)
+        if not reset.ok:
+            yield from _on_failure(ctl, traj, f"env.reset {reset.error}")
+            return
+        traj.context_tokens = reset.obs_tokens
+        while True:
+            if in_barrier and (sig := barrier.arrive(traj.id)) is not None:  # wait for the slowest env
+                yield from _wait(ctl, traj, sig, ENV_STEP)
+            budget = task.max_context_tokens - traj.context_tokens
+            yield from _generate(ctl, traj, max(1, budget))
+            if in_barrier and (sig := barrier.arrive(traj.id)) is not None:  # wait for the slowest generation
+                yield from _wait(ctl, traj, sig, GEN)
+            step = yield from _env_call(ctl, traj, EnvStep, ENV_STEP)
+            if not step.ok:
+                yield from _on_failure(ctl, traj, f"env.step {step.error}")
+                return
+            traj.context_tokens += step.obs_tokens
+            if step.done or traj.context_tokens >= task.max_context_tokens:
+                break
+        if in_barrier:
+            barrier.leave(traj.id)
+            in_barrier = False
+        if gated and (sig := reward_gate.arrive(traj.id)) is not None:  # Sync: reward after the whole batch
+            yield from _wait(ctl, traj, sig, REWARD)
+        if gated:
+            reward_gate.leave(traj.id)
+            gated = False
+        t0 = ctl.now()
+        traj.reward = yield ComputeReward(traj, ctl.mode.serverless_reward)
+        traj.record(t0, ctl.now(), REWARD)
+        ctl.tracer.reward_span(traj, t0, ctl.now())
+        traj.finished_at = ctl.now()
+        ctl.stats.consecutive_failures = 0
+        surplus = ctl.buffer.submit(traj, ctl.now())
+        if surplus:
+            ctl.stats.aborted_redundant_events += len(surplus)
+            yield Abort(tuple(surplus), "redundant")
+    except Aborted:
+        if traj.state is TrajState.RUNNING:  # aborted by its own group's abandonment etc.
+            traj.state = TrajState.FAILED
+    finally:
+        if in_barrier:
+            barrier.leave(traj.id)
+        if gated:
+            reward_gate.leave(traj.id)
+    yield EnvClose(traj)
+    ctl.tracer.release(traj)
+
+
+def _on_failure(ctl: "Controller", traj: Trajectory, error: str) -> Proc:
+    """Mark the trajectory failed; refill its group if it can no longer fill up."""
+    traj.error = error
+    ctl.record_failure(traj)
+    group = traj.group
+    if group.complete or group.evicted or group.abandoned or traj.state is not TrajState.RUNNING:
+        return
+    ctl.buffer.fail(traj)
+    if len(group.scored) + len(group.running) >= group.size:
+        return  # redundant members can still fill the group
+    if group.refills < ctl.plan.algorithm.max_refills_per_group:
+        group.refills += 1
+        refill = ctl.new_trajectory(group)
+        yield Spawn(ctl.trajectory_process(refill), key=refill.id)
+    else:
+        running = ctl.buffer.abandon(group)
+        if running:
+            yield Abort(tuple(running), "group abandoned")

@@ -1,0 +1,52 @@
+"""The five training modes as configurations of one core (no second code path)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollart.plan.schema import Plan
+
+
+@dataclass(frozen=True)
+class ModeConfig:
+    name: str
+    alpha: int                 # staleness bound: a trajectory started at v is usable while v >= n - alpha
+    batch_level_launch: bool   # launch a whole rollout batch at once (vs refill group by group)
+    lockstep_env: bool         # every trajectory of a batch waits for the slowest at each turn
+    reward_after_batch: bool   # score only once the whole batch finished its rollout
+    serverless_reward: bool    # LLM-judge calls go to the serverless platform (else dedicated GPUs)
+    hw_affinity: bool          # route by task tag (else least-loaded over every worker)
+    redundancy: float          # extra members per group, as a fraction of the group size
+    async_weight_transfer: bool  # bucketed store publish/pull overlapped with rollout (else blocking)
+
+    @property
+    def sync_before_get_batch(self) -> bool:
+        """With alpha = 0 the next batch can only start on fresh weights, so weight sync
+        (steps ②–⑤) must precede get_batch (step ①); otherwise the cycle waits for the batch
+        first, which hides the weight pull behind the wait."""
+        return self.alpha == 0
+
+
+def mode_config(plan: Plan, mode: str | None = None) -> ModeConfig:
+    """Sync: α=0, lockstep env, reward after batch, dedicated reward, blocking weight sync.
+    Sync+: Sync + trajectory-level env/reward + serverless reward.
+    One-off: Sync+ with the rollout one batch ahead of training (α=1, batch-level).
+    AReaL-style: trajectory-level, staleness-bounded (plan α), no affinity, no redundancy,
+    blocking weight transfer, dedicated reward. ROLLART: everything on, as the plan says."""
+    mode = mode or plan.algorithm.mode
+    a = plan.algorithm
+    has_dedicated = plan.placement.reward.gpus > 0
+    serverless_ok = plan.cluster.serverless is not None
+    plan_serverless = plan.placement.reward.where == "serverless"
+    if mode == "sync":
+        return ModeConfig(mode, 0, True, True, True, not has_dedicated and serverless_ok, False, 0.0, False)
+    if mode == "sync+":
+        return ModeConfig(mode, 0, True, False, False, serverless_ok or not has_dedicated, False, 0.0, False)
+    if mode == "one-off":
+        return ModeConfig(mode, 1, True, False, False, serverless_ok or not has_dedicated, False, 0.0, False)
+    if mode == "areal":
+        return ModeConfig(mode, a.alpha, False, False, False, not has_dedicated and serverless_ok, False, 0.0, False)
+    if mode == "rollart":
+        return ModeConfig(mode, a.alpha, False, False, False, plan_serverless, True, a.redundancy,
+                          plan.weight_sync.transport == "bucketed_store")
+    raise ValueError(f"--mode: unknown mode '{mode}'; modes are: sync, sync+, one-off, areal, rollart")

@@ -1,0 +1,47 @@
+"""What a run measures, independent of the backend that ran it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BREAKDOWN_KEYS = ("generation", "env_reset", "env_step", "reward", "train", "weight_sync", "idle")
+
+
+@dataclass
+class StepRecord:
+    step: int
+    start_s: float
+    end_s: float
+    breakdown_s: dict[str, float]
+    trajectories: int
+    tokens: int            # tokens in the trained batch (context incl. responses)
+    mean_staleness: float  # mean (n − start version) over the batch
+    mean_reward: float | None = None
+
+    @property
+    def time_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass
+class RunStats:
+    generated_tokens: int = 0
+    env_errors: int = 0          # individual env call errors/timeouts (retried or not)
+    env_failures: int = 0        # trajectories lost to env failures after retries
+    consecutive_failures: int = 0
+    aborted_redundant_events: int = 0
+    steps: list[StepRecord] = field(default_factory=list)
+
+
+def critical_path_breakdown(segments: list[tuple[float, float, str]], start: float, end: float) -> dict[str, float]:
+    """Attribute the interval [start, end] to the categories of the given (non-overlapping)
+    segments; whatever they do not cover is 'idle'."""
+    out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    covered = 0.0
+    for s, e, cat in segments:
+        lo, hi = max(s, start), min(e, end)
+        if hi > lo:
+            out[cat] = out.get(cat, 0.0) + (hi - lo)
+            covered += hi - lo
+    out["idle"] += max(0.0, (end - start) - covered)
+    return out

@@ -1,0 +1,79 @@
+"""A trajectory's record and its GRPO group. Every trajectory ends in exactly one state."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class TrajState(enum.Enum):
+    RUNNING = "running"                      # in flight: env, generation or reward
+    SCORED = "scored"                        # reward done, waiting in the SampleBuffer
+    USED = "used"                            # consumed by a training batch
+    ABORTED_STALE = "aborted_stale"          # fell out of the α window
+    ABORTED_REDUNDANT = "aborted_redundant"  # surplus of redundant rollout, group already full
+    FAILED = "failed"                        # env failed or timed out after its retries
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TrajState.USED, TrajState.ABORTED_STALE, TrajState.ABORTED_REDUNDANT, TrajState.FAILED)
+
+
+# Time categories of a trajectory's life, used for the step breakdown.
+GEN, ENV_RESET, ENV_STEP, REWARD, WEIGHT_SYNC = "generation", "env_reset", "env_step", "reward", "weight_sync"
+
+
+@dataclass(eq=False)
+class Trajectory:
+    id: int
+    group: "Group"
+    task: str
+    tag: str
+    start_version: int
+    started_at: float
+    state: TrajState = TrajState.RUNNING
+    turns: int = 0
+    context_tokens: int = 0
+    generated_tokens: int = 0
+    reward: float | None = None
+    finished_at: float | None = None
+    last_worker: int | None = None
+    error: str | None = None
+    # (start, end, category) spans; kept until the trajectory is reported so the step
+    # breakdown can follow the critical path.
+    segments: list[tuple[float, float, str]] = field(default_factory=list)
+
+    def record(self, start: float, end: float, category: str) -> None:
+        if end > start:
+            self.segments.append((start, end, category))
+
+    def __repr__(self) -> str:
+        return f"Trajectory(id={self.id}, task={self.task}, v={self.start_version}, {self.state.value})"
+
+
+@dataclass(eq=False)
+class Group:
+    """One prompt's GRPO group: complete once ``size`` members are scored."""
+
+    id: int
+    task: str
+    version: int  # policy version when the group was admitted; bounds every member's staleness
+    size: int
+    batch_index: int  # which rollout batch admitted it (batch-level modes)
+    members: list[Trajectory] = field(default_factory=list)
+    scored: list[Trajectory] = field(default_factory=list)
+    refills: int = 0
+    complete: bool = False
+    abandoned: bool = False  # ran out of refills
+    evicted: bool = False    # fell out of the α window
+    consumed: bool = False
+    completed_at: float | None = None
+
+    @property
+    def running(self) -> list[Trajectory]:
+        return [t for t in self.members if t.state is TrajState.RUNNING]
+
+    @property
+    def live(self) -> bool:
+        """Still holds a slot of the rollout budget (open, buffered or consumed)."""
+        return not (self.abandoned or self.evicted)

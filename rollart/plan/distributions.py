@@ -1,0 +1,179 @@
+"""Distributions a scenario can use for latencies, turn counts and token counts.
+
+Each is a pydantic model tagged by ``kind`` and knows how to draw from a numpy
+``Generator``; a bare number in YAML means ``{kind: constant, value: N}``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NonNeg = Annotated[float, Field(ge=0)]
+
+
+class _Dist(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def sample(self, rng: np.random.Generator) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def mean(self) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class Constant(_Dist):
+    """Always ``value``."""
+
+    kind: Literal["constant"] = "constant"
+    value: NonNeg
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return self.value
+
+    def mean(self) -> float:
+        return self.value
+
+
+class LogNormal(_Dist):
+    """exp(N(ln median, sigma²)), optionally capped at ``max``."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    median: Annotated[float, Field(gt=0)]
+    sigma: NonNeg
+    max: Annotated[float, Field(gt=0)] | None = None
+
+    def sample(self, rng: np.random.Generator) -> float:
+        x = self.median * math.exp(self.sigma * rng.standard_normal())
+        return min(x, self.max) if self.max is not None else x
+
+    def mean(self) -> float:
+        return self.median * math.exp(self.sigma**2 / 2)
+
+
+class Gaussian(_Dist):
+    """N(mean, std²) truncated below at ``min`` (latencies and counts are never negative)."""
+
+    kind: Literal["gaussian"] = "gaussian"
+    mean_: NonNeg = Field(alias="mean")
+    std: NonNeg
+    min: NonNeg = 0.0
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return max(self.min, self.mean_ + self.std * rng.standard_normal())
+
+    def mean(self) -> float:
+        return self.mean_
+
+
+class Uniform(_Dist):
+    """U(low, high)."""
+
+    kind: Literal["uniform"] = "uniform"
+    low: NonNeg
+    high: NonNeg
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Uniform":
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return self.low + (self.high - self.low) * rng.random()
+
+    def mean(self) -> float:
+        return (self.low + self.high) / 2
+
+
+class Pareto(_Dist):
+    """Pareto type I: ``scale · U^(-1/shape)``; a heavy tail (shape ≤ 2 has infinite variance)."""
+
+    kind: Literal["pareto"] = "pareto"
+    scale: Annotated[float, Field(gt=0)]
+    shape: Annotated[float, Field(gt=0)]
+    max: Annotated[float, Field(gt=0)] | None = None
+
+    def sample(self, rng: np.random.Generator) -> float:
+        x = self.scale * (1.0 - rng.random()) ** (-1.0 / self.shape)
+        return min(x, self.max) if self.max is not None else x
+
+    def mean(self) -> float:
+        if self.shape <= 1:
+            return self.max if self.max is not None else math.inf
+        return self.scale * self.shape / (self.shape - 1)
+
+
+class Empirical(_Dist):
+    """Inverse-CDF interpolation between measured quantiles ``{probability: value}``.
+
+    Probabilities must include 0 and 1 (the observed min and max)."""
+
+    kind: Literal["empirical"] = "empirical"
+    quantiles: dict[float, NonNeg]
+
+    @field_validator("quantiles")
+    @classmethod
+    def _check(cls, q: dict[float, float]) -> dict[float, float]:
+        ps = sorted(q)
+        if len(ps) < 2 or ps[0] != 0.0 or ps[-1] != 1.0:
+            raise ValueError("quantiles need at least the probabilities 0 and 1")
+        vals = [q[p] for p in ps]
+        if any(b < a for a, b in zip(vals, vals[1:])):
+            raise ValueError("quantile values must not decrease as the probability grows")
+        return {p: q[p] for p in ps}
+
+    def sample(self, rng: np.random.Generator) -> float:
+        ps = list(self.quantiles)
+        return float(np.interp(rng.random(), ps, list(self.quantiles.values())))
+
+    def mean(self) -> float:
+        ps = list(self.quantiles)
+        vs = list(self.quantiles.values())
+        return sum((p1 - p0) * (v0 + v1) / 2 for p0, p1, v0, v1 in zip(ps, ps[1:], vs, vs[1:]))
+
+
+class Component(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    weight: Annotated[float, Field(gt=0)]
+    dist: "Distribution"
+
+
+class Mixture(_Dist):
+    """Draws from one component, chosen with probability proportional to its weight
+    (e.g. bimodal turn counts, or a lognormal body plus a Pareto tail)."""
+
+    kind: Literal["mixture"] = "mixture"
+    components: list[Component] = Field(min_length=1)
+
+    def sample(self, rng: np.random.Generator) -> float:
+        total = sum(c.weight for c in self.components)
+        u = rng.random() * total
+        for c in self.components:
+            u -= c.weight
+            if u < 0:
+                return c.dist.sample(rng)
+        return self.components[-1].dist.sample(rng)
+
+    def mean(self) -> float:
+        total = sum(c.weight for c in self.components)
+        return sum(c.weight * c.dist.mean() for c in self.components) / total
+
+
+Distribution = Annotated[
+    Union[Constant, LogNormal, Gaussian, Uniform, Pareto, Empirical, Mixture],
+    Field(discriminator="kind"),
+]
+Component.model_rebuild()
+
+
+def coerce_distribution(value: object) -> object:
+    """YAML shorthand: a plain number is a constant distribution."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {"kind": "constant", "value": value}
+    return value

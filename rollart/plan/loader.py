@@ -1,0 +1,130 @@
+"""Load a plan from YAML, apply ``--set a.b=c`` overrides, and turn validation errors
+into one line per problem: ``field.path: what is wrong``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import ValidationError
+
+from rollart.plan.schema import Plan
+
+# Discriminator tags pydantic inserts into error locations; a user never writes them.
+_UNION_TAGS = {"constant", "lognormal", "gaussian", "uniform", "pareto", "empirical", "mixture", "function-after",
+               "function-before", "str", "dict[str,any]"}
+
+
+class PlanError(Exception):
+    """A plan the user wrote is wrong; ``problems`` are ``path: message`` lines."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.0.c=VALUE`` → (["a","b","0","c"], yaml-parsed VALUE)."""
+    if "=" not in text:
+        raise PlanError([f"--set {text}: expected KEY=VALUE, e.g. algorithm.alpha=2"])
+    key, _, raw = text.partition("=")
+    path = [part for part in key.strip().split(".") if part]
+    if not path:
+        raise PlanError([f"--set {text}: empty key"])
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise PlanError([f"--set {key}: value is not valid YAML ({exc.problem})"]) from None
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Set each dotted path in a copy of ``data``. List items can be addressed by index or,
+    for lists of named items (tasks), by name: ``tasks.FrozenLake.share=0.3``."""
+    import copy
+
+    data = copy.deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node: Any = data
+        for i, part in enumerate(path):
+            last = i == len(path) - 1
+            where = ".".join(path[: i + 1])
+            if isinstance(node, list):
+                idx = _list_index(node, part)
+                if idx is None:
+                    raise PlanError([f"--set {'.'.join(path)}: no item '{part}' at {where}"])
+                if last:
+                    node[idx] = value
+                else:
+                    node = node[idx]
+            elif isinstance(node, dict):
+                if last:
+                    node[part] = value
+                else:
+                    if not isinstance(node.get(part), (dict, list)):
+                        node[part] = {}
+                    node = node[part]
+            else:
+                raise PlanError([f"--set {'.'.join(path)}: {'.'.join(path[:i])} is a value, not a section"])
+    return data
+
+
+def _list_index(items: list[Any], part: str) -> int | None:
+    if part.lstrip("-").isdigit():
+        idx = int(part)
+        return idx if -len(items) <= idx < len(items) else None
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and item.get("name") == part:
+            return i
+    return None
+
+
+def format_validation_error(err: ValidationError) -> list[str]:
+    lines = []
+    for e in err.errors():
+        loc = [str(x) for x in e["loc"] if str(x) not in _UNION_TAGS]
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if not loc and "\n" in msg or (not loc and ":" in msg.split(" ")[0]):
+            lines.extend(msg.splitlines())  # cross-field checks already carry their paths
+            continue
+        path = ".".join(loc) or "plan"
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see the README's plan reference)"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        elif "input" in e and e["type"] not in ("model_type",) and not isinstance(e["input"], (dict, list)):
+            msg = f"{msg} (got {e['input']!r})"
+        lines.append(f"{path}: {msg}")
+    return lines
+
+
+def plan_from_dict(data: dict[str, Any], overrides: Iterable[str] = ()) -> Plan:
+    data = apply_overrides(data, overrides)
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as err:
+        raise PlanError(format_validation_error(err)) from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError([f"{path}: no such scenario file"])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise PlanError([f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
+    if not isinstance(data, dict):
+        raise PlanError([f"{path}: a scenario is a YAML mapping with cluster, model, tasks, placement, algorithm"])
+    data.setdefault("name", path.stem)
+    return data
+
+
+def load_plan(path: str | Path, overrides: Iterable[str] = ()) -> Plan:
+    return plan_from_dict(read_yaml(path), overrides)

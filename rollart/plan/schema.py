@@ -1,0 +1,401 @@
+"""The plan a user writes: cluster, model, task mix, placement, algorithm, weight sync.
+
+Every field a user can write is declared here (pydantic v2, unknown fields rejected).
+Cross-field rules (pools that must exist, GPU budgets, divisibility) are checked in
+:meth:`Plan._cross_checks` and reported as ``field.path: what is wrong; what is allowed``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rollart.plan.distributions import Distribution, coerce_distribution
+from rollart.plan.presets import GPU_PRESETS, LINK_PRESETS, MODEL_PRESETS, canonical_gpu, canonical_model
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+Probability = Annotated[float, Field(ge=0, le=1)]
+
+MODES = ("sync", "sync+", "one-off", "areal", "rollart")
+Mode = Literal["sync", "sync+", "one-off", "areal", "rollart"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- cluster
+
+
+class GpuType(_Strict):
+    """Datasheet numbers of a GPU: dense BF16 compute, HBM bandwidth, memory, NVLink."""
+
+    tflops_bf16: PosFloat
+    hbm_tbps: PosFloat
+    memory_gb: PosFloat
+    nvlink_gbps: PosFloat = 400.0
+
+
+class GpuPool(_Strict):
+    gpu: str = Field(description="GPU type: a preset (H800, H20, H100, H200, A100) or a cluster.custom_gpus name")
+    count: PosInt
+    cluster: str = Field("inference", description="physical cluster the pool sits in (links between clusters are slow)")
+
+
+class CpuPool(_Strict):
+    cores: PosInt
+
+
+class Serverless(_Strict):
+    """An autoscaling serverless platform for stateless reward functions."""
+
+    gpu: str = "H800"
+    cold_start_s: NonNegFloat = 8.0
+    max_concurrency: PosInt = 64
+    per_call_overhead_s: NonNegFloat = 0.03
+    scale_down_idle_s: NonNegFloat = 30.0
+
+
+class Link(_Strict):
+    kind: Literal["tcp", "rdma", "ib", "nvlink", "pcie"]
+    bandwidth_gbps: PosFloat | None = None
+    latency_us: NonNegFloat | None = None
+
+    @property
+    def bytes_per_s(self) -> float:
+        gbps = self.bandwidth_gbps if self.bandwidth_gbps is not None else LINK_PRESETS[self.kind]["bandwidth_gbps"]
+        return gbps * 1e9 / 8
+
+    @property
+    def latency_s(self) -> float:
+        us = self.latency_us if self.latency_us is not None else LINK_PRESETS[self.kind]["latency_us"]
+        return us * 1e-6
+
+
+def _default_links() -> dict[str, Link]:
+    return {"cross_cluster": Link(kind="tcp"), "intra_cluster": Link(kind="ib")}
+
+
+class Cluster(_Strict):
+    gpu_pools: dict[str, GpuPool] = Field(min_length=1)
+    custom_gpus: dict[str, GpuType] = Field(default_factory=dict)
+    cpu_pools: dict[str, CpuPool] = Field(default_factory=lambda: {"env": CpuPool(cores=4096)})
+    serverless: Serverless | None = Field(default_factory=Serverless)
+    links: dict[str, Link] = Field(default_factory=_default_links)
+
+    def gpu_type(self, name: str) -> GpuType:
+        """Resolve a GPU name (custom types win over presets of the same name)."""
+        if name in self.custom_gpus:
+            return self.custom_gpus[name]
+        preset = canonical_gpu(name)
+        if preset is None:
+            raise KeyError(name)
+        return GpuType(**GPU_PRESETS[preset])
+
+    def known_gpu(self, name: str) -> bool:
+        return name in self.custom_gpus or canonical_gpu(name) is not None
+
+
+# ---------------------------------------------------------------- model
+
+
+class ModelSpec(_Strict):
+    """Transformer geometry; ``preset`` fills every field not given explicitly."""
+
+    name: str = "custom"
+    layers: PosInt
+    hidden: PosInt
+    heads: PosInt
+    kv_heads: PosInt
+    head_dim: PosInt
+    intermediate: PosInt
+    vocab: PosInt
+    tied_embeddings: bool = False
+    moe_experts: NonNegInt = 0
+    moe_active_experts: NonNegInt = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            data = {"preset": data}
+        if isinstance(data, dict) and "preset" in data:
+            data = dict(data)
+            name = data.pop("preset")
+            key = canonical_model(str(name))
+            if key is None:
+                raise ValueError(f"unknown model preset '{name}'; presets are: {', '.join(MODEL_PRESETS)}")
+            data = {"name": key, **MODEL_PRESETS[key], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _geometry(self) -> "ModelSpec":
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.moe_active_experts > self.moe_experts:
+            raise ValueError("moe_active_experts cannot exceed moe_experts")
+        return self
+
+    # Derived sizes used by every cost model.
+    @property
+    def params_per_layer(self) -> int:
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate * max(1, self.moe_experts)
+        return attn + mlp
+
+    @property
+    def active_params_per_layer(self) -> int:
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        return attn + 3 * self.hidden * self.intermediate * max(1, self.moe_active_experts)
+
+    @property
+    def params(self) -> int:
+        emb = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * self.params_per_layer + emb
+
+    @property
+    def active_params(self) -> int:
+        emb = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * self.active_params_per_layer + emb
+
+    @property
+    def weight_bytes(self) -> int:
+        return 2 * self.params  # BF16
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2  # K and V, BF16
+
+
+# ---------------------------------------------------------------- tasks
+
+
+class EnvSpec(_Strict):
+    """Latency and reliability of one environment type."""
+
+    reset: Distribution = Field(description="seconds per env.reset")
+    step: Distribution = Field(description="seconds per env.step")
+    failure_prob: Probability = 0.0
+    timeout_s: PosFloat = 600.0
+    max_retries: NonNegInt = 1
+    retry_backoff_s: NonNegFloat = 1.0
+    cpu_cores: PosFloat = 1.0
+    pool: str | None = Field(None, description="CPU pool; the first one when omitted")
+
+    @field_validator("reset", "step", mode="before")
+    @classmethod
+    def _number_is_constant(cls, v: Any) -> Any:
+        return coerce_distribution(v)
+
+
+class TaskSpec(_Strict):
+    """One task domain of the multi-task mix."""
+
+    name: str
+    tag: str | None = Field(None, description="hardware-affinity tag; the name when omitted")
+    share: PosFloat = Field(description="relative share of the batch's prompt groups")
+    turns: Distribution
+    prompt_tokens: Distribution = Field(default_factory=lambda: coerce_distribution(512))
+    obs_tokens: Distribution
+    response_tokens: Distribution
+    max_context_tokens: PosInt = 32768
+    env: EnvSpec
+    reward: Literal["rule", "llm_judge"] = "rule"
+
+    @field_validator("turns", "prompt_tokens", "obs_tokens", "response_tokens", mode="before")
+    @classmethod
+    def _number_is_constant(cls, v: Any) -> Any:
+        return coerce_distribution(v)
+
+    @property
+    def affinity_tag(self) -> str:
+        return self.tag or self.name
+
+
+# ---------------------------------------------------------------- placement
+
+
+class TrainerPlacement(_Strict):
+    pool: str
+    gpus: PosInt
+    tp: PosInt = 1
+    pp: PosInt = 1
+    mfu: Annotated[float, Field(gt=0, le=1)] = 0.35
+    micro_batches: PosInt = 16
+
+
+class GenerationGroup(_Strict):
+    pool: str
+    workers: PosInt
+    tp: PosInt = 1
+    max_num_seqs: PosInt = 256
+    role: Literal["both", "prefill", "decode"] = "both"
+
+
+class RewardPlacement(_Strict):
+    where: Literal["serverless", "dedicated"] = "serverless"
+    pool: str | None = None
+    gpus: NonNegInt = 0
+    tp: PosInt = 1
+
+
+class Placement(_Strict):
+    trainer: TrainerPlacement
+    generation: list[GenerationGroup] = Field(min_length=1)
+    hw_affinity: dict[str, str] = Field(default_factory=dict)
+    pd_disaggregation: bool = False
+    prefix_cache: bool = True
+    reward: RewardPlacement = Field(default_factory=RewardPlacement)
+
+
+# ---------------------------------------------------------------- algorithm & weight sync
+
+
+class Algorithm(_Strict):
+    batch_size: PosInt = Field(description="trajectories per training batch")
+    group_size: PosInt = 8
+    alpha: NonNegInt = 1
+    redundancy: NonNegFloat = 0.0
+    steps: PosInt = 5
+    mode: Mode = "rollart"
+    seed: NonNegInt = 0
+    max_refills_per_group: NonNegInt = 16
+    max_sim_hours: PosFloat = 240.0
+
+
+class WeightSync(_Strict):
+    transport: Literal["nccl_broadcast", "bucketed_store"] = "bucketed_store"
+    bucket_mb: PosFloat = 1024.0
+    link: str = "cross_cluster"
+    h2d_gbps: PosFloat = Field(200.0, description="host-to-device copy when swapping pulled weights in")
+
+
+# ---------------------------------------------------------------- the plan
+
+
+class Plan(_Strict):
+    name: str = "unnamed"
+    description: str = ""
+    cluster: Cluster
+    model: ModelSpec
+    reward_model: ModelSpec = Field(default_factory=lambda: ModelSpec.model_validate("Qwen2.5-7B"))
+    tasks: list[TaskSpec] = Field(min_length=1)
+    placement: Placement
+    algorithm: Algorithm
+    weight_sync: WeightSync = Field(default_factory=WeightSync)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Plan":
+        problems = list(_cross_problems(self))
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    # Convenience lookups used by the core and the backends.
+    def task(self, name: str) -> TaskSpec:
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    @property
+    def groups_per_batch(self) -> int:
+        return self.algorithm.batch_size // self.algorithm.group_size
+
+    def gpu_of_pool(self, pool: str) -> GpuType:
+        return self.cluster.gpu_type(self.cluster.gpu_pools[pool].gpu)
+
+
+def _cross_problems(plan: Plan) -> list[str]:
+    c, p, a = plan.cluster, plan.placement, plan.algorithm
+    pools = list(c.gpu_pools)
+    pool_list = ", ".join(pools)
+    out: list[str] = []
+    known = sorted(set(GPU_PRESETS) | set(c.custom_gpus))
+    for name, pool in c.gpu_pools.items():
+        if not c.known_gpu(pool.gpu):
+            out.append(f"cluster.gpu_pools.{name}.gpu: unknown GPU type '{pool.gpu}'; "
+                       f"known: {', '.join(known)} (or define it under cluster.custom_gpus)")
+    if c.serverless is not None and not c.known_gpu(c.serverless.gpu):
+        out.append(f"cluster.serverless.gpu: unknown GPU type '{c.serverless.gpu}'; known: {', '.join(known)}")
+
+    def need_pool(path: str, name: str | None) -> None:
+        if name not in c.gpu_pools:
+            out.append(f"{path}: unknown pool '{name}'; pools are: {pool_list}")
+
+    need_pool("placement.trainer.pool", p.trainer.pool)
+    for i, g in enumerate(p.generation):
+        need_pool(f"placement.generation.{i}.pool", g.pool)
+    tags = {t.affinity_tag for t in plan.tasks}
+    for tag, pool in p.hw_affinity.items():
+        if tag != "default" and tag not in tags:
+            out.append(f"placement.hw_affinity.{tag}: no task has this tag; tags are: {', '.join(sorted(tags))}, default")
+        gen_pools = {g.pool for g in p.generation}
+        if pool not in c.gpu_pools:
+            out.append(f"placement.hw_affinity.{tag}: unknown pool '{pool}'; pools are: {pool_list}")
+        elif pool not in gen_pools:
+            out.append(f"placement.hw_affinity.{tag}: pool '{pool}' has no generation workers; "
+                       f"generation pools are: {', '.join(sorted(gen_pools))}")
+    if p.reward.where == "dedicated" or p.reward.gpus:
+        if p.reward.where == "dedicated" and p.reward.gpus == 0:
+            out.append("placement.reward.gpus: dedicated reward needs at least one GPU")
+        if p.reward.gpus:
+            need_pool("placement.reward.pool", p.reward.pool)
+    needs_judge = any(t.reward == "llm_judge" for t in plan.tasks)
+    if needs_judge and p.reward.where == "serverless" and c.serverless is None:
+        out.append("placement.reward.where: 'serverless' but cluster.serverless is not defined")
+
+    # GPU budget per pool.
+    used: dict[str, int] = {name: 0 for name in pools}
+    if p.trainer.pool in used:
+        used[p.trainer.pool] += p.trainer.gpus
+    for g in p.generation:
+        if g.pool in used:
+            used[g.pool] += g.workers * g.tp
+    if p.reward.gpus and p.reward.pool in used:
+        used[p.reward.pool] += p.reward.gpus
+    for name, n in used.items():
+        if n > c.gpu_pools[name].count:
+            out.append(f"cluster.gpu_pools.{name}.count: placement uses {n} GPUs of this pool but it has "
+                       f"{c.gpu_pools[name].count} (trainer + generation workers × tp + reward gpus)")
+
+    if p.trainer.gpus % (p.trainer.tp * p.trainer.pp):
+        out.append(f"placement.trainer.gpus: {p.trainer.gpus} is not a multiple of tp × pp = {p.trainer.tp * p.trainer.pp}")
+    for i, g in enumerate(p.generation):
+        if plan.model.heads % g.tp:
+            out.append(f"placement.generation.{i}.tp: {g.tp} does not divide the model's {plan.model.heads} heads")
+    if p.pd_disaggregation:
+        roles = {g.role for g in p.generation}
+        if "prefill" not in roles or "decode" not in roles:
+            out.append("placement.pd_disaggregation: needs generation groups with role 'prefill' and role 'decode'")
+    elif any(g.role != "both" for g in p.generation):
+        out.append("placement.generation: roles 'prefill'/'decode' need placement.pd_disaggregation: true")
+
+    if a.batch_size % a.group_size:
+        out.append(f"algorithm.batch_size: {a.batch_size} is not a multiple of algorithm.group_size ({a.group_size})")
+    if plan.weight_sync.link not in c.links:
+        out.append(f"weight_sync.link: unknown link '{plan.weight_sync.link}'; links are: {', '.join(c.links)}")
+    if "cross_cluster" not in c.links:
+        out.append("cluster.links: a 'cross_cluster' link is required (trainer ↔ inference across clusters)")
+
+    cpu_pools = list(c.cpu_pools)
+    if not cpu_pools:
+        out.append("cluster.cpu_pools: at least one CPU pool is needed for the environments")
+    names = [t.name for t in plan.tasks]
+    for i, t in enumerate(plan.tasks):
+        if names.count(t.name) > 1:
+            out.append(f"tasks.{i}.name: duplicate task name '{t.name}'")
+        if t.env.pool is not None and t.env.pool not in c.cpu_pools:
+            out.append(f"tasks.{i}.env.pool: unknown CPU pool '{t.env.pool}'; CPU pools are: {', '.join(cpu_pools)}")
+        pool = t.env.pool or (cpu_pools[0] if cpu_pools else None)
+        if pool and t.env.cpu_cores > c.cpu_pools[pool].cores:
+            out.append(f"tasks.{i}.env.cpu_cores: {t.env.cpu_cores} exceeds CPU pool '{pool}' "
+                       f"({c.cpu_pools[pool].cores} cores)")
+        if math.isinf(t.turns.mean()):
+            out.append(f"tasks.{i}.turns: the distribution has no finite mean; cap it with 'max'")
+    return out

@@ -1,0 +1,133 @@
+"""Run results: the JSON contract, the step table and the comparison table.
+
+Both backends produce a :class:`RunResult`, so a simulated and a real run print and
+serialise the same way."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rollart.core.stats import BREAKDOWN_KEYS, StepRecord
+
+SHORT = {"generation": "gen", "env_reset": "reset", "env_step": "env step", "reward": "reward", "train": "train",
+         "weight_sync": "w-sync", "idle": "idle"}
+
+
+def _p90(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+
+
+@dataclass
+class RunResult:
+    scenario: str
+    mode: str
+    seed: int
+    backend: str
+    steps: list[StepRecord]
+    summary: dict[str, Any]
+    calibration: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "mode": self.mode,
+            "seed": self.seed,
+            "backend": self.backend,
+            "calibration": self.calibration,
+            "steps": [{"step": s.step, "time_s": s.time_s, "start_s": s.start_s, "end_s": s.end_s,
+                       "breakdown_s": s.breakdown_s, "trajectories": s.trajectories, "tokens": s.tokens,
+                       "mean_staleness": s.mean_staleness, "mean_reward": s.mean_reward} for s in self.steps],
+            "summary": self.summary,
+            "error": self.error,
+        }
+
+    def write_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def summary_from_steps(steps: list[StepRecord]) -> dict[str, float]:
+    times = [s.time_s for s in steps]
+    elapsed = steps[-1].end_s if steps else 0.0
+    trajs = sum(s.trajectories for s in steps)
+    tokens = sum(s.tokens for s in steps)
+    return {
+        "step_time_s_mean": sum(times) / len(times) if times else 0.0,
+        "step_time_s_p90": _p90(times),
+        "trajectories_per_s": trajs / elapsed if elapsed else 0.0,
+        "trained_tokens_per_s": tokens / elapsed if elapsed else 0.0,
+        "mean_staleness": sum(s.mean_staleness * s.trajectories for s in steps) / trajs if trajs else 0.0,
+        "breakdown_s_mean": {k: sum(s.breakdown_s.get(k, 0.0) for s in steps) / len(steps) if steps else 0.0
+                             for k in BREAKDOWN_KEYS},
+    }
+
+
+def step_table(result: RunResult) -> Table:
+    table = Table(title=f"{result.scenario} · mode {result.mode} · seed {result.seed} · {result.backend}",
+                  title_justify="left")
+    table.add_column("step", justify="right")
+    table.add_column("time s", justify="right", style="bold")
+    for key in BREAKDOWN_KEYS:
+        table.add_column(SHORT[key], justify="right")
+    table.add_column("trajs", justify="right")
+    table.add_column("stale", justify="right")
+    for s in result.steps:
+        table.add_row(str(s.step), f"{s.time_s:.1f}", *(f"{s.breakdown_s.get(k, 0.0):.1f}" for k in BREAKDOWN_KEYS),
+                      str(s.trajectories), f"{s.mean_staleness:.2f}")
+    return table
+
+
+def summary_table(result: RunResult) -> Table:
+    sm = result.summary
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="dim")
+    table.add_column()
+    table.add_row("step time", f"{sm['step_time_s_mean']:.1f} s mean · {sm['step_time_s_p90']:.1f} s p90")
+    table.add_row("throughput", f"{sm['trajectories_per_s']:.3f} trajectories/s · "
+                                f"{sm.get('tokens_per_s', 0.0):,.0f} generated tokens/s")
+    busy = " · ".join(f"{pool} {x:.0%}" for pool, x in sm.get("gpu_busy_fraction", {}).items())
+    table.add_row("GPU busy", busy or "-")
+    if sm.get("reward_gpu_busy_fraction") is not None:
+        table.add_row("reward GPUs busy", f"{sm['reward_gpu_busy_fraction']:.1%}")
+    if sm.get("serverless_gpu_seconds"):
+        table.add_row("serverless reward", f"{sm['serverless_gpu_seconds']:.0f} GPU·s billed, "
+                                           f"{sm.get('serverless_cold_starts', 0)} cold starts")
+    table.add_row("aborted", f"{sm['aborted_stale']} stale · {sm['aborted_redundant']} redundant · "
+                             f"{sm['env_failures']} env failures")
+    table.add_row("staleness", f"{sm['mean_staleness']:.2f} versions mean")
+    if "prefix_cache_hit_rate" in sm:
+        table.add_row("prefix cache", f"{sm['prefix_cache_hit_rate']:.0%} of prompt tokens reused")
+    for gpu, source in result.calibration.items():
+        table.add_row(f"cost model {gpu}", source)
+    return table
+
+
+def print_result(result: RunResult, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(step_table(result))
+    console.print(summary_table(result))
+    if result.error:
+        console.print(f"[bold red]stopped early:[/] {result.error}")
+
+
+def compare_table(results: list[RunResult]) -> Table:
+    base = results[0].summary["trajectories_per_s"] or 1.0
+    table = Table(title=f"{results[0].scenario}: throughput normalised to {results[0].mode}", title_justify="left")
+    for col in ("mode", "step s (mean)", "trajectories/s", f"× {results[0].mode}", "GPU busy", "stale", "redundant"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for r in results:
+        sm = r.summary
+        busy = " ".join(f"{p}:{x:.0%}" for p, x in sm.get("gpu_busy_fraction", {}).items())
+        table.add_row(r.mode, f"{sm['step_time_s_mean']:.1f}", f"{sm['trajectories_per_s']:.3f}",
+                      f"{sm['trajectories_per_s'] / base:.2f}", busy, str(sm["aborted_stale"]),
+                      str(sm["aborted_redundant"]))
+    return table

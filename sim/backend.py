@@ -1,0 +1,346 @@
+"""The SimPy backend: executes the core's effects on a simulated cluster.
+
+Each core process runs inside a SimPy process (:meth:`SimBackend._drive`): the effect it
+yields is handed to a handler that turns it into SimPy events priced by the cost models,
+and the result is sent back. An Abort interrupts the target processes, which then receive
+:class:`~rollart.core.effects.Aborted` at the effect they were waiting on."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Generator, Hashable
+
+import simpy
+
+from rollart.calibration import generation_cost
+from rollart.core import Controller, RunAborted, build_workers
+from rollart.core.effects import (Abort, Aborted, BroadcastWeights, ComputeReward, EnvClose, EnvReset,
+                                  EnvStep, Generate, GenOutcome, PublishWeights, Sleep, Spawn, TrainStep,
+                                  UpdateWeights, Wait)
+from rollart.core.modes import ModeConfig
+from rollart.core.stats import StepRecord
+from rollart.plan import Plan, PlanError
+from rollart.report import RunResult, summary_from_steps
+from rollart.sim.costs.env import EnvModel
+from rollart.sim.costs.link import WeightTransferCost
+from rollart.sim.costs.train import TrainCost
+from rollart.sim.engine import GenerationEngine, Request
+from rollart.sim.reward import JUDGE_OUTPUT_TOKENS, RULE_REWARD_S, ServerlessPlatform, judge_input_tokens
+from rollart.trace import NullTracer, Tracer
+
+SimGen = Generator[Any, Any, Any]
+
+
+class SimBackend:
+    def __init__(self, plan: Plan, mode: ModeConfig, seed: int, tracer: Tracer | None = None,
+                 on_step: Callable[[StepRecord], None] | None = None):
+        self.plan = plan
+        self.mode = mode
+        self.env = simpy.Environment()
+        self.tracer = tracer or NullTracer()
+        self.ctl = Controller(plan, mode, clock=lambda: self.env.now, tracer=self.tracer, on_step=on_step)
+        self.envs = EnvModel(seed)
+        self.effects_handled = 0
+        self._procs: dict[Hashable, simpy.Process] = {}
+        self._holding_cpu: dict[int, tuple[str, float]] = {}
+        self._build_engines()
+        self._build_env_pools()
+        self._build_reward()
+        gpu = plan.gpu_of_pool(plan.placement.trainer.pool)
+        self.train_cost = TrainCost(plan.model, gpu, plan.placement.trainer)
+        self.transfer = WeightTransferCost(plan)
+        self.trainer_busy_s = 0.0
+        self._handlers: dict[type, Callable[[Any], SimGen]] = {
+            EnvReset: self._env_reset, EnvStep: self._env_step, EnvClose: self._env_close,
+            Generate: self._generate, ComputeReward: self._reward, TrainStep: self._train,
+            BroadcastWeights: self._broadcast, PublishWeights: self._publish, UpdateWeights: self._update,
+            Wait: self._wait, Sleep: self._sleep, Spawn: self._spawn, Abort: self._abort,
+        }
+
+    # ---- construction --------------------------------------------------------------------
+
+    def _build_engines(self) -> None:
+        plan = self.plan
+        self.cost_sources: dict[str, str] = {}
+        self.engines: list[GenerationEngine] = []
+        tp_of = []
+        for gi, g in enumerate(plan.placement.generation):
+            tp_of += [(gi, g)] * g.workers
+        for w in build_workers(plan):
+            gi, g = tp_of[w.id]
+            gpu_name = plan.cluster.gpu_pools[g.pool].gpu
+            cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp)
+            if cost.kv_capacity_tokens < plan.tasks[0].max_context_tokens // 4:
+                raise PlanError([f"placement.generation.{gi}.tp: {plan.model.name} "
+                                 f"({plan.model.weight_bytes / 1e9:.1f} GB of weights) leaves only "
+                                 f"{cost.kv_capacity_tokens} KV tokens on {g.tp} × {gpu_name}; raise tp"])
+            self.cost_sources[gpu_name] = cost.source
+            span = self._worker_span(g.pool, w.id)
+            self.engines.append(GenerationEngine(self.env, w.id, g.pool, cost, g.max_num_seqs,
+                                                 plan.placement.prefix_cache, span))
+
+    def _worker_span(self, pool: str, wid: int) -> Callable[[str, float, float], None] | None:
+        if isinstance(self.tracer, Tracer):
+            return lambda name, t0, t1: self.tracer.worker_span(pool, wid, name, t0, t1)
+        return None
+
+    def _build_env_pools(self) -> None:
+        self.cpu: dict[str, simpy.Container] = {
+            name: simpy.Container(self.env, capacity=p.cores, init=p.cores)
+            for name, p in self.plan.cluster.cpu_pools.items()}
+        self._default_cpu_pool = next(iter(self.plan.cluster.cpu_pools))
+
+    def _build_reward(self) -> None:
+        plan, mode = self.plan, self.mode
+        self.serverless: ServerlessPlatform | None = None
+        self.judges: list[GenerationEngine] = []
+        if not any(t.reward == "llm_judge" for t in plan.tasks):
+            return
+        if mode.serverless_reward:
+            if plan.cluster.serverless is None:
+                raise PlanError([f"cluster.serverless: mode '{mode.name}' sends LLM-judge rewards to a serverless "
+                                 "platform; define one"])
+            s = plan.cluster.serverless
+            cost = generation_cost(plan.reward_model, s.gpu, plan.cluster.gpu_type(s.gpu), 1)
+            self.serverless = ServerlessPlatform(self.env, s, cost)
+            return
+        r = plan.placement.reward
+        if r.gpus == 0 or r.pool is None:
+            raise PlanError([f"placement.reward.gpus: mode '{mode.name}' runs the LLM judge on dedicated GPUs; "
+                             "set placement.reward.pool and gpus"])
+        gpu_name = plan.cluster.gpu_pools[r.pool].gpu
+        cost = generation_cost(plan.reward_model, gpu_name, plan.cluster.gpu_type(gpu_name), r.tp)
+        for i in range(max(1, r.gpus // r.tp)):
+            self.judges.append(GenerationEngine(self.env, 10_000 + i, r.pool, cost, 256, False, None))
+
+    # ---- driving core processes --------------------------------------------------------------
+
+    def spawn(self, gen: Generator[Any, Any, Any], key: Hashable | None = None) -> simpy.Process:
+        proc = self.env.process(self._drive(gen, key))
+        if key is not None:
+            self._procs[key] = proc
+        return proc
+
+    def _drive(self, gen: Generator[Any, Any, Any], key: Hashable | None) -> SimGen:
+        handlers = self._handlers
+        send: Any = None
+        throw: BaseException | None = None
+        try:
+            while True:
+                try:
+                    effect = gen.throw(throw) if throw is not None else gen.send(send)
+                except StopIteration as stop:
+                    return stop.value
+                throw = None
+                self.effects_handled += 1
+                try:
+                    send = yield from handlers[type(effect)](effect)
+                except simpy.Interrupt as intr:
+                    send, throw = None, Aborted(str(intr.cause))
+        finally:
+            if key is not None:
+                self._procs.pop(key, None)
+
+    # ---- effect handlers (each a SimPy generator returning the effect's result) -------
+
+    def _wait(self, eff: Wait) -> SimGen:
+        ev = self.env.event()
+        eff.signal.add_waiter(lambda value: ev.succeed(value) if not ev.triggered else None)
+        return (yield ev)
+
+    def _sleep(self, eff: Sleep) -> SimGen:
+        yield self.env.timeout(eff.seconds)
+
+    def _spawn(self, eff: Spawn) -> SimGen:
+        self.spawn(eff.process, eff.key)
+        return None
+        yield  # pragma: no cover - makes this a generator
+
+    def _abort(self, eff: Abort) -> SimGen:
+        active = self.env.active_process
+        for traj in eff.trajs:
+            proc = self._procs.get(traj.id)
+            if proc is not None and proc.is_alive and proc is not active:
+                proc.interrupt(eff.reason)
+        return None
+        yield  # pragma: no cover
+
+    def _env_reset(self, eff: EnvReset) -> SimGen:
+        traj = eff.traj
+        task = self.plan.task(traj.task)
+        if traj.id not in self._holding_cpu:  # a CPU slot for the env's whole life
+            pool = task.env.pool or self._default_cpu_pool
+            yield self.cpu[pool].get(task.env.cpu_cores)
+            self._holding_cpu[traj.id] = (pool, task.env.cpu_cores)
+        latency, outcome = self.envs.reset(task, traj.id)
+        yield self.env.timeout(latency)
+        return outcome
+
+    def _env_step(self, eff: EnvStep) -> SimGen:
+        latency, outcome = self.envs.step(self.plan.task(eff.traj.task), eff.traj.id)
+        yield self.env.timeout(latency)
+        return outcome
+
+    def _env_close(self, eff: EnvClose) -> SimGen:
+        held = self._holding_cpu.pop(eff.traj.id, None)
+        if held is not None:
+            yield self.cpu[held[0]].put(held[1])
+        self.envs.forget(eff.traj.id)
+        if eff.traj.last_worker is not None:
+            self.engines[eff.traj.last_worker].forget(eff.traj.id)
+
+    def _generate(self, eff: Generate) -> SimGen:
+        traj = eff.traj
+        tokens = self.envs.response_tokens(self.plan.task(traj.task), traj.id, eff.max_new_tokens)
+        if eff.prefill_worker is not None:
+            yield from self._run_request(self.engines[eff.prefill_worker], traj.id, eff.context_tokens, 1, False)
+            kv_bytes = eff.context_tokens * self.plan.model.kv_bytes_per_token
+            link = self.transfer.intra
+            yield self.env.timeout(link.latency_s + kv_bytes / link.bytes_per_s)
+            if tokens > 1:
+                yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens + 1,
+                                             tokens - 1, True)
+        else:
+            yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens, tokens, False)
+        return GenOutcome(tokens=tokens)
+
+    def _run_request(self, engine: GenerationEngine, traj_id: int, context: int, tokens: int,
+                     prefilled: bool) -> SimGen:
+        req: Request = engine.add(traj_id, context, tokens, prefilled)
+        try:
+            yield req.done
+        except simpy.Interrupt:
+            engine.abort(req)  # ABORT: the engine drops it at its next step
+            raise
+
+    def _reward(self, eff: ComputeReward) -> SimGen:
+        traj = eff.traj
+        if self.plan.task(traj.task).reward == "rule":
+            yield self.env.timeout(RULE_REWARD_S)
+            return None
+        n_in = judge_input_tokens(traj.context_tokens)
+        if self.serverless is not None:
+            yield from self.serverless.call(n_in)
+        else:
+            judge = min(self.judges, key=lambda e: (len(e.running) + len(e.waiting), e.id))
+            yield from self._run_request(judge, -1 - traj.id, n_in, JUDGE_OUTPUT_TOKENS, False)
+        return None  # the simulator models time, not scores
+
+    def _train(self, eff: TrainStep) -> SimGen:
+        t = self.train_cost.step_time([tr.context_tokens for tr in eff.batch])
+        yield self.env.timeout(t)
+        self.trainer_busy_s += t
+
+    def _broadcast(self, eff: BroadcastWeights) -> SimGen:
+        t = self.transfer.broadcast_s()
+        yield self.env.timeout(t)
+        self.trainer_busy_s += t  # trainer GPUs drive the broadcast
+
+    def _publish(self, eff: PublishWeights) -> SimGen:
+        yield self.env.timeout(self.transfer.publish_pull_s())
+
+    def _update(self, eff: UpdateWeights) -> SimGen:
+        events = []
+        for wid in eff.workers:
+            engine = self.engines[wid]
+            tp = self.ctl.proxy.workers[wid].tp
+            events.append(engine.update_weights(self.transfer.swap_s(tp) if eff.from_host else 0.0))
+        yield self.env.all_of(events)
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def run(self) -> "SimOutcome":
+        plan = self.plan
+        main = self.spawn(self.ctl.main())
+        horizon = plan.algorithm.max_sim_hours * 3600.0
+        error: str | None = None
+        try:
+            self.env.run(until=simpy.AnyOf(self.env, [main, self.env.timeout(horizon)]))
+            if not main.triggered:
+                error = (f"algorithm.max_sim_hours: the run did not finish {plan.algorithm.steps} steps within "
+                         f"{plan.algorithm.max_sim_hours:g} simulated hours ({len(self.ctl.stats.steps)} done)")
+        except RunAborted as exc:
+            error = str(exc)
+        except RuntimeError as exc:
+            if "No scheduled events left" not in str(exc):
+                raise
+            error = "simulation stalled: no process can make progress (is every pool empty?)"
+        if self.serverless is not None:
+            self.serverless.close()
+        return SimOutcome(self, error)
+
+
+class SimOutcome:
+    """What the report needs from a finished (or stopped) simulation."""
+
+    def __init__(self, backend: SimBackend, error: str | None):
+        self.backend = backend
+        self.error = error
+        self.elapsed_s = backend.env.now
+
+    def gpu_busy_fraction(self) -> dict[str, float]:
+        b, plan = self.backend, self.backend.plan
+        t = b.ctl.stats.steps[-1].end_s if b.ctl.stats.steps else self.elapsed_s
+        if t <= 0:
+            return {}
+        busy: dict[str, float] = {}
+        gpus: dict[str, int] = {}
+        for e, w in zip(b.engines, b.ctl.proxy.workers):
+            busy[e.pool] = busy.get(e.pool, 0.0) + min(e.busy_s, t) * w.tp
+            gpus[e.pool] = gpus.get(e.pool, 0) + w.tp
+        tr = plan.placement.trainer
+        busy[tr.pool] = busy.get(tr.pool, 0.0) + min(b.trainer_busy_s, t) * tr.gpus
+        gpus[tr.pool] = gpus.get(tr.pool, 0) + tr.gpus
+        return {pool: busy[pool] / (gpus[pool] * t) for pool in busy}
+
+    def reward_gpu_busy_fraction(self) -> float | None:
+        b = self.backend
+        t = b.ctl.stats.steps[-1].end_s if b.ctl.stats.steps else self.elapsed_s
+        if not b.judges or t <= 0:
+            return None
+        return sum(min(e.busy_s, t) for e in b.judges) / (len(b.judges) * t)
+
+    def serverless_gpu_seconds(self) -> float:
+        return self.backend.serverless.billed_s if self.backend.serverless else 0.0
+
+    def prefix_cache_hit_rate(self) -> float:
+        hits = sum(e.cache_hits_tokens for e in self.backend.engines)
+        total = hits + sum(e.prefill_tokens for e in self.backend.engines)
+        return hits / total if total else 0.0
+
+
+    def to_result(self) -> RunResult:
+        b = self.backend
+        ctl = b.ctl
+        counts = ctl.outcome_counts()
+        steps = ctl.stats.steps
+        elapsed = steps[-1].end_s if steps else self.elapsed_s
+        summary: dict[str, Any] = summary_from_steps(steps)
+        summary.update({
+            "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
+            "gpu_busy_fraction": self.gpu_busy_fraction(),
+            "reward_gpu_busy_fraction": self.reward_gpu_busy_fraction(),
+            "serverless_gpu_seconds": self.serverless_gpu_seconds(),
+            "serverless_cold_starts": b.serverless.cold_starts if b.serverless else 0,
+            "aborted_stale": counts["aborted_stale"],
+            "aborted_redundant": counts["aborted_redundant"],
+            "env_failures": ctl.stats.env_failures,
+            "env_call_errors": ctl.stats.env_errors,
+            "trajectories": counts,
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate(),
+            "routed_fallback": ctl.proxy.routed_fallback,
+            "steps_done": len(steps),
+            "simulated_s": self.elapsed_s,
+            "effects": b.effects_handled,
+        })
+        calibration = dict(b.cost_sources)
+        calibration["trainer"] = b.train_cost.source
+        return RunResult(scenario=b.plan.name, mode=b.mode.name, seed=b.envs.seed, backend="sim",
+                         steps=steps, summary=summary, calibration=calibration, error=self.error)
+
+
+def simulate_plan(plan: Plan, mode: ModeConfig, seed: int, tracer: Tracer | None = None,
+                  on_step: Callable[[StepRecord], None] | None = None) -> SimOutcome:
+    return SimBackend(plan, mode, seed, tracer, on_step).run()
+
+
+__all__ = ["SimBackend", "SimOutcome", "simulate_plan"]

@@ -1,0 +1,141 @@
+"""Generation cost: how long one engine iteration takes on a TP group of GPUs.
+
+Prefill is compute-bound, decode bandwidth-bound; both are rooflines with efficiency and
+fixed-overhead terms, plus tensor-parallel all-reduces. The decode iteration time is linear
+in the batch's total context inside each regime, which lets the engine jump K iterations
+in closed form instead of simulating tokens one by one."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from rollart.plan.schema import GpuType, ModelSpec
+
+
+@dataclass(frozen=True)
+class RooflineEfficiency:
+    """Fractions of datasheet peak reached in practice, and per-iteration overheads."""
+
+    prefill_compute: float = 0.55
+    decode_compute: float = 0.45
+    decode_bandwidth: float = 0.80
+    iteration_overhead_s: float = 0.004
+    allreduce_latency_s: float = 10e-6
+    memory_utilization: float = 0.90
+    activation_reserve_gb: float = 4.0
+    source: str = "datasheet roofline; efficiencies assumed (no calibrated profile)"
+
+
+@dataclass(frozen=True)
+class DecodeLine:
+    """Per-iteration decode time ``a + max(c0 + c1·x, m0 + m1·x)`` for a batch whose total
+    context is ``x`` tokens; ``x`` grows by the batch size every iteration."""
+
+    a: float
+    c0: float
+    c1: float
+    m0: float
+    m1: float
+
+    def _pieces(self, x0: float, batch: int, k_hi: int) -> list[tuple[int, int, float, float]]:
+        p0, p1 = self.c0 + self.c1 * x0, self.c1 * batch
+        q0, q1 = self.m0 + self.m1 * x0, self.m1 * batch
+        split = k_hi
+        if p1 != q1:
+            ks = (q0 - p0) / (p1 - q1)
+            if 0 < ks < k_hi:
+                split = math.ceil(ks)
+        pieces = []
+        for lo, hi in ((0, split), (split, k_hi)):
+            if hi > lo:
+                mid = (lo + hi - 1) / 2
+                line = (p0, p1) if p0 + p1 * mid >= q0 + q1 * mid else (q0, q1)
+                pieces.append((lo, hi, *line))
+        return pieces
+
+    def total(self, x0: float, batch: int, iterations: int) -> float:
+        """Seconds for ``iterations`` consecutive decode iterations starting at context ``x0``."""
+        if iterations <= 0:
+            return 0.0
+        s = self.a * iterations
+        for lo, hi, v0, v1 in self._pieces(x0, batch, iterations):
+            n = hi - lo
+            s += n * v0 + v1 * (lo + hi - 1) * n / 2
+        return s
+
+    def iterations_within(self, x0: float, batch: int, limit: int, elapsed: float) -> int:
+        """Smallest k ≤ limit with total(k) ≥ elapsed (the iteration in progress completes)."""
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.total(x0, batch, mid) >= elapsed:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+class GenerationCost(Protocol):
+    """What the engine needs from a GPU model; calibrated profiles implement the same."""
+
+    source: str
+    kv_capacity_tokens: int
+
+    def prefill_time(self, new_tokens: int, attention_pairs: float) -> float: ...
+
+    def decode_line(self, batch: int) -> DecodeLine: ...
+
+
+class RooflineGeneration:
+    """First-principles iteration times for ``model`` on ``tp`` GPUs of type ``gpu``.
+
+    prefill(N, A) = o + max(F / (tp·peak·e_p), W / (tp·bw·e_bw)) + 2·L·allreduce(N·h·2 B)
+        with F = 2·P_active·N + 4·L·H·d·A  (A = Σ new·(cached + new/2) attention pairs)
+    decode(B, X)  = o + max((2·P_active·B + 4·L·H·d·X) / (tp·peak·e_c),
+                            (W + kv·X) / (tp·bw·e_bw)) + 2·L·allreduce(B·h·2 B)
+    """
+
+    def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency | None = None):
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.eff = eff or RooflineEfficiency()
+        self.source = self.eff.source
+        self._peak = tp * gpu.tflops_bf16 * 1e12
+        self._bw = tp * gpu.hbm_tbps * 1e12
+        self._nvlink = gpu.nvlink_gbps * 1e9
+        self._attn_flops_per_pair = 4 * model.layers * model.heads * model.head_dim
+        free = tp * gpu.memory_gb * 1e9 * self.eff.memory_utilization - model.weight_bytes \
+            - tp * self.eff.activation_reserve_gb * 1e9
+        self.kv_capacity_tokens = int(max(0.0, free) // model.kv_bytes_per_token)
+        self._lines: dict[int, DecodeLine] = {}
+
+    def _allreduce(self, tokens: int) -> float:
+        if self.tp == 1:
+            return 0.0
+        nbytes = tokens * self.model.hidden * 2
+        per = self.eff.allreduce_latency_s + 2 * (self.tp - 1) / self.tp * nbytes / self._nvlink
+        return 2 * self.model.layers * per
+
+    def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
+        if new_tokens <= 0:
+            return 0.0
+        flops = 2 * self.model.active_params * new_tokens + self._attn_flops_per_pair * attention_pairs
+        compute = flops / (self._peak * self.eff.prefill_compute)
+        memory = self.model.weight_bytes / (self._bw * self.eff.decode_bandwidth)
+        return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(new_tokens)
+
+    def decode_line(self, batch: int) -> DecodeLine:
+        line = self._lines.get(batch)
+        if line is None:
+            pc = self._peak * self.eff.decode_compute
+            bw = self._bw * self.eff.decode_bandwidth
+            line = DecodeLine(
+                a=self.eff.iteration_overhead_s + self._allreduce(batch),
+                c0=2 * self.model.active_params * batch / pc,
+                c1=self._attn_flops_per_pair / pc,
+                m0=self.model.weight_bytes / bw,
+                m1=self.model.kv_bytes_per_token / bw,
+            )
+            self._lines[batch] = line
+        return line

@@ -1,0 +1,33 @@
+"""Training step time from FLOPs, MFU and parallelism."""
+
+from __future__ import annotations
+
+from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
+
+# GRPO step: forward + backward (6·P per token) plus two extra forwards for the
+# old-policy and reference log-probs (2·2·P per token).
+LINEAR_FLOPS_PER_PARAM_TOKEN = 10
+ATTENTION_PASSES = 5  # forward ×1, backward ×2, two extra forwards
+
+
+class TrainCost:
+    """step = (10·P·T + 5·2·L·H·d·Σ s²) / (gpus · peak · MFU) / (1 − bubble) + optimizer
+
+    with T the batch's tokens, s each sequence length, and the pipeline bubble
+    (pp − 1) / (micro_batches + pp − 1). The optimizer step streams fp32 Adam state
+    (16 bytes per parameter, read and written) at HBM bandwidth, sharded over the GPUs."""
+
+    def __init__(self, model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement):
+        self.model, self.gpu, self.trainer = model, gpu, trainer
+        self.source = f"FLOPs model, MFU {trainer.mfu:.2f} (placement.trainer.mfu)"
+
+    def step_time(self, seq_lens: list[int]) -> float:
+        m, t = self.model, self.trainer
+        tokens = sum(seq_lens)
+        sq = sum(s * s for s in seq_lens)
+        flops = LINEAR_FLOPS_PER_PARAM_TOKEN * m.active_params * tokens \
+            + ATTENTION_PASSES * 2 * m.layers * m.heads * m.head_dim * sq
+        peak = t.gpus * self.gpu.tflops_bf16 * 1e12 * t.mfu
+        bubble = (t.pp - 1) / (t.micro_batches + t.pp - 1)
+        optimizer = 2 * 16 * m.params / (t.gpus * self.gpu.hbm_tbps * 1e12)
+        return flops / peak / (1 - bubble) + optimizer

@@ -1,0 +1,78 @@
+"""Reward placement: rule checks in-process, an LLM judge on dedicated GPUs (queued on
+continuous-batching engines) or on an autoscaling serverless platform."""
+
+from __future__ import annotations
+
+from typing import Any, Generator
+
+import simpy
+
+from rollart.plan.schema import Serverless
+from rollart.sim.costs.gpu import GenerationCost
+
+RULE_REWARD_S = 0.005          # a regex / unit-test style check on the CPU
+JUDGE_MAX_INPUT_TOKENS = 8192  # the judge reads the prompt and the final answer, not the whole history
+JUDGE_OUTPUT_TOKENS = 64       # a short verdict
+
+
+def judge_input_tokens(context_tokens: int) -> int:
+    return min(context_tokens, JUDGE_MAX_INPUT_TOKENS)
+
+
+class ServerlessPlatform:
+    """Instances start cold (``cold_start_s``), serve one call at a time, stay warm until idle
+    for ``scale_down_idle_s`` and scale to zero; at most ``max_concurrency`` exist. Each call
+    pays ``per_call_overhead_s`` plus the judge's single-request time on the platform GPU.
+    Billed GPU-seconds run from an instance's cold start until it scales down."""
+
+    def __init__(self, env: simpy.Environment, spec: Serverless, judge: GenerationCost):
+        self.env = env
+        self.spec = spec
+        self.judge = judge
+        self.slots = simpy.Resource(env, capacity=spec.max_concurrency)
+        self._idle: list[float] = []   # idle-since times of warm instances
+        self.cold_starts = 0
+        self.calls = 0
+        self.busy_s = 0.0
+        self.billed_s = 0.0
+
+    def call_time(self, input_tokens: int) -> float:
+        prefill = self.judge.prefill_time(input_tokens, input_tokens * input_tokens / 2)
+        decode = self.judge.decode_line(1).total(input_tokens, 1, JUDGE_OUTPUT_TOKENS)
+        return self.spec.per_call_overhead_s + prefill + decode
+
+    def _take_warm(self) -> bool:
+        now = self.env.now
+        # Instances idle longer than the scale-down delay are gone; bill their idle tail.
+        alive = []
+        for t in self._idle:
+            if now - t <= self.spec.scale_down_idle_s:
+                alive.append(t)
+            else:
+                self.billed_s += self.spec.scale_down_idle_s
+        self._idle = alive
+        if self._idle:
+            t = self._idle.pop()  # most recently used: warmest
+            self.billed_s += now - t
+            return True
+        return False
+
+    def call(self, input_tokens: int) -> Generator[Any, Any, None]:
+        with self.slots.request() as slot:
+            yield slot
+            self.calls += 1
+            if not self._take_warm():
+                self.cold_starts += 1
+                yield self.env.timeout(self.spec.cold_start_s)
+                self.billed_s += self.spec.cold_start_s
+            t = self.call_time(input_tokens)
+            yield self.env.timeout(t)
+            self.busy_s += t
+            self.billed_s += t
+            self._idle.append(self.env.now)
+
+    def close(self) -> None:
+        """Bill the idle tails of instances still warm when the run ends."""
+        for t in self._idle:
+            self.billed_s += min(self.spec.scale_down_idle_s, self.env.now - t)
+        self._idle = []
