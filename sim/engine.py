@@ -1,9 +1,11 @@
 """A continuous-batching generation engine on the SimPy clock, without per-token events.
 
 Between two events (an arrival, a completion, an ABORT, a weight update) the running batch is
-fixed, so the engine computes in closed form how long it takes until the next request
-finishes and sleeps that long; an ADD or ABORT wakes it, it completes the iteration in
-progress (commands apply between engine steps, as in a real engine) and recomputes.
+fixed, so the engine computes in closed form when the next request finishes and schedules
+one timer for it. A command settles the plan in progress at the current iteration boundary
+(commands apply between engine steps, as in a real engine) and plans again. The engine is
+a state machine driven by timer callbacks rather than a SimPy process: a command costs no
+event of its own, and a superseded timer is ignored when it fires.
 
 Model:
 * admission is bounded by ``max_num_seqs`` and by KV capacity (a request reserves its final
@@ -69,15 +71,17 @@ class GenerationEngine:
         self.busy_s = 0.0
         self._aborts: list[Request] = []
         self._updates: list[tuple[float, simpy.Event]] = []
-        self._wake = env.event()
-        self.process = env.process(self._loop())
+        self._carry = 0.0           # seconds of an interrupted iteration still to run
+        self._plan: tuple[float, float, float, int, Any, int, float] | None = None
+        self._token = 0             # identifies the live timer; older timers are stale
+        self._updating = False      # a weight swap + KV recompute is running (not interruptible)
 
     # ---- commands (applied between engine steps) ------------------------------------
 
     def add(self, traj_id: int, context: int, decode_tokens: int, prefilled: bool = False) -> Request:
         req = Request(traj_id, context, max(1, decode_tokens), self.env.event(), prefilled)
         self.waiting.append(req)
-        self._poke()
+        self._command()
         return req
 
     def abort(self, req: Request) -> None:
@@ -86,7 +90,7 @@ class GenerationEngine:
         req.aborted = True
         if req.running:
             self._aborts.append(req)
-            self._poke()
+            self._command()
         else:
             try:
                 self.waiting.remove(req)
@@ -96,37 +100,87 @@ class GenerationEngine:
     def update_weights(self, swap_s: float) -> simpy.Event:
         ev = self.env.event()
         self._updates.append((swap_s, ev))
-        self._poke()
+        self._command()
         return ev
 
     def forget(self, traj_id: int) -> None:
         self.cache_tokens -= self.cache.pop(traj_id, 0)
 
-    def _poke(self) -> None:
-        if not self._wake.triggered:
-            self._wake.succeed()
+    # ---- planning ---------------------------------------------------------------------------
 
-    # ---- the engine loop --------------------------------------------------------------------
+    def _command(self) -> None:
+        if self._updating:
+            return  # picked up when the update finishes
+        self._settle()
+        self._next()
 
-    def _loop(self) -> Generator[Any, Any, None]:
-        while True:
-            if self._updates:
-                yield from self._apply_updates()
-                continue
-            self._apply_aborts()
-            admitted = self._admit()
-            if admitted:
-                yield from self._prefill_iteration(admitted)
-            elif self.running:
-                yield from self._decode_until_event()
-            else:
-                self._wake = self.env.event()
-                yield self._wake
+    def _schedule(self, delay: float, callback: Callable[[int], None]) -> None:
+        self._token += 1
+        token = self._token
+        self.env.timeout(delay).callbacks.append(lambda _: callback(token))
 
-    def _busy(self, name: str, t0: float, t1: float) -> None:
+    def _next(self) -> None:
+        """Decide what the engine does from now on and schedule its timer."""
+        if self._updates:
+            self._start_updates()
+            return
+        self._apply_aborts()
+        if self._carry > 0 and self._heap and self._next_finish() <= self.it:
+            # The interrupted iteration completes requests: finish it exactly, then admit.
+            self._begin(self._carry, 0)
+            self._carry = 0.0
+            return
+        lead, self._carry = self._carry, 0.0
+        admitted = self._admit()
+        if admitted:
+            lead += self._start_prefill(admitted)
+        if self.running:
+            self._begin(lead, max(0, self._next_finish() - self.it))
+        elif lead > 0:
+            self._begin(lead, 0)
+        else:
+            self._plan = None
+
+    def _begin(self, lead: float, k_next: int) -> None:
+        """Run ``lead`` seconds of prefill work, then ``k_next`` decode iterations."""
+        batch = len(self.running)
+        line = self.cost.decode_line(batch) if batch else None
+        x0 = self.ctx_sum
+        total = lead + (line.total(x0, batch, k_next) if line is not None else 0.0)
+        self._plan = (self.env.now, lead, x0, batch, line, k_next, total)
+        self._schedule(total, self._on_timer)
+
+    def _on_timer(self, token: int) -> None:
+        if token != self._token or self._plan is None:
+            return  # superseded by a command
+        self._settle()
+        self._next()
+
+    def _settle(self) -> None:
+        """Account for the plan in progress up to now, stopping at an iteration boundary."""
+        if self._plan is None:
+            return
+        t0, lead, x0, batch, line, k_next, total = self._plan
+        self._plan = None
+        self._token += 1  # the pending timer is now stale
+        elapsed = self.env.now - t0
+        if elapsed >= total - 1e-12:
+            k = k_next
+        elif elapsed < lead:
+            k, self._carry = 0, lead - elapsed
+        else:
+            k = line.iterations_within(x0, batch, k_next, elapsed - lead)
+            self._carry = max(0.0, lead + line.total(x0, batch, k) - elapsed)
+        self._busy(t0, self.env.now, "step: prefill {:.0f} ms, decode ×{} (batch {})", lead * 1e3, k, batch)
+        self._advance(k)
+        if self._carry == 0:
+            self._complete_finished()
+
+    def _busy(self, t0: float, t1: float, name: str, *args: object) -> None:
+        # Only elapsed time counts as busy; a carried remainder is counted when it runs.
         self.busy_s += t1 - t0
-        if self._span is not None and t1 > t0:
-            self._span(name, t0, t1)
+        if self._span is not None and t1 > t0:  # format only when tracing
+            self._span(name.format(*args), t0, t1)
 
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
@@ -140,7 +194,10 @@ class GenerationEngine:
             admitted.append(req)
         return admitted
 
-    def _prefill_iteration(self, admitted: list[Request]) -> Generator[Any, Any, None]:
+    def _start_prefill(self, admitted: list[Request]) -> float:
+        """Put ``admitted`` into the batch through one mixed iteration (their prefill plus a
+        decode step of the running batch); returns the iteration's duration. The batch state
+        is updated now; completions wait until the iteration has elapsed."""
         new_tokens, pairs = 0, 0.0
         for req in admitted:
             if self.prefix_cache and req.new_tokens:
@@ -151,21 +208,17 @@ class GenerationEngine:
                 req.new_tokens = req.context - hit
             pairs += req.new_tokens * (req.context - req.new_tokens + req.new_tokens / 2)
             new_tokens += req.new_tokens
-        # One mixed iteration: the new prompts' prefill plus a decode step for the running
-        # batch and for requests whose KV arrived from a prefill worker (PD disaggregation).
+        # Requests whose KV arrived from a prefill worker (PD disaggregation) only decode.
         transferred = [r for r in admitted if r.new_tokens == 0]
         decoders = len(self.running) + len(transferred)
         dt = self.cost.prefill_time(new_tokens, pairs)
         if decoders:
             x0 = self.ctx_sum + sum(r.context for r in transferred)
             dt += self.cost.decode_line(decoders).total(x0, decoders, 1)
-        t0 = self.env.now
-        yield self.env.timeout(dt)
-        self._busy(f"prefill {len(admitted)} req / {new_tokens} tok", t0, self.env.now)
         self.prefill_tokens += new_tokens
         self._advance(1)
         for req in admitted:
-            # The prefill produced the first token; the request joins the decode batch.
+            # The prefill produces the first token; the request joins the decode batch.
             req.running = True
             req.admit_iter = self.it
             req.finish_iter = self.it + req.decode_tokens - 1
@@ -176,25 +229,7 @@ class GenerationEngine:
             heapq.heappush(self._heap, (req.finish_iter, self._seq, req))
             if req.aborted:
                 self._aborts.append(req)
-        self._complete_finished()
-
-    def _decode_until_event(self) -> Generator[Any, Any, None]:
-        batch = len(self.running)
-        k_next = max(1, self._next_finish() - self.it)
-        line = self.cost.decode_line(batch)
-        x0 = self.ctx_sum
-        total = line.total(x0, batch, k_next)
-        self._wake = self.env.event()
-        t0 = self.env.now
-        yield self.env.timeout(total) | self._wake
-        elapsed = self.env.now - t0
-        k = k_next if elapsed >= total else line.iterations_within(x0, batch, k_next, elapsed)
-        boundary = line.total(x0, batch, k)
-        if boundary > elapsed:
-            yield self.env.timeout(boundary - elapsed)  # finish the iteration in progress
-        self._busy(f"decode ×{k} (batch {batch})", t0, self.env.now)
-        self._advance(k)
-        self._complete_finished()
+        return dt
 
     def _next_finish(self) -> int:
         while self._heap and not self._heap[0][2].running:
@@ -239,22 +274,31 @@ class GenerationEngine:
             _, evicted = self.cache.popitem(last=False)
             self.cache_tokens -= evicted
 
-    def _apply_updates(self) -> Generator[Any, Any, None]:
-        updates, self._updates = self._updates, []
+    # ---- weight update (steps ③ and ⑤) --------------------------------------------------
+
+    def _start_updates(self) -> None:
+        """Finish the interrupted iteration, swap the weights in, then recompute the KV of the
+        running requests under the new weights (one batched prefill). Not interruptible."""
         self._apply_aborts()
+        updates, self._updates = self._updates, []
         swap = max(s for s, _ in updates)
-        t0 = self.env.now
-        if swap > 0:
-            yield self.env.timeout(swap)
-            self._busy("weight swap", t0, self.env.now)
-        # KV computed under the old weights is invalid: drop the prefix cache and recompute
-        # the running requests' contexts (one batched prefill).
+        # KV computed under the old weights is invalid: drop the prefix cache too.
         self.cache.clear()
         self.cache_tokens = 0
+        recompute = 0.0
         if self.running:
             ctxs = [req.context + 1 + (self.it - req.admit_iter) for req in self.running]
-            t1 = self.env.now
-            yield self.env.timeout(self.cost.prefill_time(sum(ctxs), sum(c * c / 2 for c in ctxs)))
-            self._busy(f"KV recompute {len(ctxs)} req", t1, self.env.now)
-        for _, ev in updates:
-            ev.succeed()
+            recompute = self.cost.prefill_time(sum(ctxs), sum(c * c / 2 for c in ctxs))
+        carry, self._carry = self._carry, 0.0
+        self._updating = True
+        t0 = self.env.now
+        self._plan = None
+
+        def done(_: int) -> None:
+            self._updating = False
+            self._busy(t0, self.env.now, "weight swap {:.2f} s + KV recompute {:.2f} s", swap, recompute)
+            for _, ev in updates:
+                ev.succeed()
+            self._next()
+
+        self._schedule(carry + swap + recompute, done)

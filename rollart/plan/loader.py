@@ -110,7 +110,20 @@ def plan_from_dict(data: dict[str, Any], overrides: Iterable[str] = ()) -> Plan:
         raise PlanError(format_validation_error(err)) from None
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``: mappings merge key by key, anything else (lists too) is replaced."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a scenario; ``extends: other.yaml`` (relative to this file) deep-merges this file
+    over the other, so a what-if scenario only states what it changes."""
     path = Path(path)
     if not path.is_file():
         raise PlanError([f"{path}: no such scenario file"])
@@ -122,6 +135,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise PlanError([f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
     if not isinstance(data, dict):
         raise PlanError([f"{path}: a scenario is a YAML mapping with cluster, model, tasks, placement, algorithm"])
+    parent = data.pop("extends", None)
+    if parent is not None:
+        parent_path = (path.parent / str(parent)).resolve()
+        if parent_path in _seen:
+            raise PlanError([f"{path}: extends: '{parent}' makes a cycle"])
+        data = deep_merge(read_yaml(parent_path, _seen + (parent_path,)), data)
     data.setdefault("name", path.stem)
     return data
 

@@ -8,6 +8,7 @@ Cross-field rules (pools that must exist, GPU budgets, divisibility) are checked
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -297,11 +298,12 @@ class Plan(_Strict):
         return self
 
     # Convenience lookups used by the core and the backends.
+    @cached_property
+    def tasks_by_name(self) -> dict[str, TaskSpec]:
+        return {t.name: t for t in self.tasks}
+
     def task(self, name: str) -> TaskSpec:
-        for t in self.tasks:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        return self.tasks_by_name[name]
 
     @property
     def groups_per_batch(self) -> int:

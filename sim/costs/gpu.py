@@ -59,6 +59,13 @@ class DecodeLine:
         """Seconds for ``iterations`` consecutive decode iterations starting at context ``x0``."""
         if iterations <= 0:
             return 0.0
+        p0, p1 = self.c0 + self.c1 * x0, self.c1 * batch
+        q0, q1 = self.m0 + self.m1 * x0, self.m1 * batch
+        last = iterations - 1
+        first_compute, last_compute = p0 >= q0, p0 + p1 * last >= q0 + q1 * last
+        if first_compute == last_compute:  # one regime throughout (the common case)
+            v0, v1 = (p0, p1) if first_compute else (q0, q1)
+            return iterations * (self.a + v0) + v1 * last * iterations / 2
         s = self.a * iterations
         for lo, hi, v0, v1 in self._pieces(x0, batch, iterations):
             n = hi - lo
@@ -66,15 +73,33 @@ class DecodeLine:
         return s
 
     def iterations_within(self, x0: float, batch: int, limit: int, elapsed: float) -> int:
-        """Smallest k ≤ limit with total(k) ≥ elapsed (the iteration in progress completes)."""
-        lo, hi = 0, limit
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.total(x0, batch, mid) >= elapsed:
-                hi = mid
+        """Smallest k ≤ limit with total(k) ≥ elapsed (the iteration in progress completes).
+
+        Solved per linear piece with the quadratic formula, then nudged by ±1 against
+        :meth:`total` so rounding never makes it wrong."""
+        if elapsed <= 0:
+            return 0
+        done = 0.0
+        for lo, hi, v0, v1 in self._pieces(x0, batch, limit):
+            n = hi - lo
+            piece = n * (self.a + v0) + v1 * (lo + hi - 1) * n / 2
+            if done + piece < elapsed:
+                done += piece
+                continue
+            # Σ_{k=lo}^{lo+j-1} (a + v0 + v1·k) = j·(a + v0 + v1·lo) + v1·j(j−1)/2 ≥ elapsed − done
+            rem = elapsed - done
+            b = self.a + v0 + v1 * lo - v1 / 2
+            if v1 > 0:
+                j = (-b + math.sqrt(b * b + 2 * v1 * rem)) / v1
             else:
-                lo = mid + 1
-        return lo
+                j = rem / b if b > 0 else 0.0
+            k = min(hi, max(lo, lo + math.ceil(j - 1e-9)))
+            while k > 0 and self.total(x0, batch, k - 1) >= elapsed:
+                k -= 1
+            while k < limit and self.total(x0, batch, k) < elapsed:
+                k += 1
+            return k
+        return limit
 
 
 class GenerationCost(Protocol):
