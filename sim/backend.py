@@ -169,7 +169,15 @@ class SimBackend:
         task = self.plan.task(traj.task)
         if traj.id not in self._holding_cpu:  # a CPU slot for the env's whole life
             pool = task.env.pool or self._default_cpu_pool
-            yield self.cpu[pool].get(task.env.cpu_cores)
+            get = self.cpu[pool].get(task.env.cpu_cores)
+            try:
+                yield get
+            except simpy.Interrupt:  # aborted while queued for cores: give them back
+                if get.triggered:
+                    self.cpu[pool].put(task.env.cpu_cores)
+                else:
+                    get.cancel()
+                raise
             self._holding_cpu[traj.id] = (pool, task.env.cpu_cores)
         latency, outcome = self.envs.reset(task, traj.id)
         yield self.env.timeout(latency)

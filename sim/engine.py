@@ -75,6 +75,7 @@ class GenerationEngine:
         self._plan: tuple[float, float, float, int, Any, int, float] | None = None
         self._token = 0             # identifies the live timer; older timers are stale
         self._updating = False      # a weight swap + KV recompute is running (not interruptible)
+        self._replan_pending = False
 
     # ---- commands (applied between engine steps) ------------------------------------
 
@@ -109,8 +110,17 @@ class GenerationEngine:
     # ---- planning ---------------------------------------------------------------------------
 
     def _command(self) -> None:
+        """Re-plan once all commands of this instant are in, so requests that arrive together
+        share one prefill iteration (e.g. a whole batch after a lockstep barrier)."""
+        if self._updating or self._replan_pending:
+            return  # an update picks commands up when it finishes
+        self._replan_pending = True
+        self.env.timeout(0).callbacks.append(self._replan)
+
+    def _replan(self, _: object) -> None:
+        self._replan_pending = False
         if self._updating:
-            return  # picked up when the update finishes
+            return
         self._settle()
         self._next()
 
@@ -125,8 +135,9 @@ class GenerationEngine:
             self._start_updates()
             return
         self._apply_aborts()
-        if self._carry > 0 and self._heap and self._next_finish() <= self.it:
-            # The interrupted iteration completes requests: finish it exactly, then admit.
+        if self._carry > 0 and (self.waiting or (self._heap and self._next_finish() <= self.it)):
+            # Finish the iteration in progress first: requests it completes return at its end,
+            # and requests that arrive before its end are admitted together at that boundary.
             self._begin(self._carry, 0)
             self._carry = 0.0
             return

@@ -23,11 +23,13 @@ class SampleBuffer:
         self.ready: list[Group] = []         # complete, not consumed (admission order)
         self.changed = Signal("buffer.changed")
         self.consumed_groups = 0
+        self.pending_high_water = 0  # most groups ever pending (open + ready) at once
 
     # ---- admission & scoring -------------------------------------------------------------
 
     def add_group(self, group: Group) -> None:
         self.open[group.id] = group
+        self.pending_high_water = max(self.pending_high_water, self.pending_groups)
 
     def submit(self, traj: Trajectory, now: float) -> list[Trajectory]:
         """A member was scored. Returns the group's other running members to abort as

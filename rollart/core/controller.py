@@ -55,6 +55,7 @@ class Controller:
         self.published_version = 0       # newest version every worker has pulled
         self.weights_published = Signal("weights.published")
         self.finished = False
+        self.batches: list[tuple[int, ...]] = []  # trajectory ids of each training batch
         self._lockstep: dict[int, LockstepBarrier] = {}
         self._reward_gate: dict[int, LockstepBarrier] = {}
         self._failure_limit = 20 * plan.algorithm.batch_size
@@ -122,6 +123,7 @@ class Controller:
             mean_reward=sum(rewards) / len(rewards) if rewards else None,
         )
         self.stats.steps.append(record)
+        self.batches.append(tuple(t.id for t in batch))
         for t in batch:
             t.segments = []  # consumed: free the per-turn spans
         if self.on_step is not None:

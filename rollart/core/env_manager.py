@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Generator
 
 from rollart.core.effects import (Abort, Aborted, ComputeReward, EnvClose, EnvOutcome, EnvReset, EnvStep,
                                   Generate, GenOutcome, Sleep, Spawn, Wait)
+from rollart.core.barrier import LockstepBarrier
 from rollart.core.signals import Signal
 from rollart.core.trajectory import ENV_RESET, ENV_STEP, GEN, REWARD, WEIGHT_SYNC, Trajectory, TrajState
 
@@ -70,60 +71,60 @@ def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:
 
 
 def run_trajectory(ctl: "Controller", traj: Trajectory) -> Proc:
-    """The EnvManager process of one trajectory (see the module docstring)."""
-    task = ctl.plan.task(traj.task)
+    """The EnvManager process of one trajectory: its rollout, then always ``EnvClose``."""
     barrier = ctl.lockstep_barrier(traj.group.batch_index)
     reward_gate = ctl.reward_barrier(traj.group.batch_index)
-    in_barrier = barrier is not None
-    gated = reward_gate is not None
     try:
-        reset = yield from _env_call(ctl, traj, EnvReset, ENV_RESET)
-        if not reset.ok:
-            yield from _on_failure(ctl, traj, f"env.reset {reset.error}")
-            return
-        traj.context_tokens = reset.obs_tokens
-        while True:
-            if in_barrier and (sig := barrier.arrive(traj.id)) is not None:  # wait for the slowest env
-                yield from _wait(ctl, traj, sig, ENV_STEP)
-            budget = task.max_context_tokens - traj.context_tokens
-            yield from _generate(ctl, traj, max(1, budget))
-            if in_barrier and (sig := barrier.arrive(traj.id)) is not None:  # wait for the slowest generation
-                yield from _wait(ctl, traj, sig, GEN)
-            step = yield from _env_call(ctl, traj, EnvStep, ENV_STEP)
-            if not step.ok:
-                yield from _on_failure(ctl, traj, f"env.step {step.error}")
-                return
-            traj.context_tokens += step.obs_tokens
-            if step.done or traj.context_tokens >= task.max_context_tokens:
-                break
-        if in_barrier:
-            barrier.leave(traj.id)
-            in_barrier = False
-        if gated and (sig := reward_gate.arrive(traj.id)) is not None:  # Sync: reward after the whole batch
-            yield from _wait(ctl, traj, sig, REWARD)
-        if gated:
-            reward_gate.leave(traj.id)
-            gated = False
-        t0 = ctl.now()
-        traj.reward = yield ComputeReward(traj, ctl.mode.serverless_reward)
-        traj.record(t0, ctl.now(), REWARD)
-        ctl.tracer.reward_span(traj, t0, ctl.now())
-        traj.finished_at = ctl.now()
-        ctl.stats.consecutive_failures = 0
-        surplus = ctl.buffer.submit(traj, ctl.now())
-        if surplus:
-            ctl.stats.aborted_redundant_events += len(surplus)
-            yield Abort(tuple(surplus), "redundant")
+        yield from _rollout(ctl, traj, barrier, reward_gate)
     except Aborted:
-        if traj.state is TrajState.RUNNING:  # aborted by its own group's abandonment etc.
+        if traj.state is TrajState.RUNNING:  # the aborting side normally sets the reason
             traj.state = TrajState.FAILED
     finally:
-        if in_barrier:
-            barrier.leave(traj.id)
-        if gated:
-            reward_gate.leave(traj.id)
+        # Leaving is idempotent; a trajectory that stops early must not hold the others.
+        for gate in (barrier, reward_gate):
+            if gate is not None:
+                gate.leave(traj.id)
     yield EnvClose(traj)
     ctl.tracer.release(traj)
+
+
+def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | None,
+             reward_gate: LockstepBarrier | None) -> Proc:
+    """reset → (generate → step)* → reward → SampleBuffer."""
+    task = ctl.plan.task(traj.task)
+    reset = yield from _env_call(ctl, traj, EnvReset, ENV_RESET)
+    if not reset.ok:
+        yield from _on_failure(ctl, traj, f"env.reset {reset.error}")
+        return
+    traj.context_tokens = reset.obs_tokens
+    while True:
+        if barrier is not None and (sig := barrier.arrive(traj.id)) is not None:  # wait for the slowest env
+            yield from _wait(ctl, traj, sig, ENV_STEP)
+        yield from _generate(ctl, traj, max(1, task.max_context_tokens - traj.context_tokens))
+        if barrier is not None and (sig := barrier.arrive(traj.id)) is not None:  # the slowest generation
+            yield from _wait(ctl, traj, sig, GEN)
+        step = yield from _env_call(ctl, traj, EnvStep, ENV_STEP)
+        if not step.ok:
+            yield from _on_failure(ctl, traj, f"env.step {step.error}")
+            return
+        traj.context_tokens += step.obs_tokens
+        if step.done or traj.context_tokens >= task.max_context_tokens:
+            break
+    if barrier is not None:
+        barrier.leave(traj.id)
+    if reward_gate is not None:  # Sync: score only once the whole batch finished its rollout
+        if (sig := reward_gate.arrive(traj.id)) is not None:
+            yield from _wait(ctl, traj, sig, REWARD)
+        reward_gate.leave(traj.id)
+    t0 = ctl.now()
+    traj.reward = yield ComputeReward(traj, ctl.mode.serverless_reward)
+    traj.record(t0, ctl.now(), REWARD)
+    ctl.tracer.reward_span(traj, t0, ctl.now())
+    traj.finished_at = ctl.now()
+    ctl.stats.consecutive_failures = 0
+    surplus = ctl.buffer.submit(traj, ctl.now())
+    if surplus:
+        yield Abort(tuple(surplus), "redundant")
 
 
 def _on_failure(ctl: "Controller", traj: Trajectory, error: str) -> Proc:

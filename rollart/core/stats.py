@@ -29,7 +29,6 @@ class RunStats:
     env_errors: int = 0          # individual env call errors/timeouts (retried or not)
     env_failures: int = 0        # trajectories lost to env failures after retries
     consecutive_failures: int = 0
-    aborted_redundant_events: int = 0
     steps: list[StepRecord] = field(default_factory=list)
 
 

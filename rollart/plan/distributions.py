@@ -51,7 +51,14 @@ class LogNormal(_Dist):
         return min(x, self.max) if self.max is not None else x
 
     def mean(self) -> float:
-        return self.median * math.exp(self.sigma**2 / 2)
+        """E[min(X, max)] = m·e^{σ²/2}·Φ((ln(c/m) − σ²)/σ) + c·(1 − Φ(ln(c/m)/σ))."""
+        full = self.median * math.exp(self.sigma**2 / 2)
+        if self.max is None:
+            return full
+        if self.sigma == 0:
+            return min(self.median, self.max)
+        z = math.log(self.max / self.median) / self.sigma
+        return full * _Phi(z - self.sigma) + self.max * (1 - _Phi(z))
 
 
 class Gaussian(_Dist):
@@ -68,7 +75,11 @@ class Gaussian(_Dist):
         return max(self.min, self.mean_ + self.std * rng.standard_normal())
 
     def mean(self) -> float:
-        return self.mean_
+        """E[max(X, c)] = c·Φ(z) + μ·(1 − Φ(z)) + σ·φ(z), z = (c − μ)/σ."""
+        if self.std == 0:
+            return max(self.min, self.mean_)
+        z = (self.min - self.mean_) / self.std
+        return self.min * _Phi(z) + self.mean_ * (1 - _Phi(z)) + self.std * _phi(z)
 
 
 class Uniform(_Dist):
@@ -104,9 +115,15 @@ class Pareto(_Dist):
         return min(x, self.max) if self.max is not None else x
 
     def mean(self) -> float:
-        if self.shape <= 1:
-            return self.max if self.max is not None else math.inf
-        return self.scale * self.shape / (self.shape - 1)
+        """E[min(X, c)] = x + x^a·(c^{1−a} − x^{1−a})/(1 − a)  (x·(1 + ln(c/x)) for a = 1)."""
+        x, a, c = self.scale, self.shape, self.max
+        if c is None:
+            return x * a / (a - 1) if a > 1 else math.inf
+        if c <= x:
+            return c
+        if a == 1:
+            return x * (1 + math.log(c / x))
+        return x + x**a * (c ** (1 - a) - x ** (1 - a)) / (1 - a)
 
 
 class Empirical(_Dist):
@@ -173,7 +190,21 @@ Component.model_rebuild()
 
 
 def coerce_distribution(value: object) -> object:
-    """YAML shorthand: a plain number is a constant distribution."""
+    """YAML shorthand: a plain number is a constant distribution (YAML reads ``1e-3`` as a
+    string, so numeric strings count too)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return {"kind": "constant", "value": value}
     return value
+
+
+def _phi(z: float) -> float:
+    return math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+
+
+def _Phi(z: float) -> float:
+    return 0.5 * (1 + math.erf(z / math.sqrt(2)))

@@ -11,9 +11,10 @@ from pydantic import ValidationError
 
 from rollart.plan.schema import Plan
 
-# Discriminator tags pydantic inserts into error locations; a user never writes them.
-_UNION_TAGS = {"constant", "lognormal", "gaussian", "uniform", "pareto", "empirical", "mixture", "function-after",
-               "function-before", "str", "dict[str,any]"}
+# Discriminator tags pydantic inserts into error locations after a distribution field;
+# a user never writes them.
+_UNION_TAGS = {"constant", "lognormal", "gaussian", "uniform", "pareto", "empirical", "mixture"}
+_DIST_FIELDS = {"reset", "step", "turns", "prompt_tokens", "obs_tokens", "response_tokens", "dist"}
 
 
 class PlanError(Exception):
@@ -63,12 +64,28 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
                 if last:
                     node[part] = value
                 else:
-                    if not isinstance(node.get(part), (dict, list)):
-                        node[part] = {}
-                    node = node[part]
+                    child = _expand_shorthand(part, node.get(part))
+                    if child is None:
+                        child = {}
+                    elif not isinstance(child, (dict, list)):
+                        raise PlanError([f"--set {'.'.join(path)}: {where} is a value ({child!r}), not a section"])
+                    node[part] = child
+                    node = child
             else:
                 raise PlanError([f"--set {'.'.join(path)}: {'.'.join(path[:i])} is a value, not a section"])
     return data
+
+
+def _expand_shorthand(key: str, value: Any) -> Any:
+    """A section written in short form becomes its long form, so a field inside can be set:
+    ``model: Qwen3-8B`` → ``{preset: Qwen3-8B}``, ``reset: 2`` → ``{kind: constant, value: 2}``."""
+    from rollart.plan.distributions import coerce_distribution
+
+    if key in ("model", "reward_model") and isinstance(value, str):
+        return {"preset": value}
+    if key in _DIST_FIELDS:
+        return coerce_distribution(value)
+    return value
 
 
 def _list_index(items: list[Any], part: str) -> int | None:
@@ -84,7 +101,8 @@ def _list_index(items: list[Any], part: str) -> int | None:
 def format_validation_error(err: ValidationError) -> list[str]:
     lines = []
     for e in err.errors():
-        loc = [str(x) for x in e["loc"] if str(x) not in _UNION_TAGS]
+        raw = [str(x) for x in e["loc"]]
+        loc = [x for i, x in enumerate(raw) if not (x in _UNION_TAGS and i and raw[i - 1] in _DIST_FIELDS)]
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
@@ -121,7 +139,7 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def read_yaml(path: str | Path, _seen: tuple[Path, ...] | None = None) -> dict[str, Any]:
     """Read a scenario; ``extends: other.yaml`` (relative to this file) deep-merges this file
     over the other, so a what-if scenario only states what it changes."""
     path = Path(path)
@@ -135,13 +153,14 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise PlanError([f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
     if not isinstance(data, dict):
         raise PlanError([f"{path}: a scenario is a YAML mapping with cluster, model, tasks, placement, algorithm"])
+    seen = _seen if _seen is not None else (path.resolve(),)
+    data.setdefault("name", path.stem)  # the file's own name, not its parent's
     parent = data.pop("extends", None)
     if parent is not None:
         parent_path = (path.parent / str(parent)).resolve()
-        if parent_path in _seen:
+        if parent_path in seen:
             raise PlanError([f"{path}: extends: '{parent}' makes a cycle"])
-        data = deep_merge(read_yaml(parent_path, _seen + (parent_path,)), data)
-    data.setdefault("name", path.stem)
+        data = deep_merge(read_yaml(parent_path, seen + (parent_path,)), data)
     return data
 
 

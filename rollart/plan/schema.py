@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rollart.plan.distributions import Distribution, coerce_distribution
+from rollart.plan.distributions import Constant, Distribution, coerce_distribution
 from rollart.plan.presets import GPU_PRESETS, LINK_PRESETS, MODEL_PRESETS, canonical_gpu, canonical_model
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -201,7 +201,7 @@ class TaskSpec(_Strict):
     tag: str | None = Field(None, description="hardware-affinity tag; the name when omitted")
     share: PosFloat = Field(description="relative share of the batch's prompt groups")
     turns: Distribution
-    prompt_tokens: Distribution = Field(default_factory=lambda: coerce_distribution(512))
+    prompt_tokens: Distribution = Field(default_factory=lambda: Constant(value=512))
     obs_tokens: Distribution
     response_tokens: Distribution
     max_context_tokens: PosInt = 32768

@@ -1,0 +1,230 @@
+"""The ``rollart`` command line, run as a user would: the installed console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollart.plan import read_yaml
+from rollart.scenarios_catalog import default_scenario
+
+
+def _rollart_exe() -> str:
+    local = Path(sys.executable).parent / "rollart"
+    if local.is_file():
+        return str(local)
+    found = shutil.which("rollart")
+    if found is None:  # pragma: no cover - the package is installed editable in the venv
+        pytest.skip("the rollart console script is not installed")
+    return found
+
+
+ROLLART = _rollart_exe()
+DEFAULT_YAML = str(default_scenario())
+SUMMARY_KEYS = ("step_time_s_mean", "trajectories_per_s", "tokens_per_s", "gpu_busy_fraction",
+                "aborted_stale", "aborted_redundant", "env_failures")
+
+
+def rollart(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    # A wide console so rich does not elide table headers; no colours.
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+    return subprocess.run([ROLLART, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def assert_clean_usage_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit code 2, exactly one error line on stderr containing every needle, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_console_script_exists():
+    assert Path(ROLLART).is_file()
+    assert os.access(ROLLART, os.X_OK)
+
+
+# ---------------------------------------------------------------- simulate
+
+
+def test_simulate_embedded_default(tmp_path: Path):
+    proc = rollart("simulate", "--quiet", "--steps", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "step" in out
+    assert "trajectories/s" in out
+    # the step table has exactly steps 0 and 1
+    rows = [ln for ln in out.splitlines() if re.match(r"^│\s+\d+\s+│", ln)]
+    assert [int(r.split("│")[1]) for r in rows] == [0, 1]
+    assert "default · mode rollart · seed 0" in out
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def seed1_json(tmp_path_factory) -> tuple[bytes, bytes]:
+    work = tmp_path_factory.mktemp("seed1")
+    outs = []
+    for name in ("a.json", "b.json"):
+        proc = rollart("simulate", DEFAULT_YAML, "--seed", "1", "--steps", "2", "--quiet", "--json", name, cwd=work)
+        assert proc.returncode == 0, proc.stderr
+        assert f"wrote {name}" in proc.stdout
+        outs.append((work / name).read_bytes())
+    return outs[0], outs[1]
+
+
+def test_simulate_json_is_deterministic(seed1_json):
+    a, b = seed1_json
+    assert a == b
+
+
+def test_simulate_json_contract(seed1_json):
+    data = json.loads(seed1_json[0])
+    for key in ("scenario", "mode", "seed", "steps", "summary"):
+        assert key in data
+    assert data["scenario"] == "default"
+    assert data["mode"] == "rollart"
+    assert data["seed"] == 1
+    assert [s["step"] for s in data["steps"]] == [0, 1]
+    for s in data["steps"]:
+        assert s["time_s"] > 0
+        assert isinstance(s["breakdown_s"], dict) and s["breakdown_s"]
+        assert all(v >= 0 for v in s["breakdown_s"].values())
+    summary = data["summary"]
+    for key in SUMMARY_KEYS:
+        assert key in summary, key
+    assert summary["step_time_s_mean"] == pytest.approx(sum(s["time_s"] for s in data["steps"]) / 2)
+    assert summary["trajectories_per_s"] > 0
+    assert summary["tokens_per_s"] > 0
+    assert set(summary["gpu_busy_fraction"]) == {"h800", "h20"}
+    assert all(0 <= f <= 1 for f in summary["gpu_busy_fraction"].values())
+    for key in ("aborted_stale", "aborted_redundant", "env_failures"):
+        assert isinstance(summary[key], int) and summary[key] >= 0
+
+
+def test_simulate_different_seed_differs(tmp_path: Path, seed1_json):
+    proc = rollart("simulate", DEFAULT_YAML, "--seed", "2", "--steps", "2", "--quiet", "--json", "c.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    other = json.loads((tmp_path / "c.json").read_text())
+    base = json.loads(seed1_json[0])
+    assert other["seed"] == 2
+    assert [s["time_s"] for s in other["steps"]] != [s["time_s"] for s in base["steps"]]
+
+
+def test_simulate_mode_option(tmp_path: Path):
+    proc = rollart("simulate", "--quiet", "--steps", "2", "--mode", "sync", "--json", "s.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["mode"] == "sync"
+    assert "mode sync" in proc.stdout
+
+
+# ---------------------------------------------------------------- bad input → exit 2, one line
+
+
+def test_bad_set_value_exits_2(tmp_path: Path):
+    proc = rollart("simulate", "--quiet", "--steps", "2", "--set", "algorithm.batch_size=-4", cwd=tmp_path)
+    line = assert_clean_usage_error(proc, "algorithm.batch_size")
+    assert "error" in line
+
+
+def test_unknown_gpu_in_scenario_file_exits_2(tmp_path: Path):
+    data = read_yaml(default_scenario())
+    data["cluster"]["gpu_pools"]["h20"]["gpu"] = "H900"
+    path = tmp_path / "bad_gpu.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    proc = rollart("simulate", path, "--quiet", "--steps", "2", cwd=tmp_path)
+    assert_clean_usage_error(proc, "cluster.gpu_pools.h20.gpu", "H900", "H800")
+
+
+def test_unknown_mode_exits_2(tmp_path: Path):
+    proc = rollart("simulate", "--quiet", "--steps", "2", "--mode", "bogus", cwd=tmp_path)
+    assert_clean_usage_error(proc, "--mode", "bogus", "rollart")
+
+
+def test_missing_scenario_file_exits_2(tmp_path: Path):
+    proc = rollart("simulate", tmp_path / "nope.yaml", "--quiet", "--steps", "2", cwd=tmp_path)
+    assert_clean_usage_error(proc, "nope.yaml", "no such scenario file")
+
+
+def test_set_without_equals_exits_2(tmp_path: Path):
+    proc = rollart("simulate", "--quiet", "--set", "algorithm.alpha", cwd=tmp_path)
+    assert_clean_usage_error(proc, "algorithm.alpha", "KEY=VALUE")
+
+
+def test_compare_unknown_mode_exits_2(tmp_path: Path):
+    proc = rollart("compare", "default", "--modes", "sync,bogus", "--steps", "2", "--quiet", cwd=tmp_path)
+    assert_clean_usage_error(proc, "bogus")
+
+
+# ---------------------------------------------------------------- scenarios, compare, trace
+
+
+def test_scenarios_lists_shipped(tmp_path: Path):
+    proc = rollart("scenarios", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    names = {cells[1].strip() for ln in proc.stdout.splitlines() if (cells := ln.split("│")) and len(cells) > 2}
+    assert "default" in names
+    assert "paper/qwen3-32b-128gpu" in names
+    assert "paper/qwen3-8b-128gpu" in names
+    assert not any(n.endswith(".yaml") for n in names)
+
+
+def test_simulate_by_shipped_name(tmp_path: Path):
+    proc = rollart("simulate", "default", "--quiet", "--steps", "2", "--json", "d.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "d.json").read_text())["scenario"] == "default"
+
+
+def _row(out: str, mode: str) -> list[str]:
+    rows = [ln for ln in out.splitlines() if ln.startswith("│") and ln.split("│")[1].strip() == mode]
+    assert len(rows) == 1, out
+    return [c.strip() for c in rows[0].split("│")[1:-1]]
+
+
+def test_compare_two_modes(tmp_path: Path):
+    proc = rollart("compare", "default", "--modes", "sync,rollart", "--steps", "2", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "× sync" in out  # the ratio column, normalised to the first mode
+    header = next(ln for ln in out.splitlines() if "× sync" in ln)
+    cols = [c.strip() for c in header.split("┃")[1:-1]]
+    ratio_col = cols.index("× sync")
+    tps_col = cols.index("trajectories/s")
+    sync, roll = _row(out, "sync"), _row(out, "rollart")
+    assert sync[ratio_col] == "1.00"
+    expected = float(roll[tps_col]) / float(sync[tps_col])
+    assert float(roll[ratio_col]) == pytest.approx(expected, abs=0.02)
+    assert float(roll[ratio_col]) > 1.0  # the async design beats the synchronous baseline
+
+
+def test_trace_is_a_chrome_trace(tmp_path: Path):
+    proc = rollart("simulate", "--quiet", "--steps", "2", "--trace", "t.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote t.json" in proc.stdout
+    trace = json.loads((tmp_path / "t.json").read_text())
+    events = trace["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    assert "trainer" in tracks
+    assert any(t.startswith("generation/") for t in tracks)
+    assert any(t.startswith("env managers/") for t in tracks)
+    assert {"generation/h800", "generation/h20"} <= tracks
+    complete = [e for e in events if e.get("ph") == "X"]
+    assert complete
+    for e in complete:
+        assert e["dur"] >= 0 and e["ts"] >= 0
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
+    pid_of = {e["args"]["name"]: e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    busy_pids = {e["pid"] for e in complete}
+    assert pid_of["trainer"] in busy_pids
+    assert any(pid_of[t] in busy_pids for t in tracks if t.startswith("env managers/"))

@@ -1,0 +1,109 @@
+"""Invariants of whole simulated runs, over random modes, α, redundancy, failures and seeds."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollart.core.trajectory import TrajState
+from tests.conftest import run_sim, small_plan
+
+runs = st.fixed_dictionaries({
+    "mode": st.sampled_from(["sync", "sync+", "one-off", "areal", "rollart"]),
+    "alpha": st.integers(0, 2),
+    "redundancy": st.sampled_from([0.0, 0.25, 0.5]),
+    "failure": st.sampled_from([0.0, 0.05, 0.3]),
+    "seed": st.integers(0, 2**16),
+})
+
+
+def _outcome(p: dict):
+    plan = small_plan([f"algorithm.alpha={p['alpha']}", f"algorithm.redundancy={p['redundancy']}",
+                       f"tasks.CodeExec.env.failure_prob={p['failure']}",
+                       f"tasks.FrozenLake.env.failure_prob={p['failure'] / 3}",
+                       "tasks.CodeExec.env.step.sigma=1.5"])
+    return plan, run_sim(plan, p["mode"], p["seed"], watch_running=True)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs)
+def test_run_invariants(p: dict) -> None:
+    plan, out = _outcome(p)
+    ctl = out.backend.ctl
+    assert out.error is None
+    # Every trajectory started ends in exactly one state, and the counts add up.
+    counts = ctl.outcome_counts()
+    assert sum(counts.values()) == len(ctl.trajectories)
+    used = [t for t in ctl.trajectories if t.state is TrajState.USED]
+    batch_ids = [i for batch in ctl.batches for i in batch]
+    assert len(batch_ids) == len(set(batch_ids)), "a trajectory was trained on twice"
+    assert sorted(batch_ids) == sorted(t.id for t in used), "used ⇔ in exactly one batch"
+    assert len(ctl.batches) == plan.algorithm.steps
+    # Batches are full and hold whole GRPO groups.
+    G = plan.algorithm.group_size
+    for batch in ctl.batches:
+        assert len(batch) == plan.algorithm.batch_size
+        per_group = Counter(ctl.trajectories[i].group.id for i in batch)
+        assert set(per_group.values()) == {G}
+    # No batch holds a trajectory outside the α window.
+    alpha = ctl.mode.alpha
+    for n, batch in enumerate(ctl.batches):
+        for i in batch:
+            assert ctl.trajectories[i].start_version >= n - alpha
+    # Pending work is bounded by O(α·E).
+    bg = plan.groups_per_batch
+    assert ctl.buffer.pending_high_water <= (1 + alpha) * bg
+    assert out.running_high_water <= (1 + alpha) * bg * ctl.scheduler.members_per_group
+    # Still-running trajectories at the end belong to groups that were never consumed.
+    for t in ctl.trajectories:
+        if t.state in (TrajState.RUNNING, TrajState.SCORED):
+            assert not t.group.consumed
+    # The step breakdown partitions each step's time.
+    for s in ctl.stats.steps:
+        assert math.isclose(sum(s.breakdown_s.values()), s.time_s, rel_tol=1e-9, abs_tol=1e-6)
+        assert min(s.breakdown_s.values()) >= -1e-9
+        assert 0 <= s.mean_staleness <= alpha
+    # Redundant aborts only where redundancy is on.
+    if ctl.mode.redundancy == 0:
+        assert counts["aborted_redundant"] == 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "rollart"])
+def test_same_seed_same_result_and_seed_matters(mode: str) -> None:
+    plan = small_plan()
+    a = run_sim(plan, mode, seed=3).to_result().to_dict()
+    b = run_sim(plan, mode, seed=3).to_result().to_dict()
+    c = run_sim(plan, mode, seed=4).to_result().to_dict()
+    assert a == b
+    assert [s["time_s"] for s in a["steps"]] != [s["time_s"] for s in c["steps"]]
+
+
+def test_larger_alpha_aborts_stale_stragglers_and_speeds_up() -> None:
+    base = ["algorithm.steps=8", "algorithm.batch_size=64", "tasks.CodeExec.env.step.sigma=2"]
+    slow = run_sim(small_plan([*base, "algorithm.alpha=0"]), "rollart").to_result()
+    fast = run_sim(small_plan([*base, "algorithm.alpha=2"]), "rollart").to_result()
+    assert fast.summary["step_time_s_mean"] < slow.summary["step_time_s_mean"]
+    assert slow.summary["aborted_stale"] == 0
+    assert fast.summary["aborted_stale"] > 0
+    assert 0 < fast.summary["mean_staleness"] <= 2
+
+
+def test_env_that_always_fails_stops_with_a_clear_error_and_keeps_results() -> None:
+    plan = small_plan(["tasks.CodeExec.env.failure_prob=1.0", "tasks.FrozenLake.env.failure_prob=1.0",
+                       "tasks.GEM-Math.env.failure_prob=1.0"])
+    out = run_sim(plan, "rollart")
+    assert out.error is not None and "failed in a row" in out.error and "env" in out.error
+    result = out.to_result()
+    assert result.error == out.error and result.summary["env_failures"] > 0
+
+
+def test_failures_are_refilled_and_counted() -> None:
+    out = run_sim(small_plan(["tasks.CodeExec.env.failure_prob=0.4", "algorithm.redundancy=0"]), "rollart")
+    assert out.error is None
+    counts = out.backend.ctl.outcome_counts()
+    assert counts["failed"] > 0
+    assert out.to_result().summary["env_failures"] == counts["failed"]

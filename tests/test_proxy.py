@@ -1,0 +1,86 @@
+"""LLMProxy routing: hardware affinity, least-loaded, sticky, fallback, suspend/resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollart.core.proxy import LLMProxy, WorkerInfo
+
+
+def workers(spec: list[tuple[str, str]], cap: int = 2) -> list[WorkerInfo]:
+    return [WorkerInfo(id=i, pool=pool, role=role, tp=1, max_num_seqs=cap) for i, (pool, role) in enumerate(spec)]
+
+
+AFF = {"FrozenLake": "h800", "default": "h20"}
+
+
+def test_routes_by_affinity_tag_and_default() -> None:
+    proxy = LLMProxy(workers([("h800", "both"), ("h20", "both"), ("h20", "both")]), AFF)
+    assert proxy.route("FrozenLake").pool == "h800"
+    assert proxy.route("GEM-Math").pool == "h20"  # not in the map: default
+
+
+def test_least_loaded_within_pool_with_lowest_id_on_ties() -> None:
+    ws = workers([("h20", "both")] * 3, cap=10)
+    proxy = LLMProxy(ws, AFF)
+    ws[0].load, ws[1].load, ws[2].load = 3, 1, 1
+    assert proxy.route("x").id == 1
+
+
+def test_sticky_to_previous_worker_for_prefix_cache() -> None:
+    ws = workers([("h20", "both")] * 3, cap=10)
+    proxy = LLMProxy(ws, AFF)
+    ws[2].load = 5
+    assert proxy.route("x", last_worker=2).id == 2
+    ws[2].load = 10  # saturated: no longer sticky
+    assert proxy.route("x", last_worker=2).id == 0
+
+
+def test_falls_back_to_other_pool_when_preferred_saturated() -> None:
+    ws = workers([("h800", "both"), ("h20", "both")], cap=1)
+    proxy = LLMProxy(ws, AFF)
+    ws[0].load = 1
+    assert proxy.route("FrozenLake").pool == "h20"
+    assert proxy.routed_fallback == 1
+
+
+def test_everything_saturated_queues_on_preferred_pool() -> None:
+    ws = workers([("h800", "both"), ("h20", "both")], cap=1)
+    proxy = LLMProxy(ws, AFF)
+    ws[0].load = ws[1].load = 1
+    assert proxy.route("FrozenLake").pool == "h800"
+
+
+def test_preferred_pool_without_workers_falls_back() -> None:
+    proxy = LLMProxy(workers([("h20", "both")]), {"FrozenLake": "h800", "default": "h20"})
+    assert proxy.route("FrozenLake").pool == "h20"
+
+
+def test_no_affinity_balances_over_all_pools() -> None:
+    ws = workers([("h800", "both"), ("h20", "both")], cap=10)
+    proxy = LLMProxy(ws, None)
+    ws[0].load = 2
+    assert proxy.route("FrozenLake").pool == "h20"
+
+
+def test_roles_for_pd_disaggregation() -> None:
+    proxy = LLMProxy(workers([("h800", "prefill"), ("h20", "decode")]), None)
+    assert proxy.route("x", role="prefill").role == "prefill"
+    assert proxy.route("x", role="decode").role == "decode"
+    with pytest.raises(LookupError):
+        proxy.route("x", role="both")
+
+
+def test_dispatch_release_and_suspend_resume() -> None:
+    ws = workers([("h20", "both")])
+    proxy = LLMProxy(ws, None)
+    proxy.dispatch(ws[0])
+    assert ws[0].load == 1
+    proxy.release(ws[0])
+    assert ws[0].load == 0
+    woken = []
+    proxy.resumed.add_waiter(woken.append)
+    proxy.suspend()
+    assert proxy.suspended
+    proxy.resume(3)
+    assert not proxy.suspended and proxy.version == 3 and woken == [3]
