@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from rollart.core.stats import BREAKDOWN_KEYS, StepRecord
 
-SHORT = {"generation": "gen", "env_reset": "reset", "env_step": "env step", "reward": "reward", "train": "train",
-         "weight_sync": "w-sync", "idle": "idle"}
+SHORT = {"generation": "gen", "env_reset": "reset", "env_step": "env", "reward": "reward", "train": "train",
+         "weight_sync": "sync", "idle": "idle"}
 
 
 def _p90(values: list[float]) -> float:
@@ -72,14 +73,12 @@ def summary_from_steps(steps: list[StepRecord]) -> dict[str, float]:
 
 
 def step_table(result: RunResult) -> Table:
-    table = Table(title=f"{result.scenario} · mode {result.mode} · seed {result.seed} · {result.backend}",
-                  title_justify="left")
-    table.add_column("step", justify="right")
-    table.add_column("time s", justify="right", style="bold")
-    for key in BREAKDOWN_KEYS:
-        table.add_column(SHORT[key], justify="right")
-    table.add_column("trajs", justify="right")
-    table.add_column("stale", justify="right")
+    table = Table(title=f"{result.scenario} · mode {result.mode} · seed {result.seed} · {result.backend} "
+                        "(seconds per step; breakdown along the critical path)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("step", "time", *(SHORT[k] for k in BREAKDOWN_KEYS), "trajs", "stale"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=len(name),
+                         style="bold" if name == "time" else None)
     for s in result.steps:
         table.add_row(str(s.step), f"{s.time_s:.1f}", *(f"{s.breakdown_s.get(k, 0.0):.1f}" for k in BREAKDOWN_KEYS),
                       str(s.trajectories), f"{s.mean_staleness:.2f}")
@@ -121,9 +120,11 @@ def print_result(result: RunResult, console: Console | None = None) -> None:
 
 def compare_table(results: list[RunResult]) -> Table:
     base = results[0].summary["trajectories_per_s"] or 1.0
-    table = Table(title=f"{results[0].scenario}: throughput normalised to {results[0].mode}", title_justify="left")
-    for col in ("mode", "step s (mean)", "trajectories/s", f"× {results[0].mode}", "GPU busy", "stale", "redundant"):
-        table.add_column(col, justify="left" if col == "mode" else "right")
+    table = Table(title=f"{results[0].scenario}: throughput normalised to {results[0].mode}", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("mode", "step s", "traj/s", f"× {results[0].mode}", "GPU busy", "stale", "redundant"):
+        table.add_column(col, justify="left" if col in ("mode", "GPU busy") else "right", no_wrap=col != "GPU busy",
+                         min_width=len(col))
     for r in results:
         sm = r.summary
         busy = " ".join(f"{p}:{x:.0%}" for p, x in sm.get("gpu_busy_fraction", {}).items())
