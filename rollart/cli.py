@@ -37,6 +37,16 @@ def _load(scenario: Optional[str], overrides: list[str]) -> Plan:
         raise  # unreachable
 
 
+def _overrides(set_: list[str], steps: Optional[int], seed: Optional[int]) -> list[str]:
+    """``--set`` values plus the ``--steps``/``--seed`` shortcuts (which win)."""
+    out = list(set_)
+    if steps is not None:
+        out.append(f"algorithm.steps={steps}")
+    if seed is not None:
+        out.append(f"algorithm.seed={seed}")
+    return out
+
+
 def _check_mode(mode: Optional[str]) -> None:
     if mode is not None and mode not in MODES:
         _fail([f"--mode: unknown mode '{mode}'; modes are: {', '.join(MODES)}"])
@@ -78,12 +88,7 @@ def simulate(
 ) -> None:
     """Simulate a plan and print the step table."""
     _check_mode(mode)
-    overrides = list(set_)
-    if steps is not None:
-        overrides.append(f"algorithm.steps={steps}")
-    if seed is not None:
-        overrides.append(f"algorithm.seed={seed}")
-    plan = _load(scenario, overrides)
+    plan = _load(scenario, _overrides(set_, steps, seed))
     t0 = time.perf_counter()
     try:
         result = run_simulation(plan, mode, plan.algorithm.seed, trace, progress=not quiet)
@@ -117,12 +122,7 @@ def compare(
     names = [m.strip() for m in modes.split(",") if m.strip()]
     for m in names:
         _check_mode(m)
-    overrides = list(set_)
-    if steps is not None:
-        overrides.append(f"algorithm.steps={steps}")
-    if seed is not None:
-        overrides.append(f"algorithm.seed={seed}")
-    plan = _load(scenario, overrides)
+    plan = _load(scenario, _overrides(set_, steps, seed))
     results = []
     try:
         for m in names:

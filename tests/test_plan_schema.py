@@ -143,7 +143,7 @@ def test_unknown_field():
 def test_negative_distribution_parameter():
     problems = problems_of(["tasks.FrozenLake.env.reset.sigma=-1"])
     # FrozenLake is tasks[0]; the path names the distribution's field.
-    line = only_line(problems, "tasks.0.env.reset.sigma:")
+    line = only_line(problems, "tasks.FrozenLake.env.reset.sigma:")
     assert "greater than or equal to 0" in line
     assert "-1" in line
     # pydantic's union discriminator tag must not leak into the path.
@@ -187,31 +187,31 @@ def test_weight_sync_link_missing():
 
 def test_failure_prob_above_one():
     problems = problems_of(["tasks.FrozenLake.env.failure_prob=1.5"])
-    line = only_line(problems, "tasks.0.env.failure_prob:")
+    line = only_line(problems, "tasks.FrozenLake.env.failure_prob:")
     assert "less than or equal to 1" in line
 
 
 def test_empirical_without_probability_zero_and_one():
     problems = problems_of(["tasks.GEM-Math.env.reset={kind: empirical, quantiles: {0.5: 1, 1: 2}}"])
-    line = only_line(problems, "tasks.1.env.reset.quantiles:")
+    line = only_line(problems, "tasks.GEM-Math.env.reset.quantiles:")
     assert "0 and 1" in line
 
 
 def test_empirical_decreasing_values_rejected():
     problems = problems_of(["tasks.0.env.step={kind: empirical, quantiles: {0: 2, 1: 1}}"])
-    line = only_line(problems, "tasks.0.env.step.quantiles:")
+    line = only_line(problems, "tasks.FrozenLake.env.step.quantiles:")
     assert "must not decrease" in line
 
 
 def test_uniform_high_below_low_rejected():
     problems = problems_of(["tasks.0.turns={kind: uniform, low: 5, high: 2}"])
-    line = only_line(problems, "tasks.0.turns:")
+    line = only_line(problems, "tasks.FrozenLake.turns:")
     assert "high" in line and "low" in line
 
 
 def test_turns_with_infinite_mean_rejected():
     problems = problems_of(["tasks.0.turns={kind: pareto, scale: 5, shape: 0.5}"])
-    line = only_line(problems, "tasks.0.turns:")
+    line = only_line(problems, "tasks.FrozenLake.turns:")
     assert "finite mean" in line
 
 

@@ -98,10 +98,23 @@ def _list_index(items: list[Any], part: str) -> int | None:
     return None
 
 
-def format_validation_error(err: ValidationError) -> list[str]:
+def _task_names(data: dict[str, Any]) -> list[str | None]:
+    tasks = data.get("tasks")
+    if not isinstance(tasks, list):
+        return []
+    return [t.get("name") if isinstance(t, dict) and isinstance(t.get("name"), str) else None for t in tasks]
+
+
+def format_validation_error(err: ValidationError, data: dict[str, Any] | None = None) -> list[str]:
+    """One ``path: message`` line per error; tasks are named (``tasks.FrozenLake.env...``),
+    which is also how ``--set`` addresses them."""
+    names = _task_names(data or {})
     lines = []
     for e in err.errors():
         raw = [str(x) for x in e["loc"]]
+        if len(raw) > 1 and raw[0] == "tasks" and raw[1].isdigit() and int(raw[1]) < len(names) \
+                and names[int(raw[1])]:
+            raw[1] = names[int(raw[1])]
         loc = [x for i, x in enumerate(raw) if not (x in _UNION_TAGS and i and raw[i - 1] in _DIST_FIELDS)]
         msg = e["msg"]
         if msg.startswith("Value error, "):
@@ -125,7 +138,7 @@ def plan_from_dict(data: dict[str, Any], overrides: Iterable[str] = ()) -> Plan:
     try:
         return Plan.model_validate(data)
     except ValidationError as err:
-        raise PlanError(format_validation_error(err)) from None
+        raise PlanError(format_validation_error(err, data)) from None
 
 
 def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -393,11 +393,12 @@ def _cross_problems(plan: Plan) -> list[str]:
         if names.count(t.name) > 1:
             out.append(f"tasks.{i}.name: duplicate task name '{t.name}'")
         if t.env.pool is not None and t.env.pool not in c.cpu_pools:
-            out.append(f"tasks.{i}.env.pool: unknown CPU pool '{t.env.pool}'; CPU pools are: {', '.join(cpu_pools)}")
+            out.append(f"tasks.{t.name}.env.pool: unknown CPU pool '{t.env.pool}'; "
+                       f"CPU pools are: {', '.join(cpu_pools)}")
         pool = t.env.pool or (cpu_pools[0] if cpu_pools else None)
         if pool and t.env.cpu_cores > c.cpu_pools[pool].cores:
-            out.append(f"tasks.{i}.env.cpu_cores: {t.env.cpu_cores} exceeds CPU pool '{pool}' "
+            out.append(f"tasks.{t.name}.env.cpu_cores: {t.env.cpu_cores} exceeds CPU pool '{pool}' "
                        f"({c.cpu_pools[pool].cores} cores)")
         if math.isinf(t.turns.mean()):
-            out.append(f"tasks.{i}.turns: the distribution has no finite mean; cap it with 'max'")
+            out.append(f"tasks.{t.name}.turns: the distribution has no finite mean; cap it with 'max'")
     return out
