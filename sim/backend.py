@@ -69,10 +69,12 @@ class SimBackend:
             gi, g = tp_of[w.id]
             gpu_name = plan.cluster.gpu_pools[g.pool].gpu
             cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp)
-            if cost.kv_capacity_tokens < plan.tasks[0].max_context_tokens // 4:
+            longest = max(t.max_context_tokens for t in plan.tasks)
+            if cost.kv_capacity_tokens < longest:  # as a real engine, refuse a context it cannot hold
                 raise PlanError([f"placement.generation.{gi}.tp: {plan.model.name} "
-                                 f"({plan.model.weight_bytes / 1e9:.1f} GB of weights) leaves only "
-                                 f"{cost.kv_capacity_tokens} KV tokens on {g.tp} × {gpu_name}; raise tp"])
+                                 f"({plan.model.weight_bytes / 1e9:.1f} GB of weights) leaves "
+                                 f"{cost.kv_capacity_tokens} KV tokens on {g.tp} × {gpu_name}, less than one "
+                                 f"{longest}-token context (tasks' max_context_tokens); raise tp"])
             self.cost_sources[gpu_name] = cost.source
             span = self._worker_span(g.pool, w.id)
             self.engines.append(GenerationEngine(self.env, w.id, g.pool, cost, g.max_num_seqs,
