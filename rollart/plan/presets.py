@@ -26,6 +26,10 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
                       intermediate=25600, vocab=151936, tied_embeddings=0),
     "Qwen2.5-7B": dict(layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128,
                        intermediate=18944, vocab=152064, tied_embeddings=0),
+    # Not a released model: a random-init Qwen3-shaped network small enough to run on a CPU,
+    # used to profile and run the real engine on machines without a GPU.
+    "Qwen3-tiny": dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16,
+                       intermediate=128, vocab=1024, tied_embeddings=1),
 }
 
 LINK_PRESETS: dict[str, dict[str, float]] = {
