@@ -1,17 +1,46 @@
 """Calibration: hardware profiles with their provenance, and the models built from them.
 
-``generation_cost`` is the one place the simulator asks for a GPU's generation cost model.
-No fitted profile ships yet, so it returns the datasheet roofline with assumed efficiencies;
-the model's ``source`` says so in every report."""
+``generation_cost`` is the one place the simulator asks for a GPU's generation cost model:
+
+1. the pool's own ``profile:`` (a YAML written by ``rollart calibrate fit``, or ``datasheet``);
+2. else the shipped kernel profile of the GPU type (``calibration/profiles/<gpu>.yaml``);
+3. else the datasheet roofline with assumed efficiencies.
+
+The returned model's ``source`` says which, and every report prints it."""
 
 from __future__ import annotations
 
-from rollart.plan.schema import GpuType, ModelSpec
-from rollart.sim.costs.gpu import GenerationCost, RooflineGeneration
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-def generation_cost(model: ModelSpec, gpu_name: str, gpu: GpuType, tp: int) -> GenerationCost:
+if TYPE_CHECKING:  # imported lazily: rollart.plan reads the link table from this package
+    from rollart.plan.schema import GpuType, ModelSpec
+
+
+@lru_cache(maxsize=64)
+def _load(path: str):  # noqa: ANN202 - cached profile objects
+    from rollart.calibration.profiles import load_profile
+
+    return load_profile(path)
+
+
+def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, profile: str | None = None):  # noqa: ANN201
     """The generation cost model for ``tp`` GPUs of type ``gpu_name`` serving ``model``."""
-    return RooflineGeneration(model, gpu, tp)
+    from rollart.calibration.cost import EngineProfileGeneration, KernelProfileGeneration
+    from rollart.calibration.profiles import EngineProfile, shipped_profile_path
+    from rollart.sim.costs.gpu import RooflineGeneration
+
+    if profile == "datasheet":
+        return RooflineGeneration(model, gpu, tp)
+    path = Path(profile) if profile else shipped_profile_path(gpu_name)
+    if path is None:
+        return RooflineGeneration(model, gpu, tp)
+    loaded = _load(str(path.resolve()))
+    origin = path.name if profile is None else str(path)
+    if isinstance(loaded, EngineProfile):
+        return EngineProfileGeneration(model, gpu, tp, loaded, origin)
+    return KernelProfileGeneration(model, gpu, tp, loaded, origin)
 
 
 __all__ = ["generation_cost"]

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rollart.cli_calibrate import calibrate_app
 from rollart.core.modes import mode_config
 from rollart.plan import MODES, Plan, PlanError, load_plan
 from rollart.report import RunResult, compare_table, print_result
@@ -18,6 +19,7 @@ from rollart.scenarios_catalog import default_scenario, resolve, shipped
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan, simulate and run disaggregated multi-task agentic RL training.")
+app.add_typer(calibrate_app, name="calibrate")
 console = Console()
 err_console = Console(stderr=True)
 

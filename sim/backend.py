@@ -67,8 +67,9 @@ class SimBackend:
             tp_of += [(gi, g)] * g.workers
         for w in build_workers(plan):
             gi, g = tp_of[w.id]
-            gpu_name = plan.cluster.gpu_pools[g.pool].gpu
-            cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp)
+            pool = plan.cluster.gpu_pools[g.pool]
+            gpu_name = pool.gpu
+            cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile)
             longest = max(t.max_context_tokens for t in plan.tasks)
             if cost.kv_capacity_tokens < longest:  # as a real engine, refuse a context it cannot hold
                 raise PlanError([f"placement.generation.{gi}.tp: {plan.model.name} "
@@ -109,8 +110,8 @@ class SimBackend:
         if r.gpus == 0 or r.pool is None:
             raise PlanError([f"placement.reward.gpus: mode '{mode.name}' runs the LLM judge on dedicated GPUs; "
                              "set placement.reward.pool and gpus"])
-        gpu_name = plan.cluster.gpu_pools[r.pool].gpu
-        cost = generation_cost(plan.reward_model, gpu_name, plan.cluster.gpu_type(gpu_name), r.tp)
+        pool = plan.cluster.gpu_pools[r.pool]
+        cost = generation_cost(plan.reward_model, pool.gpu, plan.cluster.gpu_type(pool.gpu), r.tp, pool.profile)
         for i in range(max(1, r.gpus // r.tp)):
             self.judges.append(GenerationEngine(self.env, 10_000 + i, r.pool, cost, 256, False, None))
 
@@ -265,15 +266,16 @@ class SimBackend:
         error: str | None = None
         try:
             self.env.run(until=simpy.AnyOf(self.env, [main, self.env.timeout(horizon)]))
-            if not main.triggered:
+            if not main.triggered and self.env.peek() == float("inf"):
+                # Only the horizon was left to fire: every process waits for something that never comes.
+                error = (f"simulation stalled after {len(self.ctl.stats.steps)} steps: no process can make progress "
+                         f"(pending groups {self.ctl.buffer.pending_groups}, proxy suspended "
+                         f"{self.ctl.proxy.suspended}); please report this scenario")
+            elif not main.triggered:
                 error = (f"algorithm.max_sim_hours: the run did not finish {plan.algorithm.steps} steps within "
                          f"{plan.algorithm.max_sim_hours:g} simulated hours ({len(self.ctl.stats.steps)} done)")
         except RunAborted as exc:
             error = str(exc)
-        except RuntimeError as exc:
-            if "No scheduled events left" not in str(exc):
-                raise
-            error = "simulation stalled: no process can make progress (is every pool empty?)"
         if self.serverless is not None:
             self.serverless.close()
         return SimOutcome(self, error)
@@ -295,7 +297,7 @@ class SimOutcome:
         busy: dict[str, float] = {}
         gpus: dict[str, int] = {}
         for e, w in zip(b.engines, b.ctl.proxy.workers):
-            busy[e.pool] = busy.get(e.pool, 0.0) + min(e.busy_s, t) * w.tp
+            busy[e.pool] = busy.get(e.pool, 0.0) + min(e.busy_until(t), t) * w.tp
             gpus[e.pool] = gpus.get(e.pool, 0) + w.tp
         tr = plan.placement.trainer
         busy[tr.pool] = busy.get(tr.pool, 0.0) + min(b.trainer_busy_s, t) * tr.gpus
@@ -307,7 +309,7 @@ class SimOutcome:
         t = b.ctl.stats.steps[-1].end_s if b.ctl.stats.steps else self.elapsed_s
         if not b.judges or t <= 0:
             return None
-        return sum(min(e.busy_s, t) for e in b.judges) / (len(b.judges) * t)
+        return sum(min(e.busy_until(t), t) for e in b.judges) / (len(b.judges) * t)
 
     def serverless_gpu_seconds(self) -> float:
         return self.backend.serverless.billed_s if self.backend.serverless else 0.0

@@ -76,6 +76,7 @@ class GenerationEngine:
         self._token = 0             # identifies the live timer; older timers are stale
         self._updating = False      # a weight swap + KV recompute is running (not interruptible)
         self._replan_pending = False
+        self._update_started = 0.0
 
     # ---- commands (applied between engine steps) ------------------------------------
 
@@ -103,6 +104,15 @@ class GenerationEngine:
         self._updates.append((swap_s, ev))
         self._command()
         return ev
+
+    def busy_until(self, t: float) -> float:
+        """Busy seconds up to ``t``, counting the part of the plan in progress already run."""
+        busy = self.busy_s
+        if self._plan is not None:
+            busy += max(0.0, min(t, self.env.now) - self._plan[0])
+        elif self._updating:
+            busy += max(0.0, min(t, self.env.now) - self._update_started)
+        return busy
 
     def forget(self, traj_id: int) -> None:
         self.cache_tokens -= self.cache.pop(traj_id, 0)
@@ -132,7 +142,11 @@ class GenerationEngine:
     def _next(self) -> None:
         """Decide what the engine does from now on and schedule its timer."""
         if self._updates:
-            self._start_updates()
+            if self._carry > 0:  # finish the iteration in progress (and its completions) first
+                self._begin(self._carry, 0)
+                self._carry = 0.0
+            else:
+                self._start_updates()
             return
         self._apply_aborts()
         if self._carry > 0 and (self.waiting or (self._heap and self._next_finish() <= self.it)):
@@ -222,10 +236,7 @@ class GenerationEngine:
         # Requests whose KV arrived from a prefill worker (PD disaggregation) only decode.
         transferred = [r for r in admitted if r.new_tokens == 0]
         decoders = len(self.running) + len(transferred)
-        dt = self.cost.prefill_time(new_tokens, pairs)
-        if decoders:
-            x0 = self.ctx_sum + sum(r.context for r in transferred)
-            dt += self.cost.decode_line(decoders).total(x0, decoders, 1)
+        dt = self.cost.mixed_step_time(new_tokens, pairs, decoders, self.ctx_sum + sum(r.context for r in transferred))
         self.prefill_tokens += new_tokens
         self._advance(1)
         for req in admitted:
@@ -240,6 +251,7 @@ class GenerationEngine:
             heapq.heappush(self._heap, (req.finish_iter, self._seq, req))
             if req.aborted:
                 self._aborts.append(req)
+        self._trim_cache()
         return dt
 
     def _next_finish(self) -> int:
@@ -266,7 +278,7 @@ class GenerationEngine:
             if not req.running:
                 continue
             ctx = self._remove(req)
-            if self.prefix_cache:
+            if self.prefix_cache and not req.aborted:
                 self._cache_put(req.traj_id, ctx)
             if not req.aborted:
                 req.done.succeed(req.decode_tokens)
@@ -280,6 +292,10 @@ class GenerationEngine:
     def _cache_put(self, traj_id: int, tokens: int) -> None:
         self.cache_tokens += tokens - self.cache.pop(traj_id, 0)
         self.cache[traj_id] = tokens
+        self._trim_cache()
+
+    def _trim_cache(self) -> None:
+        """The prefix cache lives in KV memory not reserved by running requests (LRU)."""
         free = max(0, self.capacity - self.reserved)
         while self.cache_tokens > free and self.cache:
             _, evicted = self.cache.popitem(last=False)
@@ -300,9 +316,8 @@ class GenerationEngine:
         if self.running:
             ctxs = [req.context + 1 + (self.it - req.admit_iter) for req in self.running]
             recompute = self.cost.prefill_time(sum(ctxs), sum(c * c / 2 for c in ctxs))
-        carry, self._carry = self._carry, 0.0
         self._updating = True
-        t0 = self.env.now
+        t0 = self._update_started = self.env.now
         self._plan = None
 
         def done(_: int) -> None:
@@ -312,4 +327,4 @@ class GenerationEngine:
                 ev.succeed()
             self._next()
 
-        self._schedule(carry + swap + recompute, done)
+        self._schedule(swap + recompute, done)

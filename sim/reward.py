@@ -61,15 +61,20 @@ class ServerlessPlatform:
         with self.slots.request() as slot:
             yield slot
             self.calls += 1
-            if not self._take_warm():
-                self.cold_starts += 1
-                yield self.env.timeout(self.spec.cold_start_s)
-                self.billed_s += self.spec.cold_start_s
-            t = self.call_time(input_tokens)
-            yield self.env.timeout(t)
-            self.busy_s += t
-            self.billed_s += t
-            self._idle.append(self.env.now)
+            start, t0 = self.env.now, None
+            try:
+                if not self._take_warm():
+                    self.cold_starts += 1
+                    yield self.env.timeout(self.spec.cold_start_s)
+                t0 = self.env.now
+                yield self.env.timeout(self.call_time(input_tokens))
+            finally:
+                # Also when the caller is aborted: the instance worked (and is billed) until now
+                # and stays warm for the next call.
+                self.billed_s += self.env.now - start
+                if t0 is not None:
+                    self.busy_s += self.env.now - t0
+                self._idle.append(self.env.now)
 
     def close(self) -> None:
         """Bill the idle tails of instances still warm when the run ends."""

@@ -29,6 +29,10 @@ class ToyCost:
     def decode_line(self, batch: int) -> DecodeLine:
         return DecodeLine(a=0.001, c0=0.0004 * batch, c1=2e-7, m0=0.003, m1=1e-6)
 
+    def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int, decode_context: float) -> float:
+        decode = self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
+        return self.prefill_time(new_tokens, attention_pairs) + decode
+
 
 def reference(cost: ToyCost, arrivals: list[tuple[float, int, int]], max_num_seqs: int) -> list[float]:
     """Iteration by iteration: at each boundary complete finished requests, admit waiting ones
@@ -108,10 +112,15 @@ def test_single_request_time_is_prefill_plus_decode() -> None:
     model = ModelSpec.model_validate("Qwen3-8B")
     cost = RooflineGeneration(model, GpuType(**GPU_PRESETS["H800"]), tp=1)
     got = simulate(cost, [(0.0, 1000, 100)], 256)[0]
-    want = cost.prefill_time(1000, 1000 * 500) + cost.decode_line(1).total(1001, 1, 99)
+    want = cost.mixed_step_time(1000, 1000 * 500, 0, 0) + cost.decode_line(1).total(1001, 1, 99)
+    assert cost.mixed_step_time(1000, 1000 * 500, 0, 0) == cost.prefill_time(1000, 1000 * 500)
     assert abs(got - want) < 1e-9
     # Decode of a lone 8B request on H800 is bandwidth-bound: ~16 GB / (3.35 TB/s · 0.8) ≈ 6 ms + overhead.
     assert 0.008 < cost.decode_line(1).total(1001, 1, 1) < 0.012
+    # A mixed step pays one overhead and one weight read: cheaper than prefill + decode apart.
+    mixed = cost.mixed_step_time(500, 500 * 250, 32, 32 * 2000)
+    apart = cost.prefill_time(500, 500 * 250) + cost.decode_line(32).total(32 * 2000, 32, 1)
+    assert cost.prefill_time(500, 500 * 250) < mixed < apart
 
 
 def test_prefix_cache_reuses_the_previous_turn() -> None:

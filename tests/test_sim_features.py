@@ -81,10 +81,20 @@ def test_hw_affinity_keeps_decode_heavy_tasks_on_h20() -> None:
 def test_report_names_the_cost_model_in_use() -> None:
     result = run_sim(small_plan(), "rollart").to_result()
     assert set(result.calibration) == {"H800", "H20", "trainer"}
-    assert "datasheet roofline" in result.calibration["H20"]
+    assert result.calibration["H20"].startswith("calibrated kernel profile H20 (h20.yaml)")
+    forced = run_sim(small_plan(["cluster.gpu_pools.h20.profile=datasheet"]), "rollart").to_result()
+    assert "datasheet roofline" in forced.calibration["H20"]
+    assert forced.calibration["H800"].startswith("calibrated")
 
 
 def test_model_that_does_not_fit_is_a_plan_error() -> None:
     # 65.6 GB of BF16 weights on one 80 GB H800 leave ~9 k KV tokens: less than a 32 k context.
     with pytest.raises(PlanError, match=r"placement.generation.0.tp: Qwen3-32B .* raise tp"):
         run_sim(small_plan(["model=Qwen3-32B", "placement.generation.0.tp=1", "placement.trainer.tp=4"]), "rollart")
+
+
+@pytest.mark.parametrize("mode", ["sync", "sync+", "rollart"])
+def test_cpu_pool_smaller_than_a_batch_still_finishes(mode: str) -> None:
+    # 8 cores for a 16-trajectory batch: envs queue for a slot; lockstep must not wait for them.
+    out = run_sim(small_plan(["cluster.cpu_pools.env.cores=8"]), mode)
+    assert out.error is None and len(out.backend.ctl.stats.steps) == 3

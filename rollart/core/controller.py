@@ -85,9 +85,6 @@ class Controller:
                           start_version=self.proxy.version, started_at=self.now())
         group.members.append(traj)
         self.trajectories.append(traj)
-        for barrier in (self.lockstep_barrier(group.batch_index), self.reward_barrier(group.batch_index)):
-            if barrier is not None:
-                barrier.join(traj.id)
         return traj
 
     def lockstep_barrier(self, batch_index: int) -> LockstepBarrier | None:

@@ -97,6 +97,11 @@ def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | Non
         yield from _on_failure(ctl, traj, f"env.reset {reset.error}")
         return
     traj.context_tokens = reset.obs_tokens
+    # Join the batch's barriers only now that the env exists (holds its CPU slot): a trajectory
+    # still queued for a slot must not hold back the ones that could run.
+    for gate in (barrier, reward_gate):
+        if gate is not None:
+            gate.join(traj.id)
     while True:
         if barrier is not None and (sig := barrier.arrive(traj.id)) is not None:  # wait for the slowest env
             yield from _wait(ctl, traj, sig, ENV_STEP)

@@ -152,6 +152,18 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _resolve_profile_paths(data: dict[str, Any], base: Path) -> None:
+    """A pool's ``profile:`` path is relative to the scenario file that names it."""
+    pools = (data.get("cluster") or {}).get("gpu_pools") if isinstance(data.get("cluster"), dict) else None
+    if not isinstance(pools, dict):
+        return
+    for pool in pools.values():
+        if isinstance(pool, dict) and isinstance(pool.get("profile"), str) and pool["profile"] != "datasheet":
+            candidate = base / pool["profile"]
+            if not Path(pool["profile"]).is_absolute() and candidate.exists():
+                pool["profile"] = str(candidate)
+
+
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] | None = None) -> dict[str, Any]:
     """Read a scenario; ``extends: other.yaml`` (relative to this file) deep-merges this file
     over the other, so a what-if scenario only states what it changes."""
@@ -166,6 +178,7 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] | None = None) -> dict[s
         raise PlanError([f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
     if not isinstance(data, dict):
         raise PlanError([f"{path}: a scenario is a YAML mapping with cluster, model, tasks, placement, algorithm"])
+    _resolve_profile_paths(data, path.parent)
     seen = _seen if _seen is not None else (path.resolve(),)
     data.setdefault("name", path.stem)  # the file's own name, not its parent's
     parent = data.pop("extends", None)

@@ -8,7 +8,8 @@ efficiencies live in calibration profiles.
 from __future__ import annotations
 
 GPU_PRESETS: dict[str, dict[str, float]] = {
-    # name: dense BF16 TFLOP/s, HBM TB/s, memory GB, NVLink GB/s (per GPU, unidirectional)
+    # name: dense BF16 TFLOP/s, HBM TB/s, memory GB (GiB in practice), NVLink GB/s
+    # (datasheet total of both directions, per GPU)
     "H800": {"tflops_bf16": 989.0, "hbm_tbps": 3.35, "memory_gb": 80.0, "nvlink_gbps": 400.0},
     "H20": {"tflops_bf16": 148.0, "hbm_tbps": 4.0, "memory_gb": 96.0, "nvlink_gbps": 900.0},
     "H100": {"tflops_bf16": 989.0, "hbm_tbps": 3.35, "memory_gb": 80.0, "nvlink_gbps": 900.0},

@@ -8,6 +8,7 @@ Cross-field rules (pools that must exist, GPU budgets, divisibility) are checked
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
@@ -34,7 +35,9 @@ class _Strict(BaseModel):
 
 
 class GpuType(_Strict):
-    """Datasheet numbers of a GPU: dense BF16 compute, HBM bandwidth, memory, NVLink."""
+    """Datasheet numbers of a GPU: dense BF16 TFLOP/s, HBM TB/s, memory in GB as datasheets
+    write it (the simulator reads it as GiB, as vendors mean it), NVLink GB/s (bytes, both
+    directions together, as datasheets write it)."""
 
     tflops_bf16: PosFloat
     hbm_tbps: PosFloat
@@ -46,6 +49,8 @@ class GpuPool(_Strict):
     gpu: str = Field(description="GPU type: a preset (H800, H20, H100, H200, A100) or a cluster.custom_gpus name")
     count: PosInt
     cluster: str = Field("inference", description="physical cluster the pool sits in (links between clusters are slow)")
+    profile: str | None = Field(None, description="cost profile YAML (from `rollart calibrate fit`), or 'datasheet' "
+                                                  "for the roofline; default: the shipped profile of the GPU type")
 
 
 class CpuPool(_Strict):
@@ -67,14 +72,21 @@ class Link(_Strict):
     bandwidth_gbps: PosFloat | None = None
     latency_us: NonNegFloat | None = None
 
+    def _default(self, field: str) -> float:
+        """Unset numbers come from the calibrated link table, else the presets."""
+        from rollart.calibration.links import calibrated_links
+
+        kind = "nvlink" if self.kind == "nvlink" else self.kind
+        return float(calibrated_links().get(kind, {}).get(field, LINK_PRESETS[self.kind][field]))
+
     @property
     def bytes_per_s(self) -> float:
-        gbps = self.bandwidth_gbps if self.bandwidth_gbps is not None else LINK_PRESETS[self.kind]["bandwidth_gbps"]
+        gbps = self.bandwidth_gbps if self.bandwidth_gbps is not None else self._default("bandwidth_gbps")
         return gbps * 1e9 / 8
 
     @property
     def latency_s(self) -> float:
-        us = self.latency_us if self.latency_us is not None else LINK_PRESETS[self.kind]["latency_us"]
+        us = self.latency_us if self.latency_us is not None else self._default("latency_us")
         return us * 1e-6
 
 
@@ -320,6 +332,9 @@ def _cross_problems(plan: Plan) -> list[str]:
     out: list[str] = []
     known = sorted(set(GPU_PRESETS) | set(c.custom_gpus))
     for name, pool in c.gpu_pools.items():
+        if pool.profile not in (None, "datasheet") and not Path(pool.profile).is_file():
+            out.append(f"cluster.gpu_pools.{name}.profile: no profile file '{pool.profile}' "
+                       "(write one with `rollart calibrate fit`, or use 'datasheet')")
         if not c.known_gpu(pool.gpu):
             out.append(f"cluster.gpu_pools.{name}.gpu: unknown GPU type '{pool.gpu}'; "
                        f"known: {', '.join(known)} (or define it under cluster.custom_gpus)")

@@ -102,6 +102,13 @@ class DecodeLine:
         return limit
 
 
+def kv_capacity(model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency) -> int:
+    """Tokens of KV cache a TP group holds: memory × utilisation − weights − activations."""
+    free = tp * gpu.memory_gb * 2**30 * eff.memory_utilization - model.weight_bytes \
+        - tp * eff.activation_reserve_gb * 2**30
+    return int(max(0.0, free) // model.kv_bytes_per_token)
+
+
 class GenerationCost(Protocol):
     """What the engine needs from a GPU model; calibrated profiles implement the same."""
 
@@ -111,6 +118,13 @@ class GenerationCost(Protocol):
     def prefill_time(self, new_tokens: int, attention_pairs: float) -> float: ...
 
     def decode_line(self, batch: int) -> DecodeLine: ...
+
+    def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
+                        decode_context: float) -> float:
+        """One engine step that prefills ``new_tokens`` and decodes one token for each of
+        ``decode_batch`` sequences holding ``decode_context`` cached tokens in all: one
+        overhead and one weight read, not a prefill step plus a decode step."""
+        ...
 
 
 class RooflineGeneration:
@@ -128,11 +142,9 @@ class RooflineGeneration:
         self.source = self.eff.source
         self._peak = tp * gpu.tflops_bf16 * 1e12
         self._bw = tp * gpu.hbm_tbps * 1e12
-        self._nvlink = gpu.nvlink_gbps * 1e9
+        self._nvlink = gpu.nvlink_gbps * 1e9 / 2  # datasheet NVLink counts both directions
         self._attn_flops_per_pair = 4 * model.layers * model.heads * model.head_dim
-        free = tp * gpu.memory_gb * 1e9 * self.eff.memory_utilization - model.weight_bytes \
-            - tp * self.eff.activation_reserve_gb * 1e9
-        self.kv_capacity_tokens = int(max(0.0, free) // model.kv_bytes_per_token)
+        self.kv_capacity_tokens = kv_capacity(model, gpu, tp, self.eff)
         self._lines: dict[int, DecodeLine] = {}
 
     def _allreduce(self, tokens: int) -> float:
@@ -149,6 +161,17 @@ class RooflineGeneration:
         compute = flops / (self._peak * self.eff.prefill_compute)
         memory = self.model.weight_bytes / (self._bw * self.eff.decode_bandwidth)
         return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(new_tokens)
+
+    def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
+                        decode_context: float) -> float:
+        if new_tokens <= 0:
+            return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
+        m = self.model
+        tokens = new_tokens + decode_batch
+        flops = 2 * m.active_params * tokens + self._attn_flops_per_pair * (attention_pairs + decode_context)
+        compute = flops / (self._peak * self.eff.prefill_compute)
+        memory = (m.weight_bytes + m.kv_bytes_per_token * decode_context) / (self._bw * self.eff.decode_bandwidth)
+        return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(tokens)
 
     def decode_line(self, batch: int) -> DecodeLine:
         line = self._lines.get(batch)

@@ -12,8 +12,9 @@ class WeightTransferCost:
     (the intra-cluster fan-out is pipelined behind it), during which rollout is stalled.
 
     Asynchronous: the trainer publishes ``n = ⌈W / bucket⌉`` buckets once,
-    ``n·lat + W / bw_cross``, and each worker pulls bucket i over its intra-cluster link as soon
-    as it lands, so the pull adds one bucket's time; the swap into GPU memory then costs
+    ``n·(lat + o) + W / bw_cross`` with ``o`` the store's per-bucket overhead, and each worker
+    pulls bucket i over its intra-cluster link as soon as it lands, so the pull adds one
+    bucket's time; the swap into GPU memory then costs
     ``W / tp / h2d`` per worker. When trainer and workers share a physical cluster the
     intra-cluster link carries both."""
 
@@ -28,15 +29,19 @@ class WeightTransferCost:
         self.weight_bytes = plan.model.weight_bytes
         self.bucket_bytes = ws.bucket_mb * 2**20
         self.h2d_bytes_per_s = ws.h2d_gbps * 1e9 / 8
+        from rollart.calibration.links import STORE_BUCKET_OVERHEAD_S, calibrated_links
+
+        self.bucket_overhead_s = float(calibrated_links().get("store", {}).get("bucket_overhead_s",
+                                                                               STORE_BUCKET_OVERHEAD_S))
 
     def broadcast_s(self) -> float:
         return self.cross.latency_s + self.weight_bytes / self.cross.bytes_per_s
 
     def publish_pull_s(self) -> float:
         buckets = max(1, math.ceil(self.weight_bytes / self.bucket_bytes))
-        publish = buckets * self.cross.latency_s + self.weight_bytes / self.cross.bytes_per_s
+        publish = buckets * (self.cross.latency_s + self.bucket_overhead_s) + self.weight_bytes / self.cross.bytes_per_s
         last_bucket = min(self.bucket_bytes, self.weight_bytes)
-        return publish + self.intra.latency_s + last_bucket / self.intra.bytes_per_s
+        return publish + self.intra.latency_s + self.bucket_overhead_s + last_bucket / self.intra.bytes_per_s
 
     def swap_s(self, tp: int) -> float:
         return self.weight_bytes / tp / self.h2d_bytes_per_s

@@ -1,0 +1,145 @@
+"""Fit the shipped kernel profiles from ``calibration/data`` and write ``calibration/profiles``.
+
+    python -m rollart.calibration.build          # rewrites h800.yaml, h20.yaml, h100.yaml
+
+Deterministic: the same data gives byte-identical profiles."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rollart.calibration import datasets as D
+from rollart.calibration import kernels as K
+from rollart.calibration.profiles import PROFILE_DIR, ComponentFit, KernelProfile, PhaseError, save_profile
+from rollart.plan.presets import GPU_PRESETS
+
+ITERATION_OVERHEAD_S = 0.003
+# FlashAttention-3 reports up to ~75 % of H100's BF16 peak (740 TFLOP/s) in the forward pass;
+# H20 reaches more of its (much lower) peak, so H800 cannot reuse H20's efficiency as is.
+FA3_H100_BF16_UTILISATION = 0.75
+PREFILL_TOKENS = 512  # GEMM rows with at least this many tokens count as prefill-like, the rest decode-like
+
+GEMM_FORMULA = "t0 + max(2mkn / (P·e_max·m/(m+m_half)), 2(mk+kn+mn) / (BW·e_mem))"
+PREFILL_FORMULA = "t0 + 4·H·d·(S²/2) / (P·e_max·S/(S+s_half))"
+DECODE_FORMULA = "t0 + t_seq·B + max(4·H·d·B·L / (P·e_c), 2·B·L·H_kv·d·2 / (BW·e_bw))"
+COLLECTIVE_FORMULA = "alpha_s + 2(n−1)/n · bytes / (beta_gbps·1e9/8)"
+
+
+def _component(fit: K.Fit, formula: str, files: list[str], derived: str | None = None) -> ComponentFit:
+    return ComponentFit(formula=formula, params={k: float(f"{v:.6g}") for k, v in fit.params.items()},
+                        data=files, rows=fit.rows, heldout_rows=fit.heldout_rows,
+                        mape_train=round(fit.mape_train, 4),
+                        mape_heldout=None if np.isnan(fit.mape_heldout) else round(fit.mape_heldout, 4),
+                        derived=derived)
+
+
+def _heldout_ape(predict, X: np.ndarray, y: np.ndarray, params: dict[str, float],
+                 mask: np.ndarray | None = None) -> np.ndarray:
+    _, held = K.split(len(y))
+    if mask is not None:
+        held = held[mask[held]]
+    return np.abs(predict(X[held], params) - y[held]) / y[held]
+
+
+def build(gpu: str) -> KernelProfile:
+    key = {"h800": "H800", "h20": "H20", "h100": "H100"}[gpu]
+    sheet = GPU_PRESETS[key]
+    peak, bw = sheet["tflops_bf16"] * 1e12, sheet["hbm_tbps"] * 1e12
+    assumptions = [f"iteration overhead {ITERATION_OVERHEAD_S * 1e3:.0f} ms per engine step (scheduling, sampling, "
+                   "launch) is assumed: kernel timings do not contain it"]
+    prefill_ape: list[np.ndarray] = []
+    decode_ape: list[np.ndarray] = []
+
+    # GEMM ---------------------------------------------------------------------------
+    gemm_predict = lambda x, p: K.gemm_time(x, p, peak, bw)  # noqa: E731
+    if gpu == "h20":
+        X, y, files = D.infersim_gemm("h20")
+        fit = K.fit_gemm(X, y, peak, bw)
+        gemm = _component(fit, GEMM_FORMULA, files, derived="BF16 time = 2 × measured DeepGEMM FP8 time")
+        hx, hy, _ = D.vidur_h100_gemm()
+        h100 = K.fit_gemm(hx, hy, GPU_PRESETS["H800"]["tflops_bf16"] * 1e12, GPU_PRESETS["H800"]["hbm_tbps"] * 1e12)
+        ix, iy, _ = D.infersim_gemm("h800")
+        check = K.mape(K.gemm_time(ix, h100.params, 989e12, 3.35e12), iy)
+        assumptions.append(f"no BF16 GEMM timings for H20: BF16 = 2 × FP8 (half the peak, twice the bytes). On H800 "
+                           f"that rule differs from H100 BF16 measurements by {check:.0%} MAPE: expect that much "
+                           "extra uncertainty in H20 GEMM times")
+    else:
+        X, y, files = D.vidur_h100_gemm()
+        fit = K.fit_gemm(X, y, peak, bw)
+        gemm = _component(fit, GEMM_FORMULA, files,
+                          derived=None if gpu == "h100" else "H100 BF16 timings (same Hopper compute silicon and "
+                                                                "3.35 TB/s HBM3 as H800)")
+    prefill_ape.append(_heldout_ape(gemm_predict, X, y, fit.params, X[:, 0] >= PREFILL_TOKENS))
+    decode_ape.append(_heldout_ape(gemm_predict, X, y, fit.params, X[:, 0] < PREFILL_TOKENS))
+
+    # Prefill attention -----------------------------------------------------------------
+    X, y, files = D.infersim_prefill_attention("h20")
+    h20_peak = GPU_PRESETS["H20"]["tflops_bf16"] * 1e12
+    fit = K.fit_prefill_attention(X, y, h20_peak)
+    if gpu == "h20":
+        attn_prefill = _component(fit, PREFILL_FORMULA, files)
+        prefill_ape.append(_heldout_ape(lambda x, p: K.prefill_attention_time(x, p, peak), X, y, fit.params))
+    else:
+        params = dict(fit.params, e_max=min(fit.params["e_max"], FA3_H100_BF16_UTILISATION))
+        attn_prefill = ComponentFit(formula=PREFILL_FORMULA, params={k: float(f"{v:.6g}") for k, v in params.items()},
+                                    data=files, derived=f"no {key} prefill timings: H20's FlashAttention-3 efficiency "
+                                    f"curve with e_max capped at {FA3_H100_BF16_UTILISATION} (FA3's reported BF16 "
+                                    "utilisation on H100)")
+        assumptions.append(attn_prefill.derived or "")
+
+    # Decode attention: one model over every measured head geometry -------------------------
+    source = "h800" if gpu == "h100" else gpu
+    X, y, files = D.infersim_decode_attention(source)
+    fit = K.fit_decode_attention(X, y, peak, bw)
+    attn_decode = _component(fit, DECODE_FORMULA, files,
+                             derived="H800 FlashInfer timings (same HBM3 bandwidth)" if gpu == "h100" else None)
+    decode_ape.append(_heldout_ape(lambda x, p: K.decode_attention_time(x, p, peak, bw), X, y, fit.params))
+
+    # All-reduce (tensor parallel), from 8×H100 NVLink ------------------------------------
+    X, y, files = D.vidur_collective("all_reduce", intra_node=True)
+    fit = K.fit_collective(X, y)
+    scale = sheet["nvlink_gbps"] / GPU_PRESETS["H100"]["nvlink_gbps"]
+    allreduce = _component(fit, COLLECTIVE_FORMULA, files)
+    if scale != 1.0:
+        allreduce.params["beta_gbps"] = float(f"{fit.params['beta_gbps'] * scale:.6g}")
+        allreduce.derived = f"H100 NVLink fit with bandwidth × {scale:.3g} ({key} NVLink {sheet['nvlink_gbps']:.0f} GB/s)"
+        assumptions.append(allreduce.derived)
+
+    prefill = np.concatenate(prefill_ape)
+    decode = np.concatenate(decode_ape)
+    note = (f"held-out rows: GEMMs with ≥ {PREFILL_TOKENS} tokens"
+            + (" and prefill attention" if gpu == "h20" else " (prefill attention is derived, not held-out)")
+            + f" for prefill; GEMMs with < {PREFILL_TOKENS} tokens and decode attention for decode")
+    return KernelProfile(
+        gpu=key, peak_tflops_bf16=sheet["tflops_bf16"], hbm_tbps=sheet["hbm_tbps"],
+        iteration_overhead_s=ITERATION_OVERHEAD_S, gemm=gemm, attn_prefill=attn_prefill, attn_decode=attn_decode,
+        allreduce=allreduce,
+        fit_error=PhaseError(prefill_mape_heldout=round(float(prefill.mean()), 4),
+                             decode_mape_heldout=round(float(decode.mean()), 4), note=note),
+        assumptions=[a for a in assumptions if a],
+        source="InferSim (alibaba/InferSim f2293da, Apache-2.0) and Vidur (microsoft/vidur 7d47513, MIT) "
+               "kernel timings; see calibration/data/PROVENANCE.md",
+    )
+
+
+def main() -> None:
+    import yaml
+
+    from rollart.calibration.links import LINKS_FILE, fit_links
+
+    PROFILE_DIR.mkdir(exist_ok=True)
+    links = fit_links()
+    LINKS_FILE.write_text("# Link models (latency + bandwidth). Generated by `python -m rollart.calibration.build`.\n"
+                          + yaml.safe_dump(links, sort_keys=False, allow_unicode=True, width=100))
+    print("links: " + ", ".join(f"{k} {v['bandwidth_gbps']:g} Gbps" for k, v in links.items() if "bandwidth_gbps" in v))
+    for gpu in ("h800", "h20", "h100"):
+        profile = build(gpu)
+        save_profile(profile, PROFILE_DIR / f"{gpu}.yaml",
+                     header=f"{profile.gpu} kernel profile. Generated by `python -m rollart.calibration.build`;\n"
+                            "do not edit by hand.")
+        print(f"{gpu}: prefill MAPE {profile.fit_error.prefill_mape_heldout:.1%}, "
+              f"decode MAPE {profile.fit_error.decode_mape_heldout:.1%}")
+
+
+if __name__ == "__main__":
+    main()

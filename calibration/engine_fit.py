@@ -1,0 +1,76 @@
+"""Fit an engine profile from an end-to-end profiling CSV (``rollart calibrate profile``).
+
+    prefill(N, A) = a + b·N + c·A     N new tokens, A = Σ new·(cached + new/2) attention pairs
+    decode(B, X)  = a + b·B + c·X     B sequences, X = Σ cached tokens
+
+Non-negative least squares on relative errors (each row divided by its latency), scored by
+MAPE on rows held out of the fit."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import lsq_linear
+
+from rollart.calibration.kernels import mape, split
+from rollart.calibration.profiles import ComponentFit, EngineProfile, PhaseError
+
+COLUMNS = ("phase", "batch_size", "kv_len", "new_tokens", "latency_us")
+
+
+class EngineFitError(ValueError):
+    pass
+
+
+def _features(rows: list[dict[str, str]], phase: str) -> tuple[np.ndarray, np.ndarray]:
+    X, y = [], []
+    for r in rows:
+        if r["phase"] != phase:
+            continue
+        b, kv, new = float(r["batch_size"]), float(r["kv_len"]), float(r["new_tokens"])
+        if phase == "prefill":
+            X.append([1.0, b * new, b * new * (kv + new / 2)])
+        else:
+            X.append([1.0, b, b * kv])
+        y.append(float(r["latency_us"]) * 1e-6)
+    return np.array(X), np.array(y)
+
+
+def _fit(X: np.ndarray, y: np.ndarray, formula: str, source: str) -> ComponentFit:
+    train, held = split(len(y))
+    sol = lsq_linear(X[train] / y[train, None], np.ones(len(train)), bounds=(0, np.inf))
+    a, b, c = (float(v) for v in sol.x)
+    pred = X @ sol.x
+    return ComponentFit(formula=formula, params={"a": float(f"{a:.6g}"), "b": float(f"{b:.6g}"), "c": float(f"{c:.6g}")},
+                        data=[source], rows=len(train), heldout_rows=len(held),
+                        mape_train=round(mape(pred[train], y[train]), 4),
+                        mape_heldout=round(mape(pred[held], y[held]), 4) if len(held) else None)
+
+
+def fit_engine_csv(path: Path, gpu: str, model: str, engine: str = "torch") -> EngineProfile:
+    with Path(path).open() as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise EngineFitError(f"{path}: missing columns {', '.join(missing)} (expected the format written by "
+                                 "`rollart calibrate profile`)")
+        rows = list(reader)
+    fits = {}
+    for phase, formula in (("prefill", "a + b·N + c·A"), ("decode", "a + b·B + c·X")):
+        X, y = _features(rows, phase)
+        if len(y) < 5:
+            raise EngineFitError(f"{path}: {len(y)} {phase} rows; at least 5 are needed to fit and hold some out")
+        if np.any(y <= 0):
+            raise EngineFitError(f"{path}: {phase} latencies must be positive")
+        fits[phase] = _fit(X, y, formula, str(path))
+    return EngineProfile(
+        gpu=gpu, model=model, engine=engine, prefill=fits["prefill"], decode=fits["decode"],
+        fit_error=PhaseError(prefill_mape_heldout=fits["prefill"].mape_heldout,
+                             decode_mape_heldout=fits["decode"].mape_heldout,
+                             note="rows held out of the least-squares fit"),
+        assumptions=["engine step overheads are inside the measured latencies; KV capacity comes from the "
+                     "GPU type's memory in the scenario"],
+        source=f"measured with the {engine} engine ({path})",
+    )

@@ -1,0 +1,49 @@
+"""Link models: latency + bandwidth (alpha-beta) per link kind.
+
+NVLink and the inter-node network (InfiniBand on the measured DGX) are fitted from Vidur's
+NCCL point-to-point timings; cross-cluster TCP (200 Gbps Ethernet) and RDMA (400 Gbps) carry
+their line rates with assumed latencies (no public timings in calibration/data). Written to
+``profiles/links.yaml`` by ``python -m rollart.calibration.build``."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import yaml
+
+from rollart.calibration import datasets as D
+from rollart.calibration import kernels as K
+from rollart.calibration.profiles import PROFILE_DIR
+
+LINKS_FILE = PROFILE_DIR / "links.yaml"
+
+# Mooncake store: per-bucket metadata round trip and registration, on top of the transfer.
+STORE_BUCKET_OVERHEAD_S = 0.002
+
+
+def fit_links() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind, intra in (("nvlink", True), ("ib", False)):
+        X, y, files = D.vidur_collective("send_recv", intra_node=intra)
+        fit = K.fit_collective(X, y)
+        out[kind] = {"bandwidth_gbps": round(fit.params["beta_gbps"], 1),
+                     "latency_us": round(fit.params["alpha_s"] * 1e6, 2),
+                     "mape_heldout": round(fit.mape_heldout, 4), "rows": fit.rows + fit.heldout_rows,
+                     "source": f"NCCL send/recv on 8×H100 DGX ({files[0]}), {'within' if intra else 'across'} nodes"}
+    out["tcp"] = {"bandwidth_gbps": 200.0, "latency_us": 50.0,
+                  "source": "200 Gbps Ethernet line rate (paper's cross-cluster link); latency assumed"}
+    out["rdma"] = {"bandwidth_gbps": 400.0, "latency_us": 5.0,
+                   "source": "400 Gbps InfiniBand line rate (paper's intra-cluster link); latency assumed"}
+    out["pcie"] = {"bandwidth_gbps": 400.0, "latency_us": 2.0, "source": "PCIe Gen5 x16 line rate; latency assumed"}
+    out["store"] = {"bucket_overhead_s": STORE_BUCKET_OVERHEAD_S,
+                    "source": "assumed per-bucket put/get round trip of the Mooncake store"}
+    return out
+
+
+@lru_cache(maxsize=1)
+def calibrated_links() -> dict[str, Any]:
+    """The shipped link table (empty when the file is missing)."""
+    if not LINKS_FILE.is_file():
+        return {}
+    return yaml.safe_load(LINKS_FILE.read_text()) or {}

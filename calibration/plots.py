@@ -1,0 +1,62 @@
+"""Measured vs fitted plots of a profile (matplotlib, PNG)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rollart.calibration import datasets as D  # noqa: E402
+from rollart.calibration import kernels as K  # noqa: E402
+from rollart.calibration.profiles import EngineProfile, KernelProfile, Profile  # noqa: E402
+
+
+def _panels(profile: Profile) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(title, measured seconds, fitted seconds) per measured component."""
+    if isinstance(profile, EngineProfile):
+        from rollart.calibration.engine_fit import _features, csv
+
+        path = Path(profile.prefill.data[0])
+        rows = list(csv.DictReader(path.open())) if path.is_file() else []
+        out = []
+        for phase, fit in (("prefill", profile.prefill), ("decode", profile.decode)):
+            X, y = _features(rows, phase)
+            if len(y):
+                p = fit.params
+                out.append((phase, y, X @ np.array([p["a"], p["b"], p["c"]])))
+        return out
+    assert isinstance(profile, KernelProfile)
+    gpu = profile.gpu.lower()
+    peak, bw = profile.peak_tflops_bf16 * 1e12, profile.hbm_tbps * 1e12
+    gemm = D.infersim_gemm("h20") if gpu == "h20" else D.vidur_h100_gemm()
+    panels = [("GEMM" + (" (2 × FP8)" if gpu == "h20" else " (H100 BF16)"), gemm[1],
+               K.gemm_time(gemm[0], profile.gemm.params, peak, bw))]
+    if profile.attn_prefill.derived is None:
+        X, y, _ = D.infersim_prefill_attention(gpu)
+        panels.append(("prefill attention", y, K.prefill_attention_time(X, profile.attn_prefill.params, peak)))
+    X, y, _ = D.infersim_decode_attention("h800" if gpu == "h100" else gpu)
+    panels.append(("decode attention", y, K.decode_attention_time(X, profile.attn_decode.params, peak, bw)))
+    X, y, _ = D.vidur_collective("all_reduce", intra_node=True)
+    panels.append(("all-reduce (H100 NVLink data)", y, K.collective_time(X, profile.allreduce.params)))
+    return panels
+
+
+def plot_profile(profile: Profile, path: str | Path) -> None:
+    panels = _panels(profile)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), squeeze=False)
+    for ax, (title, meas, fit) in zip(axes[0], panels):
+        ax.loglog(meas * 1e6, fit * 1e6, ".", alpha=0.5, ms=4)
+        lo, hi = min(meas.min(), fit.min()) * 1e6, max(meas.max(), fit.max()) * 1e6
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+        ax.set_title(f"{title}\nMAPE {np.mean(np.abs(fit - meas) / meas):.1%} (all rows)", fontsize=9)
+        ax.set_xlabel("measured µs")
+        ax.set_ylabel("fitted µs")
+    name = profile.gpu if isinstance(profile, KernelProfile) else f"{profile.gpu} / {profile.model}"
+    fig.suptitle(f"{name} {profile.kind} profile: measured vs fitted")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,101 @@
+"""GPU profiles: fitted cost-model coefficients with their data, assumptions and errors.
+
+Two kinds, both YAML:
+
+* ``kernel`` — per GPU class and model-agnostic: GEMM, prefill/decode attention and
+  all-reduce models fitted from kernel timings (``calibration/profiles/<gpu>.yaml``, built by
+  ``python -m rollart.calibration.build``). Composed for any model geometry and TP degree.
+* ``engine`` — one model on one device measured end to end (``rollart calibrate profile``
+  then ``rollart calibrate fit``): prefill(N, A) = a + b·N + c·A and decode(B, X) = a + b·B + c·X.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+class ComponentFit(BaseModel):
+    """One fitted model: its formula, coefficients, the data and the errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    formula: str
+    params: dict[str, float]
+    data: list[str] = Field(default_factory=list)
+    rows: int = 0
+    heldout_rows: int = 0
+    mape_train: float | None = None
+    mape_heldout: float | None = None
+    derived: str | None = Field(None, description="set when not measured on this GPU: how it was derived")
+
+
+class PhaseError(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prefill_mape_heldout: float | None
+    decode_mape_heldout: float | None
+    note: str = ""
+
+
+class KernelProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["kernel"] = "kernel"
+    gpu: str
+    peak_tflops_bf16: float
+    hbm_tbps: float
+    iteration_overhead_s: float
+    gemm: ComponentFit
+    attn_prefill: ComponentFit
+    attn_decode: ComponentFit
+    allreduce: ComponentFit
+    fit_error: PhaseError
+    assumptions: list[str] = Field(default_factory=list)
+    source: str = ""
+
+
+class EngineProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["engine"] = "engine"
+    gpu: str
+    model: str
+    engine: str
+    prefill: ComponentFit  # params a, b (per token), c (per attention pair)
+    decode: ComponentFit   # params a, b (per sequence), c (per cached token)
+    fit_error: PhaseError
+    assumptions: list[str] = Field(default_factory=list)
+    source: str = ""
+
+
+Profile = KernelProfile | EngineProfile
+
+
+def load_profile(path: str | Path) -> Profile:
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a profile (a YAML mapping with kind: kernel | engine)")
+    if data.get("kind") == "engine":
+        return EngineProfile.model_validate(data)
+    return KernelProfile.model_validate(data)
+
+
+def save_profile(profile: Profile, path: str | Path, header: str = "") -> None:
+    text = yaml.safe_dump(profile.model_dump(), sort_keys=False, width=100, allow_unicode=True)
+    if header:
+        text = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()) + text
+    Path(path).write_text(text)
+
+
+def shipped_profile_path(gpu: str) -> Path | None:
+    path = PROFILE_DIR / f"{gpu.lower()}.yaml"
+    return path if path.is_file() else None
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))

@@ -1,0 +1,128 @@
+"""``rollart calibrate``: inspect shipped GPU profiles, fit your own, profile engines, fit env tails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+calibrate_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                            help="Cost-model calibration: GPU profiles, engine profiling, env latency tails.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def _resolve_profile(name: str) -> Path:
+    from rollart.calibration.profiles import shipped_profile_path, shipped_profiles
+
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = shipped_profile_path(name)
+    if shipped is None:
+        _fail(f"no profile '{name}': shipped profiles are {', '.join(shipped_profiles())}, or give a YAML path")
+    return shipped  # type: ignore[return-value]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+@calibrate_app.command()
+def show(name: str = typer.Argument(..., help="a shipped GPU profile (h800, h20, h100) or a profile YAML"),
+         plot: Optional[Path] = typer.Option(None, "--plot", help="draw measured vs fitted to this PNG")) -> None:
+    """Print a fitted profile: models, coefficients, data, held-out errors and assumptions."""
+    from rollart.calibration.profiles import KernelProfile, load_profile
+
+    path = _resolve_profile(name)
+    try:
+        profile = load_profile(path)
+    except Exception as exc:  # noqa: BLE001 - any parse/validation problem is the user's file
+        _fail(f"{path}: not a valid profile ({str(exc).splitlines()[0]})")
+        return
+    name = profile.gpu if isinstance(profile, KernelProfile) else f"{profile.gpu} / {profile.model}"
+    console.print(f"[bold]{name} {profile.kind} profile[/] ({path})")
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    components = ([("gemm", profile.gemm), ("attn prefill", profile.attn_prefill), ("attn decode", profile.attn_decode),
+                   ("all-reduce", profile.allreduce)] if isinstance(profile, KernelProfile)
+                  else [("prefill", profile.prefill), ("decode", profile.decode)])
+    for label, c in components:
+        table.add_row(label, c.formula)
+        table.add_row("", "  ".join(f"{k} = {v:.4g}" for k, v in c.params.items()))
+        if c.mape_heldout is not None:
+            table.add_row("", f"MAPE held-out {_pct(c.mape_heldout)} ({c.heldout_rows} rows) · "
+                              f"train {_pct(c.mape_train)} ({c.rows} rows)")
+        else:
+            table.add_row("", "no held-out rows: not measured on this GPU")
+        if c.derived:
+            table.add_row("", f"[yellow]derived:[/] {c.derived}")
+        files = c.data if len(c.data) <= 2 else [*c.data[:1], f"… and {len(c.data) - 1} more files"]
+        table.add_row("", "[dim]data: " + ", ".join(files) + "[/]")
+    console.print(table)
+    fe = profile.fit_error
+    console.print(f"[bold]held-out MAPE[/]: prefill {_pct(fe.prefill_mape_heldout)} · decode "
+                  f"{_pct(fe.decode_mape_heldout)}  [dim]({fe.note})[/]")
+    if isinstance(profile, KernelProfile):
+        console.print(f"iteration overhead {profile.iteration_overhead_s * 1e3:.1f} ms · datasheet "
+                      f"{profile.peak_tflops_bf16:g} TFLOP/s BF16, {profile.hbm_tbps:g} TB/s")
+    console.print(f"[bold]source[/]: {profile.source}")
+    for a in profile.assumptions:
+        console.print(f"[bold]assumption[/]: {a}", soft_wrap=True)
+    if plot is not None:
+        from rollart.calibration.plots import plot_profile
+
+        plot_profile(profile, plot)
+        console.print(f"[dim]wrote {plot}[/]")
+
+
+@calibrate_app.command()
+def fit(csv_path: Path = typer.Argument(..., help="a CSV written by `rollart calibrate profile`"),
+        gpu: str = typer.Option(..., "--gpu", help="the device name the profile is for (e.g. cpu-local)"),
+        model: str = typer.Option("Qwen3-tiny", "--model", help="the model that was profiled"),
+        engine: str = typer.Option("torch", "--engine"),
+        out: Optional[Path] = typer.Option(None, "--out", help="profile YAML (default <gpu>.profile.yaml)")) -> None:
+    """Fit an engine profile (prefill and decode vs tokens, batch and cached context) from a CSV."""
+    from rollart.calibration.engine_fit import EngineFitError, fit_engine_csv
+    from rollart.calibration.profiles import save_profile
+
+    if not csv_path.is_file():
+        _fail(f"{csv_path}: no such file")
+    try:
+        profile = fit_engine_csv(csv_path, gpu=gpu, model=model, engine=engine)
+    except EngineFitError as exc:
+        _fail(str(exc))
+        return
+    out = out or Path(f"{gpu}.profile.yaml")
+    save_profile(profile, out, header=f"{gpu} / {model} engine profile fitted from {csv_path} by `rollart calibrate fit`.")
+    console.print(f"prefill: {profile.prefill.formula} — held-out MAPE {_pct(profile.prefill.mape_heldout)}")
+    console.print(f"decode:  {profile.decode.formula} — held-out MAPE {_pct(profile.decode.mape_heldout)}")
+    console.print(f"wrote {out}; use it with cluster.gpu_pools.<pool>.profile: {out}")
+
+
+def _register_optional() -> None:
+    """Commands whose modules bring heavier imports (torch) load only when invoked."""
+    try:
+        from rollart.cli_profile import calibrate_profile
+
+        calibrate_app.command("profile")(calibrate_profile)
+    except ImportError:  # pragma: no cover - the module ships with the package
+        pass
+    try:
+        from rollart.cli_env import calibrate_env
+
+        calibrate_app.command("env")(calibrate_env)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+_register_optional()
