@@ -20,6 +20,11 @@ SHORT = {"generation": "gen", "env_reset": "reset", "env_step": "env", "reward":
          "weight_sync": "sync", "idle": "idle"}
 
 
+def _num(x: float) -> str:
+    """Seconds for a table cell: one decimal below 100 s, whole seconds above (keeps 80 columns)."""
+    return f"{x:.1f}" if abs(x) < 100 else f"{x:.0f}"
+
+
 def _p90(values: list[float]) -> float:
     if not values:
         return 0.0
@@ -80,7 +85,7 @@ def step_table(result: RunResult) -> Table:
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name),
                          style="bold" if name == "time" else None)
     for s in result.steps:
-        table.add_row(str(s.step), f"{s.time_s:.1f}", *(f"{s.breakdown_s.get(k, 0.0):.1f}" for k in BREAKDOWN_KEYS),
+        table.add_row(str(s.step), _num(s.time_s), *(_num(s.breakdown_s.get(k, 0.0)) for k in BREAKDOWN_KEYS),
                       str(s.trajectories), f"{s.mean_staleness:.2f}")
     return table
 

@@ -66,7 +66,7 @@ def test_simulate_embedded_default(tmp_path: Path):
     assert "trajectories/s" in out
     # the step table has exactly steps 0 and 1
     # step rows: the step number, then the step time and the seven breakdown columns
-    rows = [ln.split() for ln in out.splitlines() if re.match(r"^\s*\d+(\s+\d+\.\d+){8}\s", ln)]
+    rows = [ln.split() for ln in out.splitlines() if re.match(r"^\s*\d+(\s+\d+(\.\d+)?){8}\s", ln)]
     assert [int(r[0]) for r in rows] == [0, 1]
     assert "default · mode rollart · seed 0" in out
     assert "Traceback" not in proc.stderr

@@ -7,9 +7,11 @@ Each is a pydantic model tagged by ``kind`` and knows how to draw from a numpy
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import Annotated, Literal, Union
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NonNeg = Annotated[float, Field(ge=0)]
@@ -155,6 +157,118 @@ class Empirical(_Dist):
         return sum((p1 - p0) * (v0 + v1) / 2 for p0, p1, v0, v1 in zip(ps, ps[1:], vs, vs[1:]))
 
 
+class Spliced(_Dist):
+    """A lognormal body below ``threshold`` u spliced to a generalized-Pareto tail above it —
+    the peaks-over-threshold model of a latency with rare, very slow calls.
+
+    With probability ``tail_prob`` p the draw is ``u + Y``, Y ~ GPD(ξ = ``tail_shape``,
+    β = ``tail_scale``) with survival S(y) = (1 + ξy/β)^(−1/ξ) (e^(−y/β) for ξ = 0; for ξ < 0
+    the tail ends at u − β/ξ); otherwise it is LN(ln ``median``, ``sigma``²) truncated to
+    (0, u]. Both parts are drawn by inverse CDF from one uniform q (``statistics.NormalDist``
+    for the body), then capped at ``max``. With z(x) = ln(x/median)/σ:
+
+        F(x) = (1 − p)·Φ(z(x))/Φ(z(u))        for x ≤ u
+        F(x) = 1 − p + p·(1 − S(x − u))        for x > u
+
+        E[X] = (1 − p)·median·e^{σ²/2}·Φ(z(u) − σ)/Φ(z(u)) + p·(u + β/(1 − ξ))
+
+    ξ < 1 keeps the mean finite. With the cap c: for c > u the tail term becomes
+    p·(u + E[min(Y, c − u)]), E[min(Y, d)] = β/(1 − ξ)·(1 − (1 + ξd/β)^{1 − 1/ξ})
+    (β·(1 − e^{−d/β}) for ξ = 0); for c ≤ u the mean is
+    (1 − p)·(median·e^{σ²/2}·Φ(z(c) − σ) + c·(Φ(z(u)) − Φ(z(c))))/Φ(z(u)) + p·c.
+    """
+
+    kind: Literal["spliced"] = "spliced"
+    median: Annotated[float, Field(gt=0)]
+    sigma: Annotated[float, Field(gt=0)]
+    threshold: Annotated[float, Field(gt=0)]
+    tail_prob: Annotated[float, Field(ge=0, lt=1)]
+    tail_shape: Annotated[float, Field(lt=1)]
+    tail_scale: Annotated[float, Field(gt=0)]
+    max: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _body_below_threshold(self) -> "Spliced":
+        z_u = math.log(self.threshold / self.median) / self.sigma
+        if z_u < -8:
+            raise ValueError(f"threshold ({self.threshold:g}) is {-z_u:.0f} sigmas below the body's median "
+                             f"({self.median:g}): the lognormal body has no mass below it")
+        return self
+
+    @property
+    def _body_mass(self) -> float:
+        """Φ(z(u)): the untruncated body's mass below u (computed, not stored, so that
+        ``model_copy(update=...)`` stays consistent)."""
+        return _Phi(math.log(self.threshold / self.median) / self.sigma)
+
+    def _quantile(self, q: float) -> float:
+        """Inverse CDF at q ∈ [0, 1), before the cap."""
+        p = self.tail_prob
+        if q < 1 - p:
+            r = max(q / (1 - p) * self._body_mass, 1e-300)
+            return min(self.median * math.exp(self.sigma * _NORMAL.inv_cdf(r)), self.threshold)
+        r = (q - (1 - p)) / p  # in [0, 1)
+        xi, beta = self.tail_shape, self.tail_scale
+        y = -beta * math.log1p(-r) if xi == 0 else beta / xi * ((1 - r) ** -xi - 1)
+        return self.threshold + y
+
+    def sample(self, rng: np.random.Generator) -> float:
+        x = self._quantile(rng.random())
+        return min(x, self.max) if self.max is not None else x
+
+    def ppf(self, q: npt.ArrayLike) -> np.ndarray:
+        """Inverse CDF (vectorised, capped at ``max``); q = 1 gives the support's upper end."""
+        from scipy.special import ndtri
+
+        q = np.asarray(q, dtype=float)
+        p, u, xi, beta = self.tail_prob, self.threshold, self.tail_shape, self.tail_scale
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            body = self.median * np.exp(self.sigma * ndtri(np.clip(q / (1 - p), 0, 1) * self._body_mass))
+            r = np.clip((q - (1 - p)) / p, 0, 1) if p > 0 else np.zeros_like(q)
+            y = -beta * np.log1p(-r) if xi == 0 else beta / xi * ((1 - r) ** -xi - 1)
+        x = np.where(q < 1 - p, np.minimum(body, u), u + y)
+        return np.minimum(x, self.max) if self.max is not None else x
+
+    def cdf(self, x: npt.ArrayLike) -> np.ndarray:
+        """F(x) (vectorised); 1 at and above ``max``."""
+        from scipy.special import ndtr
+
+        x = np.asarray(x, dtype=float)
+        p, u, xi, beta = self.tail_prob, self.threshold, self.tail_shape, self.tail_scale
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            body = (1 - p) * ndtr(np.log(np.maximum(x, 1e-300) / self.median) / self.sigma) / self._body_mass
+            y = np.maximum(x - u, 0)
+            if xi == 0:
+                surv = np.exp(-y / beta)
+            else:
+                surv = np.maximum(1 + xi * y / beta, 0) ** (-1 / xi)
+        out = np.where(x <= 0, 0.0, np.where(x <= u, body, 1 - p * surv))
+        if self.max is not None:
+            out = np.where(x >= self.max, 1.0, out)
+        return out
+
+    def mean(self) -> float:
+        p, u, xi, beta, c = self.tail_prob, self.threshold, self.tail_shape, self.tail_scale, self.max
+        m, s, mass = self.median, self.sigma, self._body_mass
+        z_u = math.log(u / m) / s
+        full = m * math.exp(s * s / 2)
+        if c is not None and c <= u:
+            z_c = math.log(c / m) / s
+            body = (full * _Phi(z_c - s) + c * (mass - _Phi(z_c))) / mass
+            return (1 - p) * body + p * c
+        body = full * _Phi(z_u - s) / mass
+        if c is None:
+            tail = beta / (1 - xi)
+        else:
+            d = c - u
+            if xi == 0:
+                tail = beta * -math.expm1(-d / beta)
+            else:
+                base = 1 + xi * d / beta
+                tail = beta / (1 - xi) * (1 - (base ** (1 - 1 / xi) if base > 0 else 0.0))
+        return (1 - p) * body + p * (u + tail)
+
+
 class Component(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     weight: Annotated[float, Field(gt=0)]
@@ -183,7 +297,7 @@ class Mixture(_Dist):
 
 
 Distribution = Annotated[
-    Union[Constant, LogNormal, Gaussian, Uniform, Pareto, Empirical, Mixture],
+    Union[Constant, LogNormal, Gaussian, Uniform, Pareto, Empirical, Spliced, Mixture],
     Field(discriminator="kind"),
 ]
 Component.model_rebuild()
@@ -200,6 +314,9 @@ def coerce_distribution(value: object) -> object:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return {"kind": "constant", "value": value}
     return value
+
+
+_NORMAL = NormalDist()
 
 
 def _phi(z: float) -> float:

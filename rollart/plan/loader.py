@@ -13,7 +13,7 @@ from rollart.plan.schema import Plan
 
 # Discriminator tags pydantic inserts into error locations after a distribution field;
 # a user never writes them.
-_UNION_TAGS = {"constant", "lognormal", "gaussian", "uniform", "pareto", "empirical", "mixture"}
+_UNION_TAGS = {"constant", "lognormal", "gaussian", "uniform", "pareto", "empirical", "mixture", "spliced"}
 _DIST_FIELDS = {"reset", "step", "turns", "prompt_tokens", "obs_tokens", "response_tokens", "dist"}
 
 
