@@ -25,8 +25,10 @@ err_console = Console(stderr=True)
 
 
 def _fail(problems: list[str]) -> None:
-    for line in problems:
-        err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    for line in problems:  # user text may contain [brackets]: never read it as markup
+        err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
@@ -151,6 +153,24 @@ def scenarios() -> None:
     for name, _, desc in shipped():
         table.add_row(name.removesuffix(".yaml"), desc)
     console.print(table)
+
+
+def _register_commands() -> None:
+    """Commands defined in their own modules (heavy imports happen when they run)."""
+    from rollart.cli_run import run
+
+    app.command("run")(run)
+    for module, names in (("rollart.cli_reproduce", ("reproduce",)), ("rollart.cli_sweep", ("sweep", "plan"))):
+        try:
+            mod = __import__(module, fromlist=list(names))
+        except ImportError:  # pragma: no cover - the modules ship with the package
+            continue
+        for name in names:
+            if hasattr(mod, name):
+                app.command(name)(getattr(mod, name))
+
+
+_register_commands()
 
 
 def main() -> None:  # pragma: no cover

@@ -107,6 +107,11 @@ def summary_table(result: RunResult) -> Table:
                                            f"{sm.get('serverless_cold_starts', 0)} cold starts")
     table.add_row("aborted", f"{sm['aborted_stale']} stale · {sm['aborted_redundant']} redundant · "
                              f"{sm['env_failures']} env failures")
+    if "cost_usd_per_hour" in sm:
+        table.add_row("cost", "- (a placed GPU type has no price: set prices.gpu_usd_per_hour)"
+                      if sm["cost_usd_per_hour"] is None else
+                      f"${sm['cost_per_step_usd']:,.2f}/step · ${sm['cost_per_1k_trajectories_usd']:,.2f} per 1k "
+                      f"trajectories · ${sm['cost_usd_per_hour']:,.0f}/h")
     table.add_row("staleness", f"{sm['mean_staleness']:.2f} versions mean")
     if "prefix_cache_hit_rate" in sm:
         table.add_row("prefix cache", f"{sm['prefix_cache_hit_rate']:.0%} of prompt tokens reused")

@@ -80,6 +80,7 @@ class SimBackend:
             span = self._worker_span(g.pool, w.id)
             self.engines.append(GenerationEngine(self.env, w.id, g.pool, cost, g.max_num_seqs,
                                                  plan.placement.prefix_cache, span))
+            self.ctl.proxy.workers[w.id].kv_capacity_tokens = cost.kv_capacity_tokens  # routing sees KV room
 
     def _worker_span(self, pool: str, wid: int) -> Callable[[str, float, float], None] | None:
         if isinstance(self.tracer, Tracer):
@@ -344,6 +345,19 @@ class SimOutcome:
             "simulated_s": self.elapsed_s,
             "effects": b.effects_handled,
         })
+        # Cost (placed GPUs + env cores for the wall time + billed serverless GPU·s); None when a
+        # placed GPU type has no price (rollart sweep/plan then stop with the plan error).
+        from rollart.sim.costs.price import missing_prices, run_cost
+
+        if missing_prices(b.plan):
+            summary.update({"cost_per_step_usd": None, "cost_per_1k_trajectories_usd": None,
+                            "cost_usd_per_hour": None})
+        else:
+            cost = run_cost(b.plan, elapsed, len(steps), sum(s.trajectories for s in steps),
+                            summary["serverless_gpu_seconds"])
+            summary.update({"cost_per_step_usd": cost.per_step_usd,
+                            "cost_per_1k_trajectories_usd": cost.per_1k_trajectories_usd,
+                            "cost_usd_per_hour": cost.usd_per_hour})
         calibration = dict(b.cost_sources)
         calibration["trainer"] = b.train_cost.source
         return RunResult(scenario=b.plan.name, mode=b.mode.name, seed=b.envs.seed, backend="sim",

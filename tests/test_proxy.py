@@ -84,3 +84,16 @@ def test_dispatch_release_and_suspend_resume() -> None:
     assert proxy.suspended
     proxy.resume(3)
     assert not proxy.suspended and proxy.version == 3 and woken == [3]
+
+
+def test_full_kv_cache_counts_as_saturated_and_triggers_fallback() -> None:
+    ws = workers([("h800", "both"), ("h20", "both")], cap=100)
+    ws[0].kv_capacity_tokens = 10_000
+    proxy = LLMProxy(ws, AFF)
+    proxy.dispatch(ws[0], 9_000)
+    assert proxy.route("FrozenLake").pool == "h800"   # 1 000 tokens of room left
+    proxy.dispatch(ws[0], 2_000)
+    assert ws[0].saturated
+    assert proxy.route("FrozenLake").pool == "h20"    # KV full: fall back
+    proxy.release(ws[0], 2_000)
+    assert not ws[0].saturated and ws[0].kv_tokens == 9_000

@@ -52,6 +52,7 @@ class Controller:
         self.trajectories: list[Trajectory] = []
         self.groups: list[Group] = []
         self.version = 0                 # trainer's policy version (train steps done)
+        self.start_version = 0           # > 0 when resumed from a checkpoint
         self.published_version = 0       # newest version every worker has pulled
         self.weights_published = Signal("weights.published")
         self.finished = False
@@ -59,6 +60,14 @@ class Controller:
         self._lockstep: dict[int, LockstepBarrier] = {}
         self._reward_gate: dict[int, LockstepBarrier] = {}
         self._failure_limit = 20 * plan.algorithm.batch_size
+
+    def resume_from(self, version: int) -> None:
+        """Continue a run whose trainer checkpoint holds ``version``: training resumes at step
+        ``version``, the workers serve it, and admission counts the batches already consumed, so
+        the α window holds across the restart."""
+        self.version = self.start_version = self.published_version = self.proxy.version = version
+        self.buffer.consumed_groups = version * self.plan.groups_per_batch
+        self.scheduler.batch_index = version
 
     # ---- processes ------------------------------------------------------------------------
 

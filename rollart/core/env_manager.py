@@ -51,17 +51,18 @@ def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:
         worker = proxy.route(traj.tag, traj.last_worker, role="decode")
     else:
         worker = proxy.route(traj.tag, traj.last_worker)
-    proxy.dispatch(worker)
+    kv = traj.context_tokens
+    proxy.dispatch(worker, kv)
     if prefill is not None:
-        proxy.dispatch(prefill)
+        proxy.dispatch(prefill, kv)
     t0 = ctl.now()
     try:
         out: GenOutcome = yield Generate(traj, worker.id, traj.context_tokens, max_new_tokens,
                                          prefill.id if prefill is not None else None)
     finally:
-        proxy.release(worker)
+        proxy.release(worker, kv)
         if prefill is not None:
-            proxy.release(prefill)
+            proxy.release(prefill, kv)
     traj.record(t0, ctl.now(), GEN)
     traj.last_worker = worker.id
     traj.context_tokens += out.tokens

@@ -16,11 +16,15 @@ class WorkerInfo:
     role: str  # "both" | "prefill" | "decode"
     tp: int
     max_num_seqs: int
-    load: int = 0  # requests dispatched and not yet returned
+    kv_capacity_tokens: int | None = None  # set by a backend that knows it
+    load: int = 0       # requests dispatched and not yet returned
+    kv_tokens: int = 0  # context tokens of those requests
 
     @property
     def saturated(self) -> bool:
-        return self.load >= self.max_num_seqs
+        """No room for another request: its sequence slots or its KV cache are full."""
+        return self.load >= self.max_num_seqs or (
+            self.kv_capacity_tokens is not None and self.kv_tokens >= self.kv_capacity_tokens)
 
 
 class LLMProxy:
@@ -33,8 +37,9 @@ class LLMProxy:
     2. the trajectory's previous worker, if it is in that pool and not saturated (its prefix
        cache holds the conversation so far);
     3. otherwise the least-loaded unsaturated worker of the preferred pool (ties: lowest id);
-    4. if the preferred pool is saturated or has no workers of role r, the least-loaded
-       unsaturated worker of any other pool (a compatible class: every worker serves the actor);
+    4. if the preferred pool is saturated (every worker's sequence slots or KV cache full) or
+       has no workers of role r, the least-loaded unsaturated worker of any other pool (a
+       compatible class: every worker serves the actor);
     5. if everything is saturated, the least-loaded worker of the preferred pool (it queues).
     """
 
@@ -80,13 +85,15 @@ class LLMProxy:
         self.routed_preferred += 1
         return min(preferred or candidates, key=lambda w: (w.load, w.id))
 
-    def dispatch(self, worker: WorkerInfo) -> None:
-        """ADD: a request is on its way to ``worker``."""
+    def dispatch(self, worker: WorkerInfo, context_tokens: int = 0) -> None:
+        """ADD: a request holding ``context_tokens`` of KV is on its way to ``worker``."""
         worker.load += 1
+        worker.kv_tokens += context_tokens
 
-    def release(self, worker: WorkerInfo) -> None:
+    def release(self, worker: WorkerInfo, context_tokens: int = 0) -> None:
         """The request returned (completed or ABORTed)."""
         worker.load -= 1
+        worker.kv_tokens -= context_tokens
 
     # ---- weight sync gate -----------------------------------------------------------
 

@@ -65,7 +65,7 @@ def run_trainer(ctl: "Controller") -> Proc:
     steps = ctl.plan.algorithm.steps
     rotate = ctl.mode.sync_before_get_batch
     step_start = ctl.now()
-    for n in range(steps):
+    for n in range(ctl.start_version, steps):
         sync_s = 0.0
         if rotate:
             sync_s += yield from sync_weights(ctl, n)

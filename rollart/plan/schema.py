@@ -288,6 +288,89 @@ class WeightSync(_Strict):
     h2d_gbps: PosFloat = Field(200.0, description="host-to-device copy when swapping pulled weights in")
 
 
+# ---------------------------------------------------------------- prices
+
+# Default on-demand prices in US$ per GPU-hour. These are assumptions for comparing plans, not
+# quotes; override them per scenario (``prices.gpu_usd_per_hour.H20: 1.2``). Sources (2025
+# public list prices, rounded):
+# * H100 (SXM, 80 GB): 2.50, the middle of the neocloud on-demand range ($2–3/h: Lambda,
+#   RunPod, CoreWeave list prices).
+# * H800: 2.50, assumed equal to the H100 it is cut down from (same compute and HBM, less
+#   NVLink; sold in China, no public cloud list price).
+# * H20: 1.20, assumption: about half an H800, following the roughly 1:2 purchase-price ratio
+#   reported for H20 vs H800 servers (no public cloud list price).
+# * H200 (141 GB): 3.50, neocloud on-demand list prices ($3.3–4/h).
+# * A100 (80 GB): 1.50, neocloud on-demand list prices ($1.2–1.8/h).
+# A GPU type without a price (a custom_gpus entry) only matters when a cost is asked for: the
+# simulate summary then shows no cost, and `rollart sweep`/`rollart plan` stop with a plan
+# error naming ``prices.gpu_usd_per_hour.<type>``.
+DEFAULT_GPU_USD_PER_HOUR: dict[str, float] = {"H800": 2.50, "H20": 1.20, "H100": 2.50, "H200": 3.50, "A100": 1.50}
+
+
+class Prices(_Strict):
+    """What the cost figures (cost per step, per 1 000 trajectories, per hour) are priced with."""
+
+    gpu_usd_per_hour: dict[str, NonNegFloat] = Field(
+        default_factory=lambda: dict(DEFAULT_GPU_USD_PER_HOUR),
+        description="US$ per GPU-hour by GPU type (presets or cluster.custom_gpus names); "
+                    "entries given here are merged over the defaults")
+    # AWS c7i.large on-demand (us-east-1) is $0.0893/h for 2 vCPU ≈ $0.045 per vCPU-hour; an env
+    # "core" is priced as one vCPU, rounded down for sustained/reserved use.
+    cpu_core_usd_per_hour: NonNegFloat = Field(0.04, description="US$ per CPU core-hour of the env pools")
+    # Modal's H100 list price is $0.001097 per GPU-second (≈ $3.95/h): serverless GPU time costs
+    # a premium over a reserved GPU-hour, paid only for billed seconds.
+    serverless_usd_per_gpu_second: NonNegFloat = Field(0.0011, description="US$ per billed serverless GPU-second")
+
+    @field_validator("gpu_usd_per_hour", mode="before")
+    @classmethod
+    def _merge_defaults(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        merged = dict(DEFAULT_GPU_USD_PER_HOUR)
+        for name, price in v.items():
+            key = canonical_gpu(str(name)) or str(name)  # preset names are case-insensitive
+            merged[key] = price
+        return merged
+
+    def gpu_price(self, gpu: str) -> float | None:
+        """US$ per hour of one GPU of this type, or None when the table has no price for it."""
+        if gpu in self.gpu_usd_per_hour:
+            return self.gpu_usd_per_hour[gpu]
+        key = canonical_gpu(gpu)
+        return self.gpu_usd_per_hour.get(key) if key else None
+
+
+# ---------------------------------------------------------------- the real runtime
+
+
+class RuntimePool(_Strict):
+    """What a logical pool is on the machines at hand: real GPUs, or CPU 'virtual devices'
+    (Ray custom resources) so hardware-affinity routing runs for real without a GPU."""
+
+    devices: Literal["cpu", "gpu"] = "cpu"
+    count: PosInt = Field(1, description="devices of the pool (Ray resource units)")
+
+
+class RuntimeSection(_Strict):
+    """Settings of `rollart run` (ignored by the simulator)."""
+
+    pools: dict[str, RuntimePool] = Field(default_factory=dict)
+    model: ModelSpec | None = Field(None, description="the model actually run (default: the plan's model)")
+    engine: Literal["torch", "vllm"] = "torch"
+    trainer: Literal["torch", "megatron"] = "torch"
+    env_workers: PosInt = 2
+    max_new_tokens: PosInt = 48
+    temperature: PosFloat = 1.0
+    learning_rate: PosFloat = 1e-3
+    checkpoint_every: NonNegInt = 0
+    weight_store: Literal["mooncake", "ray"] = "mooncake"
+    reward_url: str | None = Field(None, description="serverless reward endpoint; a Ray Serve deployment when unset")
+    reward_timeout_s: PosFloat = 10.0
+    reward_retries: NonNegInt = 2
+    inject_env_latency: bool = True
+    num_cpus: PosInt | None = None
+
+
 # ---------------------------------------------------------------- the plan
 
 
@@ -301,6 +384,8 @@ class Plan(_Strict):
     placement: Placement
     algorithm: Algorithm
     weight_sync: WeightSync = Field(default_factory=WeightSync)
+    prices: Prices = Field(default_factory=Prices)
+    runtime: RuntimeSection = Field(default_factory=RuntimeSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Plan":
@@ -395,6 +480,9 @@ def _cross_problems(plan: Plan) -> list[str]:
 
     if a.batch_size % a.group_size:
         out.append(f"algorithm.batch_size: {a.batch_size} is not a multiple of algorithm.group_size ({a.group_size})")
+    for name in plan.runtime.pools:
+        if name not in c.gpu_pools:
+            out.append(f"runtime.pools.{name}: unknown pool '{name}'; pools are: {pool_list}")
     if plan.weight_sync.link not in c.links:
         out.append(f"weight_sync.link: unknown link '{plan.weight_sync.link}'; links are: {', '.join(c.links)}")
     if "cross_cluster" not in c.links:

@@ -1,0 +1,259 @@
+"""``rollart sweep`` and ``rollart plan``: typer command functions, registered on the main app
+(``app.command()(sweep)``, ``app.command()(plan)``). Ray is imported only when a sweep (or a
+parallel plan search) actually runs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rollart.plan import MODES, PlanError, apply_overrides, plan_from_dict, read_yaml
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(problems: list[str]) -> None:
+    for line in problems:
+        err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def _scenario_data(scenario: Optional[str], overrides: list[str]) -> tuple[dict[str, Any], Any]:
+    """The scenario's data (``extends:`` merged) and its validated plan with ``overrides``."""
+    from rollart.scenarios_catalog import default_scenario, resolve
+
+    path = resolve(scenario) if scenario else default_scenario()
+    try:
+        data = read_yaml(path)
+        return data, plan_from_dict(data, overrides)
+    except PlanError as exc:
+        _fail(exc.problems)
+        raise  # unreachable
+
+
+def _shortcuts(set_: list[str], steps: Optional[int], seed: Optional[int], mode: Optional[str]) -> list[str]:
+    out = list(set_)
+    if mode is not None:
+        if mode not in MODES:
+            _fail([f"--mode: unknown mode '{mode}'; modes are: {', '.join(MODES)}"])
+        out.append(f"algorithm.mode={mode}")
+    if steps is not None:
+        out.append(f"algorithm.steps={steps}")
+    if seed is not None:
+        out.append(f"algorithm.seed={seed}")
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+# ---------------------------------------------------------------- sweep
+
+
+def sweep(
+    scenario: str = typer.Argument(..., help="scenario YAML or shipped name"),
+    grid: list[str] = typer.Option([], "--grid", help="PATH=v1,v2,... (values parsed like --set; repeatable): "
+                                                      "the cross product is swept"),
+    samples: Optional[int] = typer.Option(None, "--samples", min=1,
+                                          help="draw N Latin-hypercube points over the grid's values instead"),
+    sample_seed: int = typer.Option(0, "--sample-seed", help="seed of the Latin-hypercube draw"),
+    address: Optional[str] = typer.Option(None, "--address", help="an existing Ray cluster (default: a local Ray)"),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1,
+                                          help="CPUs of the local Ray = points simulated at once (default: all cores)"),
+    out: Path = typer.Option(Path("sweep-out"), "--out", help="results folder (finished points are kept there and "
+                                                               "skipped when the sweep is run again)"),
+    set_: list[str] = typer.Option([], "--set", help="override a field for every point (repeatable)"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="override algorithm.steps for every point"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="override algorithm.seed for every point"),
+    mode: Optional[str] = typer.Option(None, "--mode", help=f"override algorithm.mode ({', '.join(MODES)})"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+) -> None:
+    """Simulate a grid of what-ifs as parallel Ray tasks; write results.csv and a Pareto plot.
+
+    Each point is one Ray task; finished points are kept under --out and skipped on a rerun.
+    results.parquet is written too when pyarrow is installed."""
+    from rollart.sweep.runner import RAY_EXTRA_HINT, RayPool, ray_available
+
+    if not ray_available():
+        _fail([RAY_EXTRA_HINT])
+    from rollart.sim.costs.price import require_prices
+    from rollart.sweep.grid import grid_points, lhs_points, parse_grid
+    from rollart.sweep.run import run_sweep
+
+    base = _shortcuts(set_, steps, seed, mode)
+    data, plan = _scenario_data(scenario, base)
+    try:
+        require_prices(plan)  # the frontier needs a cost for every point
+        dims = parse_grid(grid)
+    except PlanError as exc:
+        _fail(exc.problems)
+        return
+    if not dims:
+        _fail(["--grid: give at least one PATH=v1,v2,... to sweep (e.g. --grid algorithm.alpha=0,1,2)"])
+    try:  # the grid's paths must name fields: check them on the first point before starting Ray
+        plan_from_dict(data, [*base, *(d.override(0) for d in dims)])
+    except PlanError as exc:  # a point may be infeasible (kept as a failed row), a misspelt path never is
+        typos = [line.replace("--set", "--grid", 1) for line in exc.problems
+                 if line.startswith("--set") or "unknown field" in line]
+        if typos:
+            _fail(typos)
+    points = lhs_points(dims, samples, sample_seed) if samples else grid_points(dims)
+    what = (f"{len(points)} Latin-hypercube points" if samples else f"{len(points)} points") + \
+        f" of {plan.name} ({' × '.join(str(len(d.values)) for d in dims)} grid)"
+    err_console.print(f"[dim]sweep: {what} → {out}[/]", highlight=False)
+    result = run_sweep(data, dims, points, out, RayPool(workers, address), base_overrides=base, console=err_console,
+                       progress=not quiet, title=plan.name)
+    _print_front(result)
+    console.print(f"[dim]{result.ran} simulated, {result.skipped} already done, {result.failed} failed"
+                  + (f", {result.lost} lost by Ray (rerun to retry)" if result.lost else "")
+                  + f" · {result.wall_s:.1f} s wall · wrote {', '.join(str(p) for p in result.written)}[/]",
+                  highlight=False)
+    failed = [r for r in result.rows if r["error"]]
+    if failed:
+        console.print(f"[yellow]first failure:[/] {escape(failed[0]['error'])}", highlight=False)
+
+
+def _print_front(result: Any) -> None:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=f"Pareto frontier: {len(result.front)} of {len(result.rows)} points "
+                        "(cost per 1 000 trajectories vs throughput)", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    for d in result.dims:
+        table.add_column(d.path, justify="right")
+    for col in ("traj/s", "$/1k traj", "$/h", "GPUs", "step s"):
+        table.add_column(col, justify="right")
+    for r in result.front:
+        table.add_row(*(_fmt(r.get(d.path)) for d in result.dims), f"{r['trajectories_per_s']:.3f}",
+                      f"{r['cost_per_1k_trajectories_usd']:.2f}", f"{r['cost_usd_per_hour']:,.0f}",
+                      _fmt(r.get("gpus")), f"{r['step_time_s_mean']:.1f}")
+    console.print(table)
+
+
+# ---------------------------------------------------------------- plan
+
+
+def _csv(text: str, kind: type, option: str) -> list[Any]:
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail([f"{option}: expected comma-separated {kind.__name__}s, got '{text}'"])
+        raise
+    if not values:
+        _fail([f"{option}: give at least one value"])
+    return values
+
+
+def plan(
+    scenario: str = typer.Argument(..., help="scenario YAML or shipped name (its GPU types, task mix, model)"),
+    budget_usd_per_hour: Optional[float] = typer.Option(None, "--budget-usd-per-hour", min=0,
+                                                        help="at most this US$/h (placed GPUs + env cores + "
+                                                             "serverless, priced by the plan's prices)"),
+    budget_gpus: Optional[int] = typer.Option(None, "--budget-gpus", min=1,
+                                              help="at most this many placed GPUs (trainer + generation + reward)"),
+    objective: str = typer.Option("throughput", "--objective", help="throughput (max traj/s) or cost "
+                                                                   "(min $ per 1 000 trajectories)"),
+    out: Path = typer.Option(Path("plan.yaml"), "--out", help="where to write the winning plan"),
+    candidates: int = typer.Option(48, "--candidates", min=1, help="candidates in the first (shortest) rung"),
+    finalists: int = typer.Option(4, "--finalists", min=1, help="plans simulated at full length"),
+    min_steps: int = typer.Option(1, "--min-steps", min=1, help="training steps simulated in the first rung"),
+    local_rounds: int = typer.Option(1, "--local-rounds", min=0, help="neighbour-search rounds in the first rung"),
+    polish_rounds: int = typer.Option(1, "--polish-rounds", min=0, help="hill-climbing rounds from the winner at "
+                                                                       "full length"),
+    gpu_step: Optional[int] = typer.Option(None, "--gpu-step", min=1, help="GPU counts move in steps of this "
+                                                                            "(default 8, a node, for big budgets)"),
+    tp: str = typer.Option("1,2,4,8", "--tp", help="generation tensor-parallel degrees to try"),
+    alphas: str = typer.Option("0,1,2", "--alphas", help="staleness bounds α to try"),
+    redundancies: str = typer.Option("0,0.25,0.5", "--redundancies", help="redundancy fractions to try"),
+    fixed_affinity: bool = typer.Option(False, "--fixed-affinity", help="do not search the affinity map: "
+                                                                         "prefill-heavy tasks → compute GPUs"),
+    search_seed: int = typer.Option(0, "--search-seed", help="seed of the random candidates"),
+    workers: int = typer.Option(1, "--workers", min=1, help="simulate this many candidates at once on a local "
+                                                             "Ray (1: in this process, no Ray)"),
+    address: Optional[str] = typer.Option(None, "--address", help="run the simulations on an existing Ray cluster"),
+    top: int = typer.Option(5, "--top", min=1, help="plans to list"),
+    set_: list[str] = typer.Option([], "--set", help="override a scenario field first (repeatable)"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="training steps of the full simulations"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    mode: Optional[str] = typer.Option(None, "--mode"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+) -> None:
+    """Search placements within a budget; print the top plans and why; write the best as a plan.
+
+    Successive halving on short simulations, then full simulations of the finalists and of the
+    winner's neighbours. `rollart simulate PLAN.yaml` reproduces the winner's figures."""
+    from rollart.planner import Budget, Space, plan_data, search, top_table, why_lines, write_plan
+    from rollart.planner.search import OBJECTIVES
+    from rollart.sim.costs.price import require_prices
+    from rollart.sweep.runner import RAY_EXTRA_HINT, RayPool, SerialPool, ray_available
+
+    if (budget_usd_per_hour is None) == (budget_gpus is None):
+        _fail(["--budget-usd-per-hour / --budget-gpus: give exactly one budget"])
+    if objective not in OBJECTIVES:
+        _fail([f"--objective: unknown objective '{objective}'; objectives are: {', '.join(OBJECTIVES)}"])
+    use_ray = workers > 1 or address is not None
+    if use_ray and not ray_available():
+        _fail([RAY_EXTRA_HINT.replace("rollart sweep runs its points", "--workers/--address run the simulations")])
+    overrides = _shortcuts(set_, steps, seed, mode)
+    data, base_plan = _scenario_data(scenario, overrides)
+    budget = Budget(gpus=budget_gpus, usd_per_hour=budget_usd_per_hour)
+    try:
+        if objective == "cost" or budget_usd_per_hour is not None:
+            require_prices(base_plan)
+        space = Space.from_plan(base_plan, budget, step=gpu_step, tps=_csv(tp, int, "--tp"),
+                                alphas=_csv(alphas, int, "--alphas"),
+                                redundancies=_csv(redundancies, float, "--redundancies"),
+                                search_affinity=not fixed_affinity)
+    except PlanError as exc:
+        _fail(exc.problems)
+        return
+    base = apply_overrides(data, overrides)
+    pool = RayPool(workers, address) if use_ray else SerialPool()
+    t0 = time.perf_counter()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True, disable=quiet) as bar:
+        task = bar.add_task("planning", total=0)
+
+        def on_rung(what: str, n: int) -> None:
+            bar.reset(task, total=n, description=what)
+
+        result = search(space, base, pool, objective=objective, candidates=candidates, finalists=finalists,
+                        min_steps=min_steps, local_rounds=local_rounds, polish_rounds=polish_rounds,
+                        seed=search_seed, on_rung=on_rung,
+                        on_done=lambda: bar.advance(task))
+    wall = time.perf_counter() - t0
+    rungs = ", ".join(f"{n}×{s}" for s, n in result.rungs)
+    console.print(f"[dim]searched {result.simulations} simulations ({result.simulated_steps} simulated steps: "
+                  f"{rungs} candidates×steps{'; whole space' if result.exhaustive else ''}) in {wall:.1f} s[/]",
+                  highlight=False)
+    if result.best is None:
+        why = result.infeasible[0].error if result.infeasible and result.infeasible[0].error else \
+            "every finalist failed or broke the budget"
+        console.print(f"[bold red]no plan fits the budget:[/] {escape(why)}", highlight=False)
+        raise typer.Exit(code=1)
+    console.print(top_table(result, top))
+    for line in why_lines(result, top):
+        console.print(line, highlight=False)
+    best = result.best
+    sm = best.summary
+    name = f"{base_plan.name}-plan"
+    written = write_plan(plan_data(best, base, name), out, [
+        f"written by `rollart plan` from {base_plan.name}: objective {objective}, budget {budget.describe()}",
+        f"{best.candidate.label()}",
+        f"simulated: {sm['trajectories_per_s']:.4f} trajectories/s, step {sm['step_time_s_mean']:.1f} s mean"
+        + (f", ${sm['cost_usd_per_hour']:,.2f}/h, ${sm['cost_per_1k_trajectories_usd']:,.2f} per 1k trajectories"
+           if sm.get("cost_usd_per_hour") is not None else ""),
+        f"reproduce: rollart simulate {out}",
+    ])
+    console.print(f"[dim]wrote {written} · rollart simulate {written} reproduces these figures[/]", highlight=False)

@@ -1,0 +1,122 @@
+"""Why a plan wins (from the per-step critical-path breakdown), the top-plans table, and the
+winner written as a plan file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich import box
+from rich.table import Table
+
+from rollart.core.stats import BREAKDOWN_KEYS
+from rollart.planner.search import Evaluation, PlanSearch
+
+NAMES = {"generation": "generation", "env_reset": "env reset", "env_step": "env", "reward": "reward",
+         "train": "train", "weight_sync": "weight sync", "idle": "idle"}
+
+
+def _bd(ev: Evaluation) -> dict[str, float]:
+    return ev.summary.get("breakdown_s_mean") or {}
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}" if abs(x) < 0.1 else f"{x:+.0%}"
+
+
+def changes(a: Evaluation, b: Evaluation) -> list[str]:
+    """What ``a`` chose differently from ``b``: ``gen h20: 16 GPUs (tp 1) → 32 GPUs (tp 1)``."""
+    da, db = a.candidate.dims(), b.candidate.dims()
+    out = []
+    for k in list(dict.fromkeys([*db, *da])):
+        va, vb = da.get(k, "none"), db.get(k, "none")
+        if va != vb:
+            out.append(f"{k} {vb} → {va}")
+    return out
+
+
+def reason(a: Evaluation, b: Evaluation, b_name: str) -> str:
+    """Why ``a`` beats (or trails) ``b``: throughput and cost, the step-time components that
+    moved most along the critical path, and what ``a`` chose differently."""
+    sa, sb = a.summary, b.summary
+    ta, tb = sa.get("trajectories_per_s", 0.0), sb.get("trajectories_per_s", 0.0)
+    parts = [f"vs {b_name}: {_pct(ta / tb - 1)} traj/s" if tb else f"vs {b_name}"]
+    ca, cb = sa.get("cost_per_1k_trajectories_usd"), sb.get("cost_per_1k_trajectories_usd")
+    if ca is not None and cb:
+        parts[0] += f", {_pct(ca / cb - 1)} $/1k traj"
+    ba, bb = _bd(a), _bd(b)
+    deltas = sorted(((ba.get(k, 0.0) - bb.get(k, 0.0), k) for k in BREAKDOWN_KEYS), key=lambda d: -abs(d[0]))
+    moved = [f"{NAMES[k]} {d:+.0f} s" for d, k in deltas[:2] if abs(d) >= 0.5]
+    step = f"step {sb.get('step_time_s_mean', 0):.0f} → {sa.get('step_time_s_mean', 0):.0f} s"
+    parts.append(step + (f" ({', '.join(moved)})" if moved else ""))
+    what = changes(a, b)
+    if what:
+        parts.append("; ".join(what[:3]) + (f"; +{len(what) - 3} more" if len(what) > 3 else ""))
+    return " · ".join(parts)
+
+
+def bottleneck(ev: Evaluation) -> str:
+    """The critical path of the plan's steps, largest share first, and its GPU busy fractions."""
+    bd = _bd(ev)
+    total = sum(bd.values()) or 1.0
+    top = sorted(bd.items(), key=lambda kv: -kv[1])[:3]
+    path = ", ".join(f"{NAMES[k]} {v / total:.0%}" for k, v in top if v > 0)
+    busy = " ".join(f"{p} {x:.0%}" for p, x in (ev.summary.get("gpu_busy_fraction") or {}).items())
+    return f"critical path {path}; GPU busy {busy}"
+
+
+def _money(x: Any, fmt: str) -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def top_table(result: PlanSearch, top: int = 5) -> Table:
+    """The best plans (full-length simulations): throughput, cost, GPUs and the placement."""
+    table = Table(title=f"top plans · objective {result.objective} · budget {result.budget.describe()} "
+                        f"(full-length simulations)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("#", "traj/s", "$/h", "$/1k traj", "GPUs", "plan"):
+        table.add_column(col, justify="left" if col == "plan" else "right", overflow="fold",
+                         no_wrap=col != "plan")
+    for i, ev in enumerate(result.ranked[:top]):
+        sm = ev.summary
+        mark = " (the scenario's)" if result.baseline is not None and ev.candidate == result.baseline.candidate else ""
+        table.add_row(str(i + 1), f"{sm['trajectories_per_s']:.3f}", _money(sm.get("cost_usd_per_hour"), "{:,.0f}"),
+                      _money(sm.get("cost_per_1k_trajectories_usd"), "{:,.2f}"), str(ev.candidate.total_gpus),
+                      ev.candidate.label() + mark)
+    return table
+
+
+def why_lines(result: PlanSearch, top: int = 5) -> list[str]:
+    """One line per listed plan: why it ranks above the next one (the last: its bottleneck), and
+    the winner against the scenario's own placement."""
+    rows = result.ranked[:top]
+    out = []
+    for i, ev in enumerate(rows):
+        if i + 1 < len(rows):
+            out.append(f"#{i + 1} {reason(ev, rows[i + 1], f'#{i + 2}')}")
+        else:
+            out.append(f"#{i + 1} {bottleneck(ev)}")
+    if rows:
+        out.append(f"#1 {bottleneck(rows[0])}")
+        if result.baseline is not None and rows[0].candidate != result.baseline.candidate \
+                and result.baseline.summary:
+            out.append(f"#1 {reason(rows[0], result.baseline, 'the scenario placement')}")
+    return out
+
+
+def plan_data(ev: Evaluation, base: dict[str, Any], name: str) -> dict[str, Any]:
+    """The winner as scenario data: ``base`` with the candidate applied at the evaluated length."""
+    data = ev.candidate.apply(base, ev.steps)
+    data["name"] = name
+    data["description"] = f"planned by rollart plan: {ev.candidate.label()}"
+    data.pop("extends", None)
+    return data
+
+
+def write_plan(data: dict[str, Any], path: str | Path, header: list[str]) -> Path:
+    """YAML that ``rollart simulate`` loads unchanged (``extends:`` already merged in)."""
+    path = Path(path)
+    text = "".join(f"# {line}\n" for line in header)
+    text += yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+    path.write_text(text)
+    return path

@@ -1,0 +1,200 @@
+"""The search: successive halving on short simulations, then full simulations of the finalists.
+
+1. **Start**: if the space has at most ``candidates`` members, all of them; else hand-made
+   starting points (the scenario's own placement when it fits, even / single-pool splits with
+   the heuristic affinity) plus seeded random candidates that use the whole budget.
+2. **Rung 0** simulates each for ``min_steps`` training steps; a local search then simulates the
+   untried neighbours (one move away: GPUs between pools, tp, one tag's affinity, α, redundancy,
+   reward placement) of the leaders, ``local_rounds`` times.
+3. **Halving**: the best ``1/eta`` (at least ``finalists``) go on, each rung doubling the steps,
+   until the last rung runs the scenario's full ``algorithm.steps``; the scenario's own placement
+   (when it fits the budget) is simulated in full too, as the reference.
+4. **Polish**: the winner's untried neighbours are simulated at full length, and the climb
+   repeats from a better one, ``polish_rounds`` times.
+
+Every simulation is deterministic (same data + seed ⇒ same result), so the winner's figures are
+exactly what ``rollart simulate`` prints for the plan file written from it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rollart.planner.space import Budget, Candidate, Space
+from rollart.sweep.runner import RayPool, SerialPool
+
+OBJECTIVES = ("throughput", "cost")
+
+
+@dataclass
+class Evaluation:
+    candidate: Candidate
+    steps: int
+    record: dict[str, Any]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.record.get("summary") or {}
+
+    @property
+    def error(self) -> str | None:
+        return self.record.get("error")
+
+
+def score(ev: Evaluation, objective: str, budget: Budget) -> tuple[float, float] | None:
+    """Smaller is better; None when the run failed or broke the US$ budget (which counts the
+    billed serverless time, known only after simulating)."""
+    if ev.error or not ev.summary:
+        return None
+    sm = ev.summary
+    tps = sm.get("trajectories_per_s") or 0.0
+    if tps <= 0:
+        return None
+    c1k = sm.get("cost_per_1k_trajectories_usd")
+    cph = sm.get("cost_usd_per_hour")
+    if budget.usd_per_hour is not None and (cph is None or cph > budget.usd_per_hour * (1 + 1e-9)):
+        return None
+    c1k = math.inf if c1k is None else c1k
+    return (-tps, c1k) if objective == "throughput" else (c1k, -tps)
+
+
+@dataclass
+class PlanSearch:
+    ranked: list[Evaluation]              # full-length simulations that fit, best first
+    baseline: Evaluation | None           # the scenario's own placement (full length), if it fits
+    rungs: list[tuple[int, int]]          # (steps simulated, candidates) per rung, local search included
+    simulations: int
+    simulated_steps: int
+    wall_s: float
+    objective: str
+    budget: Budget
+    exhaustive: bool                      # the whole space fitted in the first rung
+    infeasible: list[Evaluation] = field(default_factory=list)  # full-length runs that failed or broke budget
+
+    @property
+    def best(self) -> Evaluation | None:
+        return self.ranked[0] if self.ranked else None
+
+
+def rung_steps(full: int, min_steps: int) -> list[int]:
+    """Steps per rung: ``min_steps``, doubling, ending with ``full``."""
+    s = max(1, min(min_steps, full))
+    out = []
+    while s < full:
+        out.append(s)
+        s *= 2
+    return out + [full]
+
+
+def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objective: str = "throughput",
+           full_steps: int | None = None, candidates: int = 48, eta: int = 3, finalists: int = 4,
+           min_steps: int = 1, local_rounds: int = 1, polish_rounds: int = 1, seed: int = 0,
+           on_rung: Callable[[str, int], None] | None = None, on_done: Callable[[], None] | None = None) -> PlanSearch:
+    """Search ``space`` (see the module docstring). ``base`` is the scenario data the candidates
+    are applied to (overrides already in it); ``pool`` runs the simulations (entered here)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"--objective: unknown objective '{objective}'; objectives are: {', '.join(OBJECTIVES)}")
+    t0 = time.perf_counter()
+    full = full_steps or int(base["algorithm"]["steps"])
+    rng = random.Random(seed)
+    cache: dict[tuple[Candidate, int], Evaluation] = {}
+    stats = {"sims": 0, "steps": 0}
+    rung_log: list[tuple[int, int]] = []
+
+    def rank(evals: list[Evaluation]) -> list[Evaluation]:
+        scored = [(score(e, objective, space.budget), e) for e in evals]
+        return [e for s, e in sorted(((s, e) for s, e in scored if s is not None),
+                                     key=lambda se: (se[0], se[1].candidate.label()))]
+
+    with pool:
+        def evaluate(cands: list[Candidate], steps: int, what: str) -> list[Evaluation]:
+            todo = [c for c in dict.fromkeys(cands) if (c, steps) not in cache]
+            if on_rung:
+                on_rung(f"{what}: {len(todo)} × {steps} step{'s' if steps > 1 else ''}", len(todo))
+            jobs = [(str(i), c.apply(base, steps), [], None, None) for i, c in enumerate(todo)]
+            for key, rec in pool.imap_unordered(jobs):
+                c = todo[int(key)]
+                cache[(c, steps)] = Evaluation(c, steps, rec)
+                stats["sims"] += 1
+                stats["steps"] += steps
+                if on_done:
+                    on_done()
+            if todo:
+                rung_log.append((steps, len(todo)))
+            return [cache[(c, steps)] for c in dict.fromkeys(cands)]
+
+        exhaustive = space.count(candidates) <= candidates
+        if exhaustive:
+            pop = list(space.enumerate())
+        else:
+            pop = space.structured()
+            tries = 0
+            while len(pop) < candidates and tries < 20 * candidates:
+                tries += 1
+                c = space.random(rng, full=objective == "throughput" or rng.random() < 0.5)
+                if c is not None and c not in pop:
+                    pop.append(c)
+        steps_list = rung_steps(full, min_steps)
+        if len(pop) <= finalists:
+            steps_list = [full]
+        for r, steps in enumerate(steps_list):
+            last = r == len(steps_list) - 1
+            if last and space.baseline is not None and space.valid(space.baseline) and space.fits(space.baseline) \
+                    and space.baseline not in pop:
+                pop = pop + [space.baseline]
+            evals = evaluate(pop, steps, "full simulation of the finalists" if last else f"rung {r}")
+            if r == 0 and not exhaustive:
+                for _ in range(local_rounds):
+                    leaders = rank(evals)[:finalists]
+                    nbrs = [n for e in leaders for n in space.neighbours(e.candidate)
+                            if (n, steps) not in cache]
+                    if not nbrs:
+                        break
+                    evals = evals + evaluate(nbrs, steps, f"rung {r}, neighbours of the leaders")
+                    pop = list(dict.fromkeys(pop + nbrs))
+            if last:
+                break
+            ranked = rank(evals)
+            keep = max(finalists, math.ceil(len(ranked) / eta))
+            pop = [e.candidate for e in ranked[:keep]]
+
+        # Polish: hill-climb from the winner at full length (low-fidelity ranks are noisy; a
+        # one-move neighbour of the winner is the likeliest thing they got wrong).
+        for _ in range(polish_rounds):
+            ranked = rank([cache[(c, full)] for c in dict.fromkeys(pop) if (c, full) in cache])
+            if not ranked:
+                break
+            nbrs = [n for n in space.neighbours(ranked[0].candidate) if (n, full) not in cache]
+            if not nbrs:
+                break
+            evaluate(nbrs, full, "full simulation of the winner's neighbours")
+            pop = list(dict.fromkeys(pop + nbrs))
+            if rank([cache[(c, full)] for c in pop])[0] is ranked[0]:
+                break
+
+    finals = [cache[(c, full)] for c in dict.fromkeys(pop) if (c, full) in cache]
+    ranked = rank(finals)
+    baseline = cache.get((space.baseline, full)) if space.baseline is not None else None
+    return PlanSearch(ranked=ranked, baseline=baseline, rungs=rung_log, simulations=stats["sims"],
+                      simulated_steps=stats["steps"], wall_s=time.perf_counter() - t0, objective=objective,
+                      budget=space.budget, exhaustive=exhaustive,
+                      infeasible=[e for e in finals if e not in ranked])
+
+
+def grid_optimum(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objective: str = "throughput",
+                 full_steps: int | None = None) -> tuple[Evaluation | None, int]:
+    """Brute force: simulate every candidate at full length; the best and how many ran."""
+    full = full_steps or int(base["algorithm"]["steps"])
+    cands = list(space.enumerate())
+    evals = []
+    with pool:
+        jobs = [(str(i), c.apply(base, full), [], None, None) for i, c in enumerate(cands)]
+        for key, rec in pool.imap_unordered(jobs):
+            evals.append(Evaluation(cands[int(key)], full, rec))
+    scored = [(score(e, objective, space.budget), e) for e in evals]
+    ok = sorted(((s, e) for s, e in scored if s is not None), key=lambda se: (se[0], se[1].candidate.label()))
+    return (ok[0][1] if ok else None), len(cands)

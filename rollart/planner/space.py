@@ -1,0 +1,508 @@
+"""What the planner chooses between: a :class:`Candidate` placement and the :class:`Space` of
+them that a budget allows.
+
+A candidate fixes the trainer's GPUs (in the scenario's trainer pool, with its tp/pp), the GPUs
+and tensor-parallel degree of generation in each GPU pool, the hardware-affinity map (every task
+tag → a generation pool), α, redundancy and where the LLM judge runs (serverless, or dedicated
+GPUs in a pool). :meth:`Candidate.apply` turns it into scenario data that ``rollart simulate``
+accepts: the GPU pools are sized to exactly what is placed (a pool left empty is dropped), so the
+plan's cost is the cost of what it uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from rollart.plan.loader import PlanError
+from rollart.plan.schema import Plan
+
+SERVERLESS = ("serverless", None, 0)
+
+
+@dataclass(frozen=True)
+class Budget:
+    gpus: int | None = None            # placed GPUs (trainer + generation + dedicated reward)
+    usd_per_hour: float | None = None  # placed GPUs + env CPU cores (+ serverless, checked after simulating)
+
+    def describe(self) -> str:
+        parts = []
+        if self.gpus is not None:
+            parts.append(f"{self.gpus} GPUs")
+        if self.usd_per_hour is not None:
+            parts.append(f"${self.usd_per_hour:,.2f}/h")
+        return " and ".join(parts) or "no budget"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    trainer_pool: str
+    trainer_gpus: int
+    gen: tuple[tuple[str, int, int], ...]    # (pool, GPUs, tp) for each pool with generation GPUs
+    affinity: tuple[tuple[str, str], ...]    # (task tag, generation pool), in task order
+    alpha: int
+    redundancy: float
+    reward: tuple[str, str | None, int]      # ("serverless", None, 0) or ("dedicated", pool, GPUs)
+
+    def gpus_by_pool(self) -> dict[str, int]:
+        used: dict[str, int] = {self.trainer_pool: self.trainer_gpus}
+        for pool, n, _ in self.gen:
+            used[pool] = used.get(pool, 0) + n
+        if self.reward[0] == "dedicated" and self.reward[1] is not None:
+            used[self.reward[1]] = used.get(self.reward[1], 0) + self.reward[2]
+        return used
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(self.gpus_by_pool().values())
+
+    def gen_pools(self) -> list[str]:
+        return [p for p, n, _ in self.gen if n > 0]
+
+    def dims(self) -> dict[str, str]:
+        """Each choice as readable text (what the reasons compare)."""
+        out = {"trainer": f"{self.trainer_pool} ×{self.trainer_gpus}"}
+        for pool, n, tp in self.gen:
+            out[f"gen {pool}"] = f"{n} GPUs (tp {tp})"
+        by_pool: dict[str, list[str]] = {}
+        for tag, pool in self.affinity:
+            by_pool.setdefault(pool, []).append(tag)
+        out["affinity"] = "; ".join(f"{','.join(tags)}→{pool}" for pool, tags in by_pool.items())
+        out["α"] = str(self.alpha)
+        out["redundancy"] = f"{self.redundancy:g}"
+        out["reward"] = "serverless" if self.reward[0] == "serverless" else f"{self.reward[2]} {self.reward[1]} GPUs"
+        return out
+
+    def label(self) -> str:
+        gen = " + ".join(f"{pool} {n}(tp{tp})" for pool, n, tp in self.gen)
+        reward = "serverless" if self.reward[0] == "serverless" else f"{self.reward[1]}×{self.reward[2]}"
+        return (f"train {self.trainer_pool}×{self.trainer_gpus} · gen {gen} · α{self.alpha} · "
+                f"r{self.redundancy:g} · reward {reward}")
+
+    def apply(self, base: dict[str, Any], steps: int | None = None) -> dict[str, Any]:
+        """Scenario data for this candidate: ``base`` with its pools resized (empty ones dropped),
+        the placement rewritten and α/redundancy (and ``steps``) set."""
+        d = copy.deepcopy(base)
+        used = self.gpus_by_pool()
+        pools = d["cluster"]["gpu_pools"]
+        d["cluster"]["gpu_pools"] = {name: {**spec, "count": used[name]} for name, spec in pools.items()
+                                     if used.get(name)}
+        runtime = d.get("runtime")
+        if isinstance(runtime, dict) and isinstance(runtime.get("pools"), dict):  # `rollart run` pool settings
+            runtime["pools"] = {k: v for k, v in runtime["pools"].items() if k in d["cluster"]["gpu_pools"]}
+        pl = d["placement"]
+        trainer = dict(pl["trainer"])
+        trainer.update(pool=self.trainer_pool, gpus=self.trainer_gpus)
+        templates: dict[str, dict[str, Any]] = {}
+        for g in pl.get("generation") or []:
+            templates.setdefault(g.get("pool"), {k: v for k, v in g.items()
+                                                 if k not in ("pool", "workers", "tp", "role")})
+        pl["trainer"] = trainer
+        pl["generation"] = [{"pool": pool, "workers": n // tp, "tp": tp, **templates.get(pool, {})}
+                            for pool, n, tp in self.gen if n > 0]
+        biggest = max(self.gen, key=lambda g: g[1])[0]
+        pl["hw_affinity"] = {**{tag: pool for tag, pool in self.affinity}, "default": biggest}
+        old_reward = pl.get("reward") or {}
+        if self.reward[0] == "serverless":
+            pl["reward"] = {"where": "serverless"}
+        else:
+            pl["reward"] = {"where": "dedicated", "pool": self.reward[1], "gpus": self.reward[2],
+                            "tp": int(old_reward.get("tp", 1)) if old_reward.get("where") == "dedicated" else 1}
+        alg = d["algorithm"]
+        alg["alpha"] = self.alpha
+        alg["redundancy"] = self.redundancy
+        if steps is not None:
+            alg["steps"] = steps
+        return d
+
+
+def _lcm(a: int, b: int) -> int:
+    return a * b // math.gcd(a, b)
+
+
+@dataclass
+class Space:
+    """The choices per dimension and the budget. Build one with :meth:`from_plan`, or by hand
+    for a small, enumerable problem."""
+
+    pools: list[str]
+    gpu_price: dict[str, float | None]       # $/GPU-hour per pool (None: no price)
+    cpu_usd_per_hour: float                  # the env CPU pools' fixed $/hour
+    trainer_pool: str
+    trainer_gpus: list[int]
+    gen_gpus: dict[str, list[int]]           # per pool, GPU counts for generation (0 = none)
+    gen_tp: dict[str, list[int]]             # per pool, feasible tensor-parallel degrees
+    tags: list[str]
+    alphas: list[int]
+    redundancies: list[float]
+    rewards: list[tuple[str, str | None, int]]
+    budget: Budget
+    affinity_maps: list[tuple[tuple[str, str], ...]] | None = None  # None: every tag→pool map
+    heuristic_affinity: dict[str, str] = field(default_factory=dict)  # tag → pool kind ("compute"/"bandwidth")
+    compute_rank: list[str] = field(default_factory=list)              # pools, most FLOP/byte first
+    baseline: Candidate | None = None
+
+    # ---- construction from a scenario -------------------------------------------------------
+
+    @classmethod
+    def from_plan(cls, plan: Plan, budget: Budget, step: int | None = None, tps: list[int] = (1, 2, 4, 8),
+                  alphas: list[int] = (0, 1, 2), redundancies: list[float] = (0.0, 0.25, 0.5),
+                  reward_gpus: list[int] | None = None, search_affinity: bool = True) -> "Space":
+        """The space a budget allows on the scenario's GPU pools (their GPU types; counts are
+        free), in multiples of ``step`` GPUs (default: 8 — a node — for budgets of 64 GPUs or
+        more, else 4, 2 or 1)."""
+        from rollart.calibration import generation_cost
+        from rollart.sim.costs.price import cpu_cores
+
+        if plan.placement.pd_disaggregation:
+            raise PlanError(["placement.pd_disaggregation: the planner does not search prefill/decode-"
+                             "disaggregated placements yet; plan without it, then split roles by hand"])
+        if budget.gpus is None and budget.usd_per_hour is None:
+            raise PlanError(["--budget-usd-per-hour / --budget-gpus: give one budget"])
+        c = plan.cluster
+        pools = list(c.gpu_pools)
+        price = {p: plan.prices.gpu_price(c.gpu_pools[p].gpu) for p in pools}
+        cpu_hourly = cpu_cores(plan) * plan.prices.cpu_core_usd_per_hour
+        if budget.usd_per_hour is not None:
+            missing = [f"prices.gpu_usd_per_hour.{c.gpu_pools[p].gpu}: no price for GPU type "
+                       f"'{c.gpu_pools[p].gpu}' (pool '{p}'); a US$ budget needs one" for p in pools if price[p] is None]
+            if missing:
+                raise PlanError(missing)
+
+        def max_gpus(pool: str) -> int:
+            caps = []
+            if budget.gpus is not None:
+                caps.append(budget.gpus)
+            if budget.usd_per_hour is not None:
+                caps.append(int(max(0.0, budget.usd_per_hour - cpu_hourly) // price[pool]) if price[pool] else 10**6)
+            return min(caps)
+
+        biggest = max(max_gpus(p) for p in pools)
+        if step is None:
+            step = 8 if biggest >= 64 else 4 if biggest >= 16 else 2 if biggest >= 6 else 1
+        tr = plan.placement.trainer
+        unit = _lcm(step, tr.tp * tr.pp)
+        tmax = max_gpus(tr.pool) - step
+        trainer_gpus = sorted({n for n in range(unit, tmax + 1, unit)}
+                              | ({tr.gpus} if tr.gpus <= tmax and tr.gpus % (tr.tp * tr.pp) == 0 else set()))
+        if not trainer_gpus:
+            raise PlanError([f"budget: {budget.describe()} cannot hold a {unit}-GPU trainer and {step} "
+                             "generation GPUs"])
+        longest = max(t.max_context_tokens for t in plan.tasks)
+        gen_tp: dict[str, list[int]] = {}
+        gen_gpus: dict[str, list[int]] = {}
+        for p in pools:
+            gpu_name = c.gpu_pools[p].gpu
+            ok = []
+            for tp in sorted(set(tps)):
+                if plan.model.heads % tp:
+                    continue
+                cost = generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp, c.gpu_pools[p].profile)
+                if cost.kv_capacity_tokens >= longest:
+                    ok.append(tp)
+            gen_tp[p] = ok
+            gen_gpus[p] = list(range(0, max_gpus(p) + 1, step)) if ok else [0]
+        if not any(len(v) > 1 for v in gen_gpus.values()):
+            raise PlanError([f"placement.generation: no GPU pool can serve {plan.model.name} at tp "
+                             f"{', '.join(map(str, tps))} with a {longest}-token context; allow a larger --tp"])
+        rewards: list[tuple[str, str | None, int]] = []
+        if any(t.reward == "llm_judge" for t in plan.tasks):
+            if c.serverless is not None:
+                rewards.append(SERVERLESS)
+            for p in pools:
+                for g in (reward_gpus or sorted({max(1, step // 2), step})):
+                    rewards.append(("dedicated", p, g))
+        else:
+            rewards.append(SERVERLESS)
+        tags = list(dict.fromkeys(t.affinity_tag for t in plan.tasks))
+        rank = sorted(pools, key=lambda p: -c.gpu_type(c.gpu_pools[p].gpu).tflops_bf16
+                      / c.gpu_type(c.gpu_pools[p].gpu).hbm_tbps)
+        space = cls(pools=pools, gpu_price=price, cpu_usd_per_hour=cpu_hourly, trainer_pool=tr.pool,
+                    trainer_gpus=trainer_gpus, gen_gpus=gen_gpus, gen_tp=gen_tp, tags=tags,
+                    alphas=sorted(set(alphas)), redundancies=sorted(set(redundancies)), rewards=rewards,
+                    budget=budget, heuristic_affinity=_task_kinds(plan), compute_rank=rank)
+        if not search_affinity:
+            space.affinity_maps = []  # filled per candidate by the heuristic map only
+        space.baseline = space.candidate_from_plan(plan)
+        return space
+
+    def candidate_from_plan(self, plan: Plan) -> Candidate | None:
+        """The scenario's own placement as a candidate (None when it is not one: several tp in a pool)."""
+        p = plan.placement
+        gen: dict[str, tuple[int, int]] = {}
+        for g in p.generation:
+            n, tp = gen.get(g.pool, (0, g.tp))
+            if tp != g.tp:
+                return None
+            gen[g.pool] = (n + g.workers * g.tp, tp)
+        gen_t = tuple((pool, n, tp) for pool in self.pools if pool in gen for n, tp in [gen[pool]])
+        tags = {t.affinity_tag for t in plan.tasks}
+        default = p.hw_affinity.get("default", gen_t[0][0])
+        affinity = tuple((tag, p.hw_affinity.get(tag, default)) for tag in self.tags if tag in tags)
+        r = p.reward
+        reward = ("dedicated", r.pool, r.gpus) if r.where == "dedicated" else SERVERLESS
+        return Candidate(p.trainer.pool, p.trainer.gpus, gen_t, affinity, plan.algorithm.alpha,
+                         plan.algorithm.redundancy, reward)
+
+    # ---- feasibility ---------------------------------------------------------------------------
+
+    def fixed_usd_per_hour(self, c: Candidate) -> float | None:
+        total = self.cpu_usd_per_hour
+        for pool, n in c.gpus_by_pool().items():
+            if self.gpu_price.get(pool) is None:
+                return None
+            total += n * self.gpu_price[pool]
+        return total
+
+    def fits(self, c: Candidate) -> bool:
+        if self.budget.gpus is not None and c.total_gpus > self.budget.gpus:
+            return False
+        if self.budget.usd_per_hour is not None:
+            fixed = self.fixed_usd_per_hour(c)
+            if fixed is None or fixed > self.budget.usd_per_hour + 1e-9:
+                return False
+        return True
+
+    def valid(self, c: Candidate) -> bool:
+        pools = c.gen_pools()
+        if not pools:
+            return False
+        for pool, n, tp in c.gen:
+            if n <= 0 or tp not in self.gen_tp.get(pool, []) or n % tp:
+                return False
+        return all(pool in pools for _, pool in c.affinity)
+
+    # ---- generating candidates ---------------------------------------------------------------------
+
+    def maps_for(self, gen_pools: list[str]) -> list[tuple[tuple[str, str], ...]]:
+        """Affinity maps over these generation pools: every map (searching), or the heuristic one."""
+        if self.affinity_maps:
+            return [m for m in self.affinity_maps if all(p in gen_pools for _, p in m)]
+        if self.affinity_maps is None:
+            return [tuple(zip(self.tags, choice)) for choice in itertools.product(gen_pools, repeat=len(self.tags))]
+        return [self.heuristic_map(gen_pools)]
+
+    def heuristic_map(self, gen_pools: list[str]) -> tuple[tuple[str, str], ...]:
+        """Prefill-heavy tasks → the generation pool with the most FLOPs per byte of HBM
+        bandwidth, decode-heavy ones → the least (the ROLLART hardware-affinity rule)."""
+        ranked = [p for p in self.compute_rank if p in gen_pools] or gen_pools
+        compute, bandwidth = ranked[0], ranked[-1]
+        return tuple((tag, compute if self.heuristic_affinity.get(tag) == "compute" else bandwidth)
+                     for tag in self.tags)
+
+    def enumerate(self) -> Iterator[Candidate]:
+        """Every valid candidate within the budget (for small spaces and tests)."""
+        per_pool = [[(p, n, tp) for n in self.gen_gpus[p] for tp in (self.gen_tp[p] if n else [0])
+                     if n == 0 or n % tp == 0] for p in self.pools]
+        for tg in self.trainer_gpus:
+            for reward in self.rewards:
+                for gens in itertools.product(*per_pool):
+                    gen = tuple(g for g in gens if g[1] > 0)
+                    if not gen:
+                        continue
+                    probe = Candidate(self.trainer_pool, tg, gen, (), 0, 0.0, reward)
+                    if not self.fits(probe):
+                        continue
+                    for amap in self.maps_for([g[0] for g in gen]):
+                        for a in self.alphas:
+                            for r in self.redundancies:
+                                c = Candidate(self.trainer_pool, tg, gen, amap, a, r, reward)
+                                if self.valid(c):
+                                    yield c
+
+    def count(self, limit: int) -> int:
+        """How many candidates, counting at most ``limit + 1``."""
+        return sum(1 for _ in itertools.islice(self.enumerate(), limit + 1))
+
+    def _fill(self, rng: random.Random, tg: int, reward: tuple[str, str | None, int], weights: dict[str, float],
+              fraction: float) -> tuple[tuple[str, int, int], ...] | None:
+        """Split what the budget leaves after the trainer and reward among generation pools."""
+        pools = [p for p in self.pools if len(self.gen_gpus[p]) > 1 and weights.get(p, 0) > 0]
+        if not pools:
+            return None
+        base = Candidate(self.trainer_pool, tg, (), (), 0, 0.0, reward)
+        total_w = sum(weights[p] for p in pools)
+        gen: dict[str, tuple[int, int]] = {}
+        for p in pools:
+            tp = rng.choice(self.gen_tp[p])
+            if self.budget.gpus is not None:
+                share = (self.budget.gpus - base.total_gpus) * fraction * weights[p] / total_w
+            else:
+                left = self.budget.usd_per_hour - (self.fixed_usd_per_hour(base) or 0.0)
+                share = left * fraction * weights[p] / total_w / self.gpu_price[p]
+            if self.budget.gpus is not None and self.budget.usd_per_hour is not None:
+                left = self.budget.usd_per_hour - (self.fixed_usd_per_hour(base) or 0.0)
+                share = min(share, left * fraction * weights[p] / total_w / self.gpu_price[p])
+            options = [n for n in self.gen_gpus[p] if n <= share and n % tp == 0]
+            gen[p] = (max(options) if options else 0, tp)
+        # Round-off leftovers: keep adding a step to a random pool while the budget allows.
+        for _ in range(64):
+            order = [p for p in pools if gen[p][0] < self.gen_gpus[p][-1]]
+            rng.shuffle(order)
+            grown = False
+            for p in order:
+                n, tp = gen[p]
+                bigger = [m for m in self.gen_gpus[p] if m > n and m % tp == 0]
+                if not bigger or fraction < 1.0:
+                    continue
+                trial = {**gen, p: (bigger[0], tp)}
+                cand = Candidate(self.trainer_pool, tg, tuple((q, m, t) for q, (m, t) in trial.items() if m),
+                                 (), 0, 0.0, reward)
+                if self.fits(cand):
+                    gen, grown = trial, True
+                    break
+            if not grown:
+                break
+        out = tuple((p, n, tp) for p in self.pools if p in gen for n, tp in [gen[p]] if n > 0)
+        return out or None
+
+    def random(self, rng: random.Random, full: bool = True) -> Candidate | None:
+        """A random candidate that uses the whole budget (``full``) or a random part of it."""
+        for _ in range(50):
+            tg = rng.choice(self.trainer_gpus)
+            reward = rng.choice(self.rewards)
+            weights = {p: rng.random() ** 2 for p in self.pools}
+            if rng.random() < 0.25:  # sometimes a single generation pool
+                only = rng.choice(self.pools)
+                weights = {p: (1.0 if p == only else 0.0) for p in self.pools}
+            gen = self._fill(rng, tg, reward, weights, 1.0 if full else rng.uniform(0.2, 1.0))
+            if not gen:
+                continue
+            maps = self.maps_for([g[0] for g in gen])
+            heuristic = self.heuristic_map([g[0] for g in gen])
+            amap = heuristic if rng.random() < 0.5 or not maps else rng.choice(maps)
+            c = Candidate(self.trainer_pool, tg, gen, amap, rng.choice(self.alphas), rng.choice(self.redundancies),
+                          reward)
+            if self.valid(c) and self.fits(c):
+                return c
+        return None
+
+    def structured(self) -> list[Candidate]:
+        """Hand-made starting points: the scenario's placement (if within budget), and for a few
+        trainer sizes the budget split evenly / all-in-one-pool with the heuristic affinity."""
+        out: list[Candidate] = []
+        if self.baseline is not None and self.valid(self.baseline) and self.fits(self.baseline):
+            out.append(self.baseline)
+        rng = random.Random(0)
+        reward = self.baseline.reward if self.baseline and self.baseline.reward in self.rewards else self.rewards[0]
+        alpha = self.baseline.alpha if self.baseline and self.baseline.alpha in self.alphas else self.alphas[0]
+        red = (self.baseline.redundancy if self.baseline and self.baseline.redundancy in self.redundancies
+               else self.redundancies[0])
+        picks = sorted({self.trainer_gpus[len(self.trainer_gpus) * k // 4] for k in (1, 2, 3)})
+        for tg in picks:
+            splits = [{p: 1.0 for p in self.pools}] + [{p: float(p == q) for p in self.pools} for q in self.pools]
+            for weights in splits:
+                gen = self._fill(rng, tg, reward, weights, 1.0)
+                if not gen:
+                    continue
+                gen = tuple((p, n, min(t for t in self.gen_tp[p] if n % t == 0)) for p, n, _ in gen)
+                c = Candidate(self.trainer_pool, tg, gen, self.heuristic_map([g[0] for g in gen]), alpha, red, reward)
+                if self.valid(c) and self.fits(c) and c not in out:
+                    out.append(c)
+        return out
+
+    def neighbours(self, c: Candidate) -> list[Candidate]:
+        """Candidates one move away: trainer ± a step (generation giving or taking it), a step of
+        generation GPUs moved between pools, added or removed, a pool's tp up/down, one tag's
+        affinity flipped, α / redundancy to the next option, another reward placement (its GPUs
+        taken from a generation pool, or added)."""
+        out: list[Candidate] = []
+        gen = {p: (n, tp) for p, n, tp in c.gen}
+
+        def with_gen(g: dict[str, tuple[int, int]], **kw: Any) -> Candidate:
+            gen_t = tuple((p, n, tp) for p in self.pools if p in g for n, tp in [g[p]] if n > 0)
+            pools = [p for p, _, _ in gen_t]
+            affinity = kw.pop("affinity", c.affinity)
+            if pools and any(p not in pools for _, p in affinity):
+                affinity = tuple((tag, p if p in pools else pools[0]) for tag, p in affinity)
+            fields = dict(trainer_pool=c.trainer_pool, trainer_gpus=c.trainer_gpus, gen=gen_t, affinity=affinity,
+                          alpha=c.alpha, redundancy=c.redundancy, reward=c.reward)
+            fields.update(kw)
+            return Candidate(**fields)
+
+        def step_of(p: str, n: int, up: bool) -> int | None:
+            opts = self.gen_gpus.get(p, [0])
+            tp = gen.get(p, (0, min(self.gen_tp.get(p) or [1])))[1]
+            cands = [m for m in opts if (m > n if up else m < n) and (m == 0 or m % tp == 0)]
+            return (min(cands) if up else max(cands)) if cands else None
+
+        ti = self.trainer_gpus.index(c.trainer_gpus) if c.trainer_gpus in self.trainer_gpus else None
+        for j in (ti - 1, ti + 1) if ti is not None else ():
+            if 0 <= j < len(self.trainer_gpus):
+                tg = self.trainer_gpus[j]
+                out.append(with_gen(gen, trainer_gpus=tg))
+                delta = tg - c.trainer_gpus
+                for p, (n, tp) in gen.items():  # generation gives or takes the difference
+                    m = n - delta
+                    if m in self.gen_gpus[p] and (m == 0 or m % tp == 0):
+                        out.append(with_gen({**gen, p: (m, tp)}, trainer_gpus=tg))
+        for p in self.pools:
+            n, tp = gen.get(p, (0, min(self.gen_tp.get(p) or [1])))
+            up, down = step_of(p, n, True), step_of(p, n, False)
+            if up is not None:
+                out.append(with_gen({**gen, p: (up, tp)}))
+            if down is not None:
+                out.append(with_gen({**gen, p: (down, tp)}))
+            for q in self.pools:
+                if q == p or up is None:
+                    continue
+                m, tq = gen.get(q, (0, 0))
+                down_q = step_of(q, m, False) if m else None
+                if down_q is not None:
+                    out.append(with_gen({**gen, p: (up, tp), q: (down_q, tq)}))
+            if n:
+                tps = self.gen_tp[p]
+                i = tps.index(tp) if tp in tps else 0
+                for j in (i - 1, i + 1):
+                    if 0 <= j < len(tps) and n % tps[j] == 0:
+                        out.append(with_gen({**gen, p: (n, tps[j])}))
+        pools = c.gen_pools()
+        maps = self.maps_for(pools)
+        if self.affinity_maps is None:
+            for i, (tag, pool) in enumerate(c.affinity):
+                for q in pools:
+                    if q != pool:
+                        out.append(with_gen(gen, affinity=c.affinity[:i] + ((tag, q),) + c.affinity[i + 1:]))
+        else:
+            out += [with_gen(gen, affinity=m) for m in maps if m != c.affinity]
+        for name, opts in (("alpha", self.alphas), ("redundancy", self.redundancies)):
+            cur = getattr(c, name)
+            i = opts.index(cur) if cur in opts else None
+            for j in (i - 1, i + 1) if i is not None else range(len(opts)):
+                if 0 <= j < len(opts):
+                    out.append(with_gen(gen, **{name: opts[j]}))
+        for r in self.rewards:
+            if r == c.reward:
+                continue
+            out.append(with_gen(gen, reward=r))
+            extra = r[2] - c.reward[2]
+            for p, (n, tp) in gen.items():  # dedicated judges take their GPUs from a generation pool
+                fewer = [m for m in self.gen_gpus[p] if m <= n - extra and (m == 0 or m % tp == 0)]
+                if extra > 0 and fewer:
+                    out.append(with_gen({**gen, p: (max(fewer), tp)}, reward=r))
+        seen, keep = set(), []
+        for n in out:
+            if n != c and n not in seen and self.valid(n) and self.fits(n):
+                seen.add(n)
+                keep.append(n)
+        return keep
+
+
+def _task_kinds(plan: Plan) -> dict[str, str]:
+    """Each task tag → "compute" when its prefill work per generated token is above the mix's
+    median (long observations, many turns), else "bandwidth" (long generations)."""
+    ratio: dict[str, float] = {}
+    for t in plan.tasks:
+        turns = t.turns.mean()
+        prefill = t.prompt_tokens.mean() + turns * t.obs_tokens.mean()
+        decode = max(1.0, turns * t.response_tokens.mean())
+        ratio[t.affinity_tag] = prefill / decode
+    if not ratio:
+        return {}
+    values = sorted(ratio.values())
+    median = values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+    return {tag: ("compute" if r >= median else "bandwidth") for tag, r in ratio.items()}

@@ -1,0 +1,478 @@
+"""The Ray backend: executes the core's effects on real workers.
+
+Same Controller, same processes as the simulator; only the effect handlers differ:
+
+| effect | here |
+| --- | --- |
+| EnvReset / EnvStep / EnvClose | an EnvWorker actor (real envs, injected latency tails) |
+| Generate | the InferenceWorker actor the LLMProxy picked (ADD; cancellation ⇒ ABORT) |
+| ComputeReward | rule functions in-process, or the serverless endpoint (Ray Serve or a URL) |
+| TrainStep | the GRPO trainer actor on the trajectories' real tokens and rewards |
+| BroadcastWeights | the trainer's weights through the Ray object store (NCCL on GPUs) |
+| PublishWeights | bucketed publish to the weight store (Mooncake), workers pull in the background |
+| UpdateWeights | workers swap the new version in between engine steps (KV recomputed) |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rollart.core import Controller, RunAborted
+from rollart.core.effects import (BroadcastWeights, ComputeReward, EnvClose, EnvOutcome, EnvReset, EnvStep, Generate,
+                                  GenOutcome, PublishWeights, TrainStep, UpdateWeights)
+from rollart.core.modes import ModeConfig
+from rollart.core.stats import StepRecord
+from rollart.core.trajectory import Trajectory
+from rollart.plan.schema import Plan
+from rollart.runtime.driver import AsyncDriver
+from rollart.trace import NullTracer, Tracer
+
+
+_OPEN_STORES: dict[Any, Any] = {}
+
+
+def pull_version(spec: Any, version: int) -> dict[str, Any]:
+    """Runs inside an inference worker: pull ``version`` from the store (one client per process)."""
+    store = _OPEN_STORES.get(spec)
+    if store is None:
+        store = _OPEN_STORES[spec] = spec.open()
+    return store.pull(version)
+
+
+@dataclass
+class Conversation:
+    """One trajectory as the model sees it: chat messages and the flattened token sequence
+    with the positions the model generated (trained on) and their behaviour log-probs."""
+
+    messages: list[dict[str, str]] = field(default_factory=list)  # {"role", "content"} chat turns
+    prompt_ids: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)          # everything after the first prompt
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    env_reward: float = 0.0
+    last_action: str = ""
+    steps: list[dict[str, Any]] = field(default_factory=list)  # env step results, for the reward rules
+
+
+@dataclass
+class RuntimeCounters:
+    reward_calls: int = 0
+    reward_failures: int = 0
+    generate_calls: int = 0
+    reissued: int = 0            # generate calls re-issued after their worker died
+    generate_seconds: float = 0.0
+    reward_seconds: float = 0.0
+    weight_publish_s: list[float] = field(default_factory=list)
+    train_metrics: list[dict[str, float]] = field(default_factory=list)
+
+
+class RuntimeBackend:
+    def __init__(self, plan: Plan, mode: ModeConfig, seed: int, address: str | None = None,
+                 tracer: Tracer | None = None, on_step: Callable[[StepRecord], None] | None = None,
+                 checkpoint_dir: Path | None = None, resume: Path | None = None):
+        self.plan, self.mode, self.seed = plan, mode, seed
+        self.address = address
+        self.model = plan.runtime.model or plan.model
+        self.tracer = tracer or NullTracer()
+        self.checkpoint_dir = checkpoint_dir
+        self.resume = resume
+        self._t0 = time.monotonic()
+        self.ctl = Controller(plan, mode, clock=self.now, tracer=self.tracer, on_step=on_step)
+        self.conv: dict[int, Conversation] = {}
+        self.counters = RuntimeCounters()
+        self._closers: list[Callable[[], None]] = []
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    # ---- set-up and tear-down ------------------------------------------------------------
+
+    def setup(self) -> None:
+        import ray
+        import redis
+
+        from rollart.runtime.cluster import ResourceManager, pool_capacities, start_ray
+        from rollart.runtime.engines.tokenizer import build_tokenizer
+        from rollart.runtime.envs.worker import remote_env_worker
+        from rollart.runtime.inference_worker import InferenceWorkerActor
+        from rollart.runtime.redis_server import RedisServer
+        from rollart.runtime.trainer.actor import TrainerActor
+
+        plan, rt = self.plan, self.plan.runtime
+        started_here = not ray.is_initialized()
+        start_ray(plan, self.address)
+        if started_here:  # a Ray we joined (tests, --address) is left running
+            self._closers.append(ray.shutdown)
+        self.redis_server = RedisServer()
+        self.redis_server.__enter__()
+        self._closers.append(lambda: self.redis_server.__exit__(None, None, None))
+        self.redis = redis.Redis(host="127.0.0.1", port=self.redis_server.port)
+        self.resources = ResourceManager(pool_capacities(plan), self.redis)
+        self.tokenizer = build_tokenizer(self.model.vocab)
+        self.workers = []
+        for w in self.ctl.proxy.workers:
+            pool = self.resources.bind(f"gen-{w.id}", w.pool)
+            actor = InferenceWorkerActor.options(num_cpus=0, max_restarts=3,
+                                                 resources=self.resources.ray_resources(pool)).remote(
+                self.model, engine=rt.engine, seed=self.seed, name=f"gen-{w.id}")
+            self.workers.append(actor)
+        self.env_workers = [remote_env_worker(num_cpus=0, tasks=self.plan, seed=self.seed + i,
+                                              inject=rt.inject_env_latency)
+                            for i in range(rt.env_workers)]
+        # the trainer computes log-probs under the same temperature the engines sample with
+        self.trainer = TrainerActor.options(num_cpus=0).remote(self.model, lr=rt.learning_rate, seed=self.seed,
+                                                               temperature=rt.temperature)
+        self.store_spec = self._make_store()
+        self.reward_url = rt.reward_url
+        if self.reward_url is None and self.mode.serverless_reward and any(
+                t.reward == "llm_judge" for t in plan.tasks):
+            from rollart.runtime.reward.serverless import deploy_reward, shutdown_reward
+
+            self.reward_url = deploy_reward("rollart-reward")
+            self._closers.insert(1, shutdown_reward)
+        if self.resume is not None:
+            self._restore(self.resume)
+        # every worker starts from the trainer's weights (same seed ⇒ same init, but be explicit)
+        state = ray.get(self.trainer.state_dict.remote())
+        ray.get([w.update_weights.remote(self.ctl.version, state) for w in self.workers])
+
+    def _make_store(self) -> Any:
+        """A picklable store spec the trainer publishes through and workers pull from: the
+        Mooncake store (master started here, TCP on 127.0.0.1), else Ray's object store."""
+        self.store_note = "ray object store"
+        if self.plan.runtime.weight_store == "mooncake":
+            from rollart.runtime.weights import mooncake_store
+
+            ok, reason = mooncake_store.available()
+            if ok:
+                master = mooncake_store.start_master()
+                self._closers.insert(0, master.close)
+                self.store_note = "mooncake"
+                return master.spec()
+            self.store_note = f"ray object store (mooncake unavailable: {reason})"
+        import uuid
+
+        from rollart.runtime.weights.ray_store import RayStoreSpec
+
+        return RayStoreSpec(name=f"rollart-weights-{uuid.uuid4().hex[:8]}")  # one registry per run
+
+    def _restore(self, directory: Path) -> None:
+        import ray
+
+        step, version = ray.get(self.trainer.load_checkpoint.remote(str(directory)))
+        self.ctl.resume_from(version)
+        self.resumed_step = step
+
+    def close(self) -> None:
+        for close in self._closers:
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - tear-down must reach every component
+                pass
+        self._closers.clear()
+
+    # ---- effect handlers -----------------------------------------------------------------------
+
+    def _env_worker(self, traj: Trajectory) -> Any:
+        return self.env_workers[traj.id % len(self.env_workers)]
+
+    def _tokens(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def _env_reset(self, eff: EnvReset) -> EnvOutcome:
+        traj = eff.traj
+        seed = zlib.crc32(f"{self.seed}:{traj.group.id}".encode())  # a GRPO group shares its prompt
+        res = await self._env_worker(traj).reset.remote(traj.id, traj.task, seed)
+        if not res["ok"]:
+            return EnvOutcome(ok=False, error=res.get("error") or "error")
+        conv = self.conv[traj.id] = Conversation(messages=[{"role": "user", "content": res["observation"]}])
+        conv.prompt_ids = self._prompt_ids(conv)
+        return EnvOutcome(ok=True, obs_tokens=len(conv.prompt_ids))
+
+    async def _env_step(self, eff: EnvStep) -> EnvOutcome:
+        traj = eff.traj
+        conv = self.conv[traj.id]
+        res = await self._env_worker(traj).step.remote(traj.id, conv.last_action)
+        if not res["ok"]:
+            return EnvOutcome(ok=False, error=res.get("error") or "error")
+        conv.env_reward += float(res.get("reward") or 0.0)
+        conv.steps.append({"action": conv.last_action, "reward": res.get("reward"), "done": res["done"],
+                           "info": res.get("info") or {}})
+        if res["done"]:
+            return EnvOutcome(ok=True, obs_tokens=0, done=True)
+        before = len(self._prompt_ids(conv))
+        conv.messages.append({"role": "user", "content": res["observation"]})
+        obs_ids = self._prompt_ids(conv)[before:]
+        conv.ids += obs_ids
+        conv.loss_mask += [0] * len(obs_ids)
+        return EnvOutcome(ok=True, obs_tokens=len(obs_ids))
+
+    async def _env_close(self, eff: EnvClose) -> None:
+        await self._env_worker(eff.traj).close.remote(eff.traj.id)
+
+    def _prompt_ids(self, conv: Conversation) -> list[int]:
+        from rollart.runtime.engines.tokenizer import render_chat
+
+        return self._tokens(render_chat(conv.messages, add_generation_prompt=True))
+
+    async def _generate(self, eff: Generate) -> GenOutcome:
+        traj = eff.traj
+        conv = self.conv[traj.id]
+        worker = self.workers[eff.worker]
+        request_id = f"{traj.id}-{traj.turns}"
+        prompt = conv.prompt_ids + conv.ids
+        max_new = min(eff.max_new_tokens, self.plan.runtime.max_new_tokens)
+        t0 = self.now()
+        for attempt in range(3):
+            try:
+                out = await worker.generate.remote(f"{request_id}.{attempt}", prompt, max_new,
+                                                   self.plan.runtime.temperature,
+                                                   zlib.crc32(f"{self.seed}:{request_id}".encode()))
+                break
+            except asyncio.CancelledError:
+                worker.abort.remote(f"{request_id}.{attempt}")  # ABORT on the engine, fire and forget
+                raise
+            except Exception as exc:  # the worker died: Ray restarts it; re-issue the turn there
+                if not _worker_died(exc) or attempt == 2:
+                    raise
+                self.counters.reissued += 1
+                await self._revive(eff.worker)
+        t1 = self.now()
+        self.counters.generate_calls += 1
+        self.counters.generate_seconds += t1 - t0
+        self.tracer.worker_span(self.ctl.proxy.workers[eff.worker].pool, eff.worker, f"generate traj {traj.id}", t0, t1)
+        conv.ids += list(out.token_ids)
+        conv.loss_mask += [1] * len(out.token_ids)
+        conv.logprobs += list(out.logprobs)
+        conv.messages.append({"role": "assistant", "content": out.text})
+        conv.last_action = out.text
+        return GenOutcome(tokens=max(1, len(out.token_ids)), text=out.text)
+
+    async def _reward(self, eff: ComputeReward) -> float:
+        from rollart.runtime.reward.rules import score
+
+        traj = eff.traj
+        conv = self.conv[traj.id]
+        record = {"task": traj.task, "messages": conv.messages, "env_reward": conv.env_reward,
+                  "final_answer": conv.last_action, "steps": conv.steps}
+        t0 = self.now()
+        self.counters.reward_calls += 1
+        value: float | None
+        if eff.serverless and self.reward_url:
+            value, _attempts, _error = await asyncio.to_thread(self._reward_client().score, record)
+        else:
+            try:
+                value = score(traj.task, record)
+            except ValueError:  # no rule for this task kind: the env's own score
+                value = conv.env_reward
+        self.counters.reward_seconds += self.now() - t0
+        if value is None:  # endpoint down after its retries: counted, never fatal
+            self.counters.reward_failures += 1
+            value = 0.0
+        return float(value)
+
+    async def _on_worker(self, wid: int, call: Callable[[Any], Any]) -> Any:
+        """``call(actor)`` on worker ``wid``; if the worker died, wait for its restart, give it
+        the served weights and call again."""
+        for attempt in range(3):
+            try:
+                return await call(self.workers[wid])
+            except Exception as exc:
+                if not _worker_died(exc) or attempt == 2:
+                    raise
+                await self._revive(wid)
+
+    async def _revive(self, wid: int) -> None:
+        """Wait for a restarted worker and give it the weights the proxy serves."""
+        worker = self.workers[wid]
+        for _ in range(100):
+            try:
+                await asyncio.wait_for(worker.ping.remote(), timeout=5)
+                break
+            except Exception:  # noqa: BLE001 - still restarting
+                await asyncio.sleep(0.2)
+        version = self.ctl.proxy.version
+        if self.mode.async_weight_transfer and version > 0:
+            spec = self.store_spec.for_puller() if hasattr(self.store_spec, "for_puller") else self.store_spec
+            source: Any = functools.partial(pull_version, spec, version)
+        elif version > 0:
+            source = self._broadcast_ref
+        else:
+            source = self.trainer.state_dict.remote()
+        await worker.update_weights.remote(version, source)
+
+    def _reward_client(self) -> Any:
+        """One HTTP client for the run, so its failure and retry counters add up."""
+        if getattr(self, "_http_reward", None) is None:
+            from rollart.runtime.reward.serverless import HttpReward
+
+            self._http_reward = HttpReward(self.reward_url, timeout_s=self.plan.runtime.reward_timeout_s,
+                                           retries=self.plan.runtime.reward_retries)
+        return self._http_reward
+
+    async def _train(self, eff: TrainStep) -> None:
+        from rollart.runtime.trainer.grpo import Sample
+
+        samples = []
+        for t in eff.batch:
+            conv = self.conv.get(t.id) or self.finished[t.id]
+            samples.append(Sample(group_id=t.group.id, prompt_ids=conv.prompt_ids, completion_ids=conv.ids,
+                                  loss_mask=conv.loss_mask, behaviour_logprobs=conv.logprobs,
+                                  reward=float(t.reward or 0.0)))
+        # Conversations are kept from EnvClose until training; drop the used and the dropped ones.
+        for tid in [tid for tid, _ in self.finished.items()
+                    if self.ctl.trajectories[tid].state.value not in ("scored",)]:
+            del self.finished[tid]
+        metrics = await self.trainer.train_step.remote(samples, eff.version)
+        self.counters.train_metrics.append(metrics)
+        every = self.plan.runtime.checkpoint_every
+        if every and self.checkpoint_dir is not None and (eff.version + 1) % every == 0:
+            await self.trainer.save_checkpoint.remote(str(self.checkpoint_dir), eff.version + 1, eff.version + 1)
+
+    async def _broadcast(self, eff: BroadcastWeights) -> None:
+        import ray
+
+        t0 = self.now()
+        self._broadcast_ref = ray.put(await self.trainer.state_dict.remote())
+        self.counters.weight_publish_s.append(self.now() - t0)
+
+    async def _publish(self, eff: PublishWeights) -> None:
+        t0 = self.now()
+        bucket = int(self.plan.weight_sync.bucket_mb * 2**20)
+        await self.trainer.publish.remote(self.store_spec, eff.version, bucket)
+        spec = self.store_spec.for_puller() if hasattr(self.store_spec, "for_puller") else self.store_spec
+        loader = functools.partial(pull_version, spec, eff.version)
+        await asyncio.gather(*(self._on_worker(i, lambda w: w.prefetch_weights.remote(eff.version, loader))
+                               for i in range(len(self.workers))))
+        self.counters.weight_publish_s.append(self.now() - t0)
+
+    async def _update(self, eff: UpdateWeights) -> None:
+        ref = None if eff.from_host else self._broadcast_ref
+
+        async def update(wid: int) -> None:
+            try:
+                await self._on_worker(wid, lambda w: w.update_weights.remote(eff.version, ref))
+            except KeyError:  # restarted after the prefetch: pull the version again
+                spec = self.store_spec.for_puller() if hasattr(self.store_spec, "for_puller") else self.store_spec
+                await self.workers[wid].update_weights.remote(eff.version,
+                                                              functools.partial(pull_version, spec, eff.version))
+
+        await asyncio.gather(*(update(w) for w in eff.workers))
+
+    # ---- running ---------------------------------------------------------------------------
+
+    async def _main(self) -> str | None:
+        self._t0 = time.monotonic()  # the run's clock starts once the cluster is up
+        driver = AsyncDriver({
+            EnvReset: self._env_reset, EnvStep: self._env_step, EnvClose: self._env_close_keep,
+            Generate: self._generate, ComputeReward: self._reward, TrainStep: self._train,
+            BroadcastWeights: self._broadcast, PublishWeights: self._publish, UpdateWeights: self._update,
+        })
+        self.driver = driver
+        main = driver.spawn(self.ctl.main())
+        error = None
+        while not main.done():
+            await asyncio.sleep(0.05)
+            if driver.failures:  # a process raised: stop the run with its message
+                error = _describe(driver.failures[0])
+                break
+        if main.done() and not main.cancelled() and main.exception() is not None:
+            error = _describe(main.exception())
+        await driver.cancel_all()
+        return error
+
+    async def _env_close_keep(self, eff: EnvClose) -> None:
+        """Close the env; keep the conversation until the trainer has used the trajectory."""
+        conv = self.conv.pop(eff.traj.id, None)
+        if conv is not None and eff.traj.state.value in ("scored", "used"):
+            self.finished[eff.traj.id] = conv
+        await self._env_close(eff)
+
+    def run(self) -> "RuntimeOutcome":
+        self.finished: dict[int, Conversation] = {}
+        try:
+            self.setup()
+            error = asyncio.run(self._main())
+            stats = self._worker_stats()
+        finally:
+            self.close()
+        return RuntimeOutcome(self, error, stats)
+
+    def _worker_stats(self) -> list[dict[str, Any]]:
+        import ray
+
+        out = []
+        for w in self.workers:
+            try:
+                out.append(ray.get(w.stats.remote(), timeout=30))
+            except Exception:  # noqa: BLE001 - a worker that died at the very end has no stats
+                out.append({})
+        return out
+
+
+def _worker_died(exc: BaseException) -> bool:
+    return type(exc).__name__ in ("RayActorError", "ActorDiedError", "ActorUnavailableError")
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for the report: the message, and where it was raised unless it is a RunAborted."""
+    if isinstance(exc, RunAborted):
+        return str(exc)
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+class RuntimeOutcome:
+    def __init__(self, backend: RuntimeBackend, error: str | None, worker_stats: list[dict[str, Any]]):
+        self.backend, self.error, self.worker_stats = backend, error, worker_stats
+        self.elapsed_s = backend.now()
+
+    def to_result(self):  # noqa: ANN201
+        from rollart.report import RunResult, summary_from_steps
+
+        b = self.backend
+        ctl = b.ctl
+        steps = ctl.stats.steps
+        elapsed = steps[-1].end_s if steps else self.elapsed_s
+        counts = ctl.outcome_counts()
+        busy: dict[str, float] = {}
+        n: dict[str, int] = {}
+        for w, s in zip(ctl.proxy.workers, self.worker_stats):
+            busy[w.pool] = busy.get(w.pool, 0.0) + min(1.0, s.get("busy_seconds", 0.0) / max(elapsed, 1e-9))
+            n[w.pool] = n.get(w.pool, 0) + 1
+        summary: dict[str, Any] = summary_from_steps(steps)
+        summary.update({
+            "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
+            "gpu_busy_fraction": {p: busy[p] / n[p] for p in busy},
+            "reward_gpu_busy_fraction": None,
+            "aborted_stale": counts["aborted_stale"],
+            "aborted_redundant": counts["aborted_redundant"],
+            "env_failures": ctl.stats.env_failures,
+            "env_call_errors": ctl.stats.env_errors,
+            "trajectories": counts,
+            "reward_calls": b.counters.reward_calls,
+            "reward_failures": b.counters.reward_failures,
+            "mean_generate_s": b.counters.generate_seconds / max(1, b.counters.generate_calls),
+            "generate_reissued": b.counters.reissued,
+            "mean_reward_call_s": b.counters.reward_seconds / max(1, b.counters.reward_calls),
+            "weight_transfer_s_mean": (sum(b.counters.weight_publish_s) / len(b.counters.weight_publish_s)
+                                       if b.counters.weight_publish_s else 0.0),
+            "train": b.counters.train_metrics,
+            "routed_fallback": ctl.proxy.routed_fallback,
+            "resource_fallbacks": b.resources.fallbacks if hasattr(b, "resources") else 0,
+            "steps_done": len(steps),
+            "wall_s": self.elapsed_s,
+            "effects": b.driver.effects_handled if hasattr(b, "driver") else 0,
+        })
+        return RunResult(scenario=b.plan.name, mode=b.mode.name, seed=b.seed, backend="runtime", steps=steps,
+                         summary=summary, calibration={"engine": b.plan.runtime.engine, "model": b.model.name},
+                         error=self.error)

@@ -1,0 +1,1 @@
+"""Environments an EnvManager plays against (``base.TextEnv``)."""

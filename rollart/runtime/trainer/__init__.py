@@ -1,0 +1,1 @@
+"""Trainers: GRPO on torch (CPU), a Megatron adapter for GPUs."""

@@ -1,0 +1,1 @@
+"""Weight transfer from the trainer to inference workers (``base.WeightStore``)."""

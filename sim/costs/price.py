@@ -1,0 +1,103 @@
+"""What a run costs: placed GPUs and env CPU cores for the run's wall time, plus billed
+serverless GPU-seconds, priced with the plan's ``prices`` table.
+
+* GPUs are counted as *placed*: the trainer's GPUs, generation workers × tp and dedicated
+  reward GPUs (``placement.reward.gpus``), each at its pool's GPU-type price. GPUs of a pool
+  that the placement leaves unused are not charged (a planner's plan buys only what it places).
+* CPU cores: every core of the plan's CPU pools, for the whole run (env pools are provisioned,
+  not billed per call).
+* Serverless reward: the GPU-seconds the platform billed, at ``serverless_usd_per_gpu_second``.
+
+``cost_usd_per_hour`` is the run's total cost over its wall time, so it includes the serverless
+spend averaged over the run; ``hourly_fixed_usd`` (GPUs + CPUs only) is what a budget in
+US$/hour can be checked against before simulating.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollart.plan.loader import PlanError
+from rollart.plan.schema import Plan
+
+
+def gpus_placed(plan: Plan) -> dict[str, int]:
+    """GPUs each pool gives the placement (trainer + generation workers × tp + reward)."""
+    p = plan.placement
+    used: dict[str, int] = {}
+    used[p.trainer.pool] = used.get(p.trainer.pool, 0) + p.trainer.gpus
+    for g in p.generation:
+        used[g.pool] = used.get(g.pool, 0) + g.workers * g.tp
+    if p.reward.gpus and p.reward.pool is not None:
+        used[p.reward.pool] = used.get(p.reward.pool, 0) + p.reward.gpus
+    return used
+
+
+def gpus_placed_by_type(plan: Plan) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for pool, n in gpus_placed(plan).items():
+        gpu = plan.cluster.gpu_pools[pool].gpu
+        out[gpu] = out.get(gpu, 0) + n
+    return out
+
+
+def cpu_cores(plan: Plan) -> int:
+    return sum(p.cores for p in plan.cluster.cpu_pools.values())
+
+
+def missing_prices(plan: Plan) -> list[str]:
+    """One ``prices.gpu_usd_per_hour.<type>: ...`` line per placed GPU type without a price."""
+    out = []
+    for pool, n in gpus_placed(plan).items():
+        gpu = plan.cluster.gpu_pools[pool].gpu
+        if n and plan.prices.gpu_price(gpu) is None:
+            out.append(f"prices.gpu_usd_per_hour.{gpu}: no price for GPU type '{gpu}' (pool '{pool}'); "
+                       f"add one, e.g. --set prices.gpu_usd_per_hour.{gpu}=2.0")
+    return out
+
+
+def require_prices(plan: Plan) -> None:
+    """Raise a :class:`PlanError` when a cost is asked for but a placed GPU type has no price."""
+    problems = missing_prices(plan)
+    if problems:
+        raise PlanError(problems)
+
+
+def hourly_fixed_usd(plan: Plan) -> float:
+    """US$/hour of the placed GPUs and the env CPU cores (no serverless: that depends on the run)."""
+    require_prices(plan)
+    gpu = sum(n * (plan.prices.gpu_price(t) or 0.0) for t, n in gpus_placed_by_type(plan).items())
+    return gpu + cpu_cores(plan) * plan.prices.cpu_core_usd_per_hour
+
+
+@dataclass(frozen=True)
+class RunCost:
+    total_usd: float
+    per_step_usd: float
+    per_1k_trajectories_usd: float
+    usd_per_hour: float
+    gpu_usd: float
+    cpu_usd: float
+    serverless_usd: float
+
+
+def run_cost(plan: Plan, wall_s: float, steps: int, trajectories: int, serverless_gpu_s: float) -> RunCost:
+    """Cost of a run that took ``wall_s`` seconds for ``steps`` steps and ``trajectories``
+    trained trajectories. Per-step / per-1k figures are 0 when nothing finished."""
+    require_prices(plan)
+    hours = max(wall_s, 0.0) / 3600.0
+    gpu = sum(n * (plan.prices.gpu_price(t) or 0.0) for t, n in gpus_placed_by_type(plan).items()) * hours
+    cpu = cpu_cores(plan) * plan.prices.cpu_core_usd_per_hour * hours
+    serverless = serverless_gpu_s * plan.prices.serverless_usd_per_gpu_second
+    total = gpu + cpu + serverless
+    return RunCost(
+        total_usd=total,
+        per_step_usd=total / steps if steps else 0.0,
+        per_1k_trajectories_usd=1000.0 * total / trajectories if trajectories else 0.0,
+        usd_per_hour=total / hours if hours > 0 else hourly_fixed_usd(plan),
+        gpu_usd=gpu, cpu_usd=cpu, serverless_usd=serverless,
+    )
+
+
+__all__ = ["RunCost", "cpu_cores", "gpus_placed", "gpus_placed_by_type", "hourly_fixed_usd", "missing_prices",
+           "require_prices", "run_cost"]

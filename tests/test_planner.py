@@ -1,0 +1,201 @@
+"""``rollart plan``: the search space, successive halving against the full grid of a small,
+enumerable problem, budgets, and the written plan simulating unchanged."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from rollart.core import mode_config
+from rollart.plan import PlanError, apply_overrides, load_plan, plan_from_dict, read_yaml
+from rollart.planner import Budget, Space, grid_optimum, plan_data, rung_steps, search, write_plan
+from rollart.planner.space import SERVERLESS
+from rollart.scenarios_catalog import default_scenario
+from rollart.sim import simulate_plan
+from rollart.sim.costs.price import hourly_fixed_usd
+from rollart.sweep.runner import SerialPool
+
+TINY = ["algorithm.batch_size=16", "algorithm.steps=2"]
+
+
+def _base(extra: list[str] = ()) -> tuple[dict, object]:
+    overrides = [*TINY, *extra]
+    return apply_overrides(read_yaml(default_scenario()), overrides), load_plan(default_scenario(), overrides)
+
+
+def small_space(budget: Budget = Budget(gpus=12)) -> tuple[Space, dict]:
+    """192 candidates: trainer 4/8 H800, 0–12 generation GPUs per pool in steps of 4 at tp 1/2,
+    every task→pool affinity map, α 1/2, redundancy 0/0.25, serverless or 2 dedicated H20 judges."""
+    base, plan = _base()
+    space = Space.from_plan(plan, budget, step=4, tps=[1, 2], alphas=[1, 2], redundancies=[0.0, 0.25],
+                            reward_gpus=[2])
+    space.rewards = [SERVERLESS, ("dedicated", "h20", 2)]
+    return space, base
+
+
+def test_space_from_the_default_scenario():
+    space, _ = small_space()
+    assert space.trainer_pool == "h800" and space.trainer_gpus == [4, 8]
+    assert space.gen_gpus == {"h800": [0, 4, 8, 12], "h20": [0, 4, 8, 12]}
+    assert space.gen_tp == {"h800": [1, 2], "h20": [1, 2]}
+    # hardware affinity heuristic: prefill-heavy (many turns, long observations) → compute GPUs
+    assert space.compute_rank == ["h800", "h20"]
+    assert space.heuristic_affinity == {"FrozenLake": "compute", "CodeExec": "compute", "GEM-Math": "bandwidth"}
+    assert space.heuristic_map(["h800", "h20"]) == (("FrozenLake", "h800"), ("GEM-Math", "h20"), ("CodeExec", "h800"))
+    # the scenario's own placement is a candidate: trainer 4, h800 2×tp2, h20 8×tp1
+    assert space.baseline.gen == (("h800", 4, 2), ("h20", 8, 1)) and space.baseline.trainer_gpus == 4
+    cands = list(space.enumerate())
+    assert len(cands) == len(set(cands)) == 192
+    assert all(c.total_gpus <= 12 and space.valid(c) for c in cands)
+
+
+def test_candidates_apply_to_valid_plans_sized_to_what_they_place():
+    space, base = small_space()
+    rng = random.Random(1)
+    for c in rng.sample(list(space.enumerate()), 12):
+        plan = plan_from_dict(c.apply(base))
+        used = c.gpus_by_pool()
+        assert {p: pool.count for p, pool in plan.cluster.gpu_pools.items()} == {p: n for p, n in used.items() if n}
+        assert plan.algorithm.alpha == c.alpha and plan.algorithm.redundancy == c.redundancy
+        assert all(plan.placement.hw_affinity[tag] == pool for tag, pool in c.affinity)
+
+
+def test_neighbours_and_random_candidates_stay_within_the_budget():
+    space, _ = small_space()
+    rng = random.Random(0)
+    for _ in range(20):
+        c = space.random(rng)
+        assert c is not None and space.valid(c) and space.fits(c) and c.total_gpus > 12 - 4  # the budget, to a step
+        for n in space.neighbours(c):
+            assert space.valid(n) and space.fits(n) and n != c
+    space, _ = small_space(Budget(gpus=16))  # the scenario's placement uses 16 GPUs
+    moves = space.neighbours(space.baseline)
+    assert any(n.alpha != space.baseline.alpha for n in moves)
+    assert any(n.affinity != space.baseline.affinity for n in moves)
+    assert any(n.reward != space.baseline.reward for n in moves)
+    assert any(dict((p, tp) for p, _, tp in n.gen) != dict((p, tp) for p, _, tp in space.baseline.gen) for n in moves)
+
+
+def test_rung_schedule():
+    assert rung_steps(4, 1) == [1, 2, 4]
+    assert rung_steps(2, 1) == [1, 2]
+    assert rung_steps(6, 2) == [2, 4, 6]
+    assert rung_steps(1, 3) == [1]
+
+
+def test_successive_halving_finds_the_optimum_of_the_full_grid():
+    space, base = small_space()
+    best, n_grid = grid_optimum(space, base, SerialPool())
+    assert n_grid == 192 and best is not None
+    result = search(space, base, SerialPool(), candidates=24, finalists=4, seed=0)
+    assert not result.exhaustive
+    assert result.best.candidate == best.candidate
+    assert result.best.summary["trajectories_per_s"] == best.summary["trajectories_per_s"]
+    # ... with fewer simulated steps than the grid, and far fewer full-length simulations
+    full = sum(n for steps, n in result.rungs if steps == 2)
+    assert result.simulated_steps < n_grid * 2 and full < n_grid / 4
+    # the ranking is best first; the scenario's own placement (16 GPUs) is over this budget
+    tps = [e.summary["trajectories_per_s"] for e in result.ranked]
+    assert tps == sorted(tps, reverse=True)
+    assert result.baseline is None
+
+
+def test_whole_space_in_the_first_rung_when_it_is_small():
+    space, base = small_space()
+    space.alphas, space.redundancies, space.rewards, space.affinity_maps = [1], [0.0], [SERVERLESS], []
+    n = space.count(100)
+    assert n < 24
+    best, _ = grid_optimum(space, base, SerialPool())
+    result = search(space, base, SerialPool(), candidates=24, finalists=3)
+    assert result.exhaustive and result.best.candidate == best.candidate
+
+
+def test_cost_objective_and_a_dollar_budget():
+    base, plan = _base()
+    fixed = hourly_fixed_usd(plan)  # the scenario's placement: 8 H800 + 8 H20 + 256 cores
+    budget = Budget(usd_per_hour=fixed)
+    space = Space.from_plan(plan, budget, step=4, tps=[1, 2], alphas=[1], redundancies=[0.0], search_affinity=False)
+    assert all(space.fixed_usd_per_hour(c) <= fixed + 1e-9 for c in space.enumerate())
+    result = search(space, base, SerialPool(), objective="cost", candidates=12, finalists=3)
+    # the scenario's own placement fits this budget: it is simulated in full as the reference
+    assert result.baseline is not None and result.baseline.candidate == space.baseline and result.baseline.steps == 2
+    best = result.best.summary
+    assert best["cost_usd_per_hour"] <= fixed  # serverless spend included
+    finals = [e.summary["cost_per_1k_trajectories_usd"] for e in result.ranked]
+    assert finals[0] == min(finals)
+    grid_best, _ = grid_optimum(space, base, SerialPool(), objective="cost")
+    assert best["cost_per_1k_trajectories_usd"] <= grid_best.summary["cost_per_1k_trajectories_usd"] * 1.05
+
+
+def test_written_plan_simulates_unchanged(tmp_path):
+    space, base = small_space()
+    space.alphas, space.redundancies = [2], [0.25]
+    result = search(space, base, SerialPool(), candidates=12, finalists=2, seed=1)
+    path = write_plan(plan_data(result.best, base, "tiny-plan"), tmp_path / "plan.yaml", ["a header comment"])
+    plan = load_plan(path)
+    assert plan.name == "tiny-plan" and plan.algorithm.steps == 2
+    again = simulate_plan(plan, mode_config(plan), plan.algorithm.seed).to_result().summary
+    for key in ("trajectories_per_s", "step_time_s_mean", "cost_usd_per_hour", "cost_per_1k_trajectories_usd",
+                "aborted_redundant", "breakdown_s_mean"):
+        assert again[key] == result.best.summary[key], key
+
+
+def test_pd_disaggregated_scenarios_are_refused():
+    _, plan = _base(["placement.pd_disaggregation=true", "placement.generation.0.role=prefill",
+                     "placement.generation.1.role=decode"])
+    with pytest.raises(PlanError, match="pd_disaggregation"):
+        Space.from_plan(plan, Budget(gpus=16))
+
+
+# ---------------------------------------------------------------- the command
+
+
+def _app() -> typer.Typer:
+    from rollart.cli_sweep import plan, sweep
+
+    app = typer.Typer(add_completion=False)
+    app.command()(sweep)
+    app.command()(plan)
+    return app
+
+
+def test_plan_command_writes_a_plan_that_simulate_reproduces(tmp_path):
+    from rollart.cli import app as main_app
+
+    out = tmp_path / "plan.yaml"
+    runner = CliRunner()
+    res = runner.invoke(_app(), ["plan", str(default_scenario()), "--budget-gpus", "12", "--gpu-step", "4",
+                                 "--tp", "1,2", "--alphas", "1,2", "--redundancies", "0,0.25", "--candidates", "16",
+                                 "--finalists", "3", "--set", "algorithm.batch_size=16", "--steps", "2", "--out",
+                                 str(out), "-q"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "top plans" in res.output and "#1 vs #2:" in res.output and "critical path" in res.output
+    header = out.read_text().splitlines()[:4]
+    tps = float(re.search(r"simulated: ([0-9.]+) trajectories/s", "\n".join(header)).group(1))
+    sim = runner.invoke(main_app, ["simulate", str(out), "-q", "--json", str(tmp_path / "r.json")],
+                        env={"COLUMNS": "200"})
+    assert sim.exit_code == 0, sim.output
+    summary = json.loads((tmp_path / "r.json").read_text())["summary"]
+    assert round(summary["trajectories_per_s"], 4) == tps
+    assert sum(load_plan(out).cluster.gpu_pools[p].count for p in load_plan(out).cluster.gpu_pools) <= 12
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([], "give exactly one budget"),
+    (["--budget-gpus", "8", "--budget-usd-per-hour", "10"], "give exactly one budget"),
+    (["--budget-gpus", "8", "--objective", "speed"], "--objective: unknown objective 'speed'"),
+    (["--budget-gpus", "2"], "cannot hold"),
+    (["--budget-usd-per-hour", "100", "--set", "cluster.custom_gpus.X9={tflops_bf16: 500, hbm_tbps: 3, memory_gb: 80}",
+      "--set", "cluster.gpu_pools.h20.gpu=X9"], "prices.gpu_usd_per_hour.X9: no price"),
+])
+def test_plan_usage_errors_exit_2_with_one_line(args, needle, tmp_path):
+    res = CliRunner().invoke(_app(), ["plan", str(default_scenario()), "--out", str(tmp_path / "p.yaml"), *args],
+                             env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], res.output
