@@ -20,6 +20,7 @@ Model:
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict, deque
 from typing import Any, Callable, Generator
 
@@ -189,13 +190,18 @@ class GenerationEngine:
         self._plan = None
         self._token += 1  # the pending timer is now stale
         elapsed = self.env.now - t0
-        if elapsed >= total - 1e-12:
+        # Remainders below the clock's resolution at this time can never elapse: treat them as
+        # done, or the engine would re-schedule them forever without time advancing.
+        eps = max(1e-12, 8 * math.ulp(self.env.now))
+        if elapsed >= total - eps:
             k = k_next
         elif elapsed < lead:
             k, self._carry = 0, lead - elapsed
         else:
             k = line.iterations_within(x0, batch, k_next, elapsed - lead)
             self._carry = max(0.0, lead + line.total(x0, batch, k) - elapsed)
+        if self._carry < eps:
+            self._carry = 0.0
         self._busy(t0, self.env.now, "step: prefill {:.0f} ms, decode ×{} (batch {})", lead * 1e3, k, batch)
         self._advance(k)
         if self._carry == 0:

@@ -98,3 +98,15 @@ def test_cpu_pool_smaller_than_a_batch_still_finishes(mode: str) -> None:
     # 8 cores for a 16-trajectory batch: envs queue for a slot; lockstep must not wait for them.
     out = run_sim(small_plan(["cluster.cpu_pools.env.cores=8"]), mode)
     assert out.error is None and len(out.backend.ctl.stats.steps) == 3
+
+
+def test_long_runs_do_not_stall_on_sub_resolution_remainders() -> None:
+    # Past ~4 500 simulated seconds a leftover below the float clock's resolution never elapsed
+    # and the engine re-scheduled it forever; this scenario hit it at step 8.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([str(Path(sys.executable).parent / "rollart"), "simulate", "paper/experiments/swe-step-breakdown",
+                          "--steps", "10", "-q"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-500:]

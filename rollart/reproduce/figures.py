@@ -1,0 +1,102 @@
+"""Figures computed from a variant's step records (shared by the analyses and the plots)."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from rollart.core.stats import StepRecord
+from rollart.reproduce.model import Outcome
+
+NA = "—"
+
+
+def steady(o: Outcome) -> list[StepRecord]:
+    """The steps after the first (pipeline fill) when there are at least two."""
+    recs = o.records
+    return recs[1:] if len(recs) >= 2 else recs
+
+
+def mean(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def step_s(o: Outcome, recs: list[StepRecord] | None = None) -> float:
+    recs = steady(o) if recs is None else recs
+    return mean(r.time_s for r in recs)
+
+
+def throughput(o: Outcome) -> float:
+    """Trajectories per second over the steady-state steps (all steps when only one)."""
+    recs = steady(o)
+    if not recs:
+        return math.nan
+    span = recs[-1].end_s - recs[0].start_s
+    return sum(r.trajectories for r in recs) / span if span > 0 else math.nan
+
+
+def rollout_s(r: StepRecord) -> float:
+    """A step's time minus what the trainer did itself (train step, exposed weight sync)."""
+    return r.time_s - r.breakdown_s.get("train", 0.0) - r.breakdown_s.get("weight_sync", 0.0)
+
+
+def share(r: StepRecord, *keys: str) -> float:
+    return sum(r.breakdown_s.get(k, 0.0) for k in keys) / r.time_s if r.time_s > 0 else math.nan
+
+
+def breakdown_mean(recs: list[StepRecord], key: str) -> float:
+    return mean(r.breakdown_s.get(key, 0.0) for r in recs)
+
+
+def ratio(a: float, b: float) -> float:
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)) or b == 0:
+        return math.nan
+    return a / b
+
+
+# ---- formatting -----------------------------------------------------------------------
+
+
+def fs(x: float | None, digits: int = 1) -> str:
+    """Seconds (or any plain number)."""
+    if x is None or not math.isfinite(x):
+        return NA
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}f}"
+
+
+def fx(x: float | None, digits: int = 2) -> str:
+    """A ratio, e.g. 1.23×."""
+    if x is None or not math.isfinite(x):
+        return NA
+    return f"{x:.{digits}f}×"
+
+
+def fp(x: float | None, digits: int = 0) -> str:
+    """A fraction as a percentage."""
+    if x is None or not math.isfinite(x):
+        return NA
+    return f"{100 * x:.{digits}f} %"
+
+
+def fr(x: float | None) -> str:
+    """A rate in trajectories per second."""
+    if x is None or not math.isfinite(x):
+        return NA
+    return f"{x:.3f}"
+
+
+def busy(o: Outcome) -> str:
+    b = o.summary.get("gpu_busy_fraction") or {}
+    return " · ".join(f"{pool} {x:.0%}" for pool, x in b.items()) or NA
+
+
+def failed(o: Outcome) -> str:
+    """A short marker for a variant whose run failed or stopped early."""
+    if o.result is None:
+        return f"failed: {o.error}"
+    if o.error:
+        return f"stopped early ({len(o.records)}/{o.steps} steps): {o.error}"
+    return ""

@@ -1,0 +1,114 @@
+"""``DIR/report.md`` (one section per experiment) and ``DIR/results.json`` (the raw figures)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollart.reproduce.model import Experiment, Outcome, Section
+
+
+@dataclass
+class ExperimentRun:
+    experiment: Experiment
+    outcomes: list[Outcome]
+    section: Section
+    steps: int
+    wall_s: float
+    plot: str | None          # file name of the PNG inside the output folder
+    analysis_error: str | None = None
+
+
+def _clean(x: Any) -> Any:
+    """JSON-safe: NaN/inf become null, tuples lists, mappings plain dicts."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def write_json(runs: list[ExperimentRun], path: Path, meta: dict[str, Any]) -> None:
+    doc: dict[str, Any] = {"meta": meta, "experiments": {}}
+    for run in runs:
+        doc["experiments"][run.experiment.name] = {
+            "title": run.experiment.title,
+            "steps": run.steps,
+            "wall_s": run.wall_s,
+            "headline": run.section.headline,
+            "variants": [{
+                "label": o.variant.label, "scenario": o.variant.scenario, "mode": o.variant.mode,
+                "overrides": list(o.variant.overrides), "params": dict(o.variant.params),
+                "command": o.command(), "error": o.error, "wall_s": o.wall_s, "cpu_s": o.cpu_s, "cached": o.cached,
+                "summary": {k: v for k, v in o.summary.items() if k != "trajectories"},
+                "steps": [{"step": r.step, "time_s": r.time_s, "breakdown_s": r.breakdown_s,
+                           "trajectories": r.trajectories} for r in o.records],
+            } for o in run.outcomes],
+        }
+    path.write_text(json.dumps(_clean(doc), indent=1, ensure_ascii=False) + "\n")
+
+
+def _calibration(runs: list[ExperimentRun]) -> dict[str, str]:
+    seen: dict[str, str] = {}
+    for run in runs:
+        for o in run.outcomes:
+            if o.result is not None:
+                for gpu, source in o.result.calibration.items():
+                    seen.setdefault(gpu, source)
+    return seen
+
+
+def write_markdown(runs: list[ExperimentRun], path: Path, meta: dict[str, Any]) -> None:
+    lines = ["# The ROLLART paper's experiments, simulated", ""]
+    reduced = []
+    if meta.get("steps") is not None:
+        reduced.append(f"`--steps {meta['steps']}` for every experiment")
+    if meta.get("batch_cap") is not None:
+        reduced.append(f"batch sizes capped at {meta['batch_cap']} trajectories (`ROLLART_REPRODUCE_BATCH`)")
+    lines += [f"Written by `rollart reproduce` in {meta['wall_s']:.0f} s of wall time on {meta.get('jobs', 1)} "
+              f"process(es): {len(runs)} experiment(s), {meta['variants']} variant(s) ({meta['cached']} reused from "
+              "an identical variant)"
+              + (f"; reduced run: {', '.join(reduced)}." if reduced else ".")]
+    lines += ["", "Each experiment is a shipped scenario (`scenarios/paper/...`) plus variants (a mode and `--set` "
+              "overrides); the commands to rerun any row with `rollart simulate` are listed under each section. "
+              "The paper's figures are exactly those recorded in the project's paper notes; where the notes give "
+              "none, the comparison is qualitative. One calibration serves every experiment — no experiment "
+              "adjusts a cost model:", ""]
+    for gpu, source in _calibration(runs).items():
+        lines.append(f"* cost model {gpu}: {source}")
+    lines.append("* task profiles: `calibration/tasks/*.yaml` (the paper scenarios' task mix)")
+    lines += ["", "## Contents", ""]
+    for i, run in enumerate(runs, 1):
+        lines.append(f"{i}. [{run.experiment.title}](#{run.experiment.name}) (`{run.experiment.name}`)")
+    for i, run in enumerate(runs, 1):
+        e, s = run.experiment, run.section
+        lines += ["", f'<a id="{e.name}"></a>', "", f"## {i}. {e.title}", ""]
+        lines += [f"**Setup.** {e.setup} Simulated {run.steps} step(s) per variant "
+                  f"({len(run.outcomes)} variants, {run.wall_s:.0f} s of simulation).", ""]
+        if e.paper:
+            lines += [f"**Paper.** {e.paper}", ""]
+        if run.analysis_error:
+            lines += [f"**The analysis failed:** {run.analysis_error}", ""]
+        lines += ["### Simulated", "", s.table.render(), ""]
+        for title, table in s.extra_tables:
+            lines += [f"### {title}", "", table.render(), ""]
+        if s.comparison is not None:
+            lines += ["### Simulated vs paper", "", s.comparison.render(), ""]
+        if s.notes:
+            lines += [f"* {n}" for n in s.notes] + [""]
+        if run.plot:
+            lines += [f"![{e.name}]({run.plot})", ""]
+        lines += ["<details><summary>Commands (one per variant)</summary>", "", "```bash"]
+        seen = set()
+        for o in run.outcomes:
+            cmd = o.command()
+            if cmd not in seen:
+                seen.add(cmd)
+                lines.append(cmd)
+        lines += ["```", "", "</details>"]
+    path.write_text("\n".join(lines) + "\n")

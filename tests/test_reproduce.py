@@ -1,0 +1,231 @@
+"""``rollart reproduce``: the paper-experiment scenarios, the variant runner and the report."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from rollart.cli_reproduce import reproduce
+from rollart.core.stats import StepRecord
+from rollart.plan import load_plan
+from rollart.reproduce import EXPERIMENTS, BATCH_ENV, Runner, Variant, run_reproduce, select
+from rollart.reproduce.experiments import _swe_paths
+from rollart.reproduce.figures import rollout_s, steady, throughput
+from rollart.reproduce.model import Outcome, ReproduceError
+from rollart.scenarios_catalog import resolve, scenarios_root
+
+EXPERIMENT_DIR = scenarios_root() / "paper" / "experiments"
+SCENARIOS = sorted(EXPERIMENT_DIR.glob("*.yaml"))
+CALIBRATION_TASKS = Path(__file__).resolve().parents[1] / "calibration" / "tasks"
+TINY = ("algorithm.steps=1", "algorithm.batch_size=16")
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command(name="reproduce")(reproduce)
+
+    @app.command()
+    def other() -> None:  # a second command keeps "reproduce" a named subcommand
+        pass
+
+    return app
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def test_every_experiment_has_its_scenarios_shipped():
+    assert len(EXPERIMENTS) == 11
+    assert len(SCENARIOS) >= 8
+    used = {v.scenario for e in EXPERIMENTS.values() for v in e.variants}
+    for name in used:
+        assert resolve(name).is_file(), name
+    shipped = {f"paper/experiments/{p.stem}" for p in SCENARIOS}
+    assert shipped <= used, f"scenario files no experiment uses: {shipped - used}"
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_experiment_scenario_validates_and_simulates(path):
+    from rollart.core import mode_config
+    from rollart.sim import simulate_plan
+
+    plan = load_plan(path, TINY)
+    assert plan.description
+    result = simulate_plan(plan, mode_config(plan), plan.algorithm.seed).to_result()
+    assert result.error is None
+    assert len(result.steps) == 1 and result.steps[0].trajectories == 16
+
+
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_every_variant_validates(name):
+    """Each variant's overrides apply to its scenario and give a valid plan (no simulation)."""
+    from rollart.core import mode_config
+
+    for v in EXPERIMENTS[name].variants:
+        plan = load_plan(resolve(v.scenario), [*v.overrides, *TINY])
+        mode_config(plan, v.mode)
+
+
+def _task(path: Path, name: str) -> dict:
+    data = yaml.safe_load(path.read_text())
+    return next(t for t in data["tasks"] if t["name"] == name)
+
+
+@pytest.mark.parametrize("scenario", ["swe-step-breakdown", "pd-disaggregation-swe"])
+def test_standalone_swe_copies_the_calibrated_profile(scenario):
+    """Single-task scenarios cannot `extends` the paper bases, so they copy the calibrated SWE
+    profile: it must stay identical (one calibration for all)."""
+    profile = yaml.safe_load((CALIBRATION_TASKS / "swe.yaml").read_text())
+    task = _task(EXPERIMENT_DIR / f"{scenario}.yaml", "SWE")
+    task.pop("share")
+    assert load_plan(EXPERIMENT_DIR / f"{scenario}.yaml").task("SWE").env.timeout_s == profile["env"]["timeout_s"]
+    assert task == profile
+
+
+def test_sigma_scenario_copies_frozenlake_except_the_injected_step_latency():
+    profile = yaml.safe_load((CALIBRATION_TASKS / "frozenlake.yaml").read_text())
+    task = _task(EXPERIMENT_DIR / "env-latency-sigma.yaml", "FrozenLake")
+    task.pop("share")
+    assert task["env"].pop("step") == {"kind": "gaussian", "mean": 10, "std": 5, "min": 0}
+    profile["env"].pop("step")
+    assert task == profile
+
+
+# ---------------------------------------------------------------- runner and figures
+
+
+def test_runner_reuses_identical_variants_and_matches_simulate():
+    runner = Runner()
+    v = Variant("a", "paper/experiments/pd-disaggregation-swe", "rollart", ("algorithm.batch_size=16",))
+    first = runner.run(v, 1)
+    again = runner.run(Variant("b", v.scenario, v.mode, v.overrides), 1)
+    assert first.ok and not first.cached and again.cached
+    assert again.result is first.result and again.variant.label == "b"
+    assert first.command() == ("rollart simulate paper/experiments/pd-disaggregation-swe --mode rollart --steps 1 "
+                               "--set algorithm.batch_size=16")
+
+
+def test_run_many_in_processes_matches_in_process_and_keeps_order():
+    a = Variant("a", "paper/experiments/swe-step-breakdown", "sync+", ("algorithm.batch_size=16",),
+                probe_env_errors=True)
+    b = Variant("b", "paper/experiments/env-latency-sigma", None, ("algorithm.batch_size=16",))
+    a2 = Variant("a again", a.scenario, a.mode, a.overrides, probe_env_errors=True)
+    done = []
+    par = Runner().run_many([(a, 1), (b, 1), (a2, 1)], jobs=2, on_done=done.append)
+    seq = Runner().run_many([(a, 1), (b, 1), (a2, 1)], jobs=1)
+    assert sum(done) == 3
+    assert [o.variant.label for o in par] == ["a", "b", "a again"]
+    assert [o.cached for o in par] == [False, False, True]
+    for p, q in zip(par, seq):
+        assert [r.time_s for r in p.records] == [r.time_s for r in q.records]
+        assert p.env_errors == q.env_errors and p.cpu_s >= 0
+
+
+def test_runner_batch_cap_and_plan_errors():
+    runner = Runner(batch_cap=20)  # rounded down to a multiple of the group size (8)
+    out = runner.run(Variant("x", "paper/qwen3-8b-128gpu", "rollart"), 1)
+    assert out.plan.algorithm.batch_size == 16 and out.extra_overrides == ("algorithm.batch_size=16",)
+    bad = runner.run(Variant("y", "paper/qwen3-8b-128gpu", None, ("algorithm.alpha=-1",)), 1)
+    assert bad.result is None and "algorithm.alpha" in bad.error
+
+
+def test_runner_watchdog_keeps_finished_steps():
+    runner = Runner(variant_timeout_s=2.0)
+    out = runner.run(Variant("slow", "paper/qwen3-8b-128gpu", "rollart", ("algorithm.batch_size=32",)), 2000)
+    assert out.error and "watchdog" in out.error and "of 2000 steps done" in out.error
+    assert out.result is not None and 1 <= len(out.records) < 2000
+    assert out.result.error == out.error and out.summary["step_time_s_mean"] > 0
+
+
+def _rec(step: int, start: float, end: float, trajs: int = 8, **breakdown: float) -> StepRecord:
+    return StepRecord(step, start, end, breakdown, trajs, 0, 0.0)
+
+
+def test_figures_steady_state_and_rollout():
+    v = Variant("v", "paper/qwen3-8b-128gpu")
+    from rollart.report import RunResult
+
+    recs = [_rec(0, 0, 100), _rec(1, 100, 150, train=10, weight_sync=5), _rec(2, 150, 200)]
+    o = Outcome(v, None, RunResult("s", "rollart", 0, "sim", recs, {}), None, 0.0, 3)
+    assert steady(o) == recs[1:]
+    assert throughput(o) == pytest.approx(16 / 100)
+    assert rollout_s(recs[1]) == 35
+    one = Outcome(v, None, RunResult("s", "rollart", 0, "sim", recs[:1], {}), None, 0.0, 1)
+    assert throughput(one) == pytest.approx(8 / 100)
+    empty = Outcome(v, None, None, "boom", 0.0, 1)
+    assert math.isnan(throughput(empty))
+
+
+def test_swe_paths_split_on_a_timed_out_reset():
+    from rollart.report import RunResult
+
+    plan = load_plan(resolve("paper/experiments/swe-step-breakdown"))
+    recs = [_rec(0, 0, 400, env_reset=50), _rec(1, 400, 1400, env_reset=650), _rec(2, 1400, 1800, env_reset=599)]
+    o = Outcome(Variant("v", "x"), plan, RunResult("s", "sync", 0, "sim", recs, {}), None, 0.0, 3)
+    paths = _swe_paths(o)
+    assert [r.step for r in paths["success"]] == [0, 2] and [r.step for r in paths["timeout"]] == [1]
+
+
+# ---------------------------------------------------------------- report and CLI
+
+
+def test_select_names_and_errors():
+    assert [e.name for e in select(None)] == list(EXPERIMENTS)
+    assert [e.name for e in select("alpha, throughput,alpha")] == ["alpha", "throughput"]
+    with pytest.raises(ReproduceError, match="unknown experiment 'nope'; experiments are: swe-breakdown, "):
+        select("nope")
+
+
+@pytest.mark.slow
+def test_report_generator_on_a_reduced_set(tmp_path):
+    """Every experiment at 1 step with batches capped at 16: report.md, results.json, one PNG each."""
+    runs = run_reproduce(select(None), tmp_path, steps=1, batch_cap=16, progress=False)
+    assert len(runs) == 11
+    report = (tmp_path / "report.md").read_text()
+    data = json.loads((tmp_path / "results.json").read_text())
+    for run in runs:
+        name = run.experiment.name
+        assert run.analysis_error is None, (name, run.analysis_error)
+        png = tmp_path / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f'<a id="{name}"></a>' in report and f"![{name}]({name}.png)" in report
+        assert all(o.ok for o in run.outcomes), [(o.variant.label, o.error) for o in run.outcomes if not o.ok]
+        assert len(data["experiments"][name]["variants"]) == len(run.experiment.variants)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(f"{n}.png" for n in EXPERIMENTS)
+    # The paper's figures stand beside the simulated ones.
+    for figure in ("366 s", "513 s", "78 %", "21.3 %", "7.4 %", "1.22–1.36×", "2.65–4.58×", "2.05×", "1.35×", "1.31×"):
+        assert figure in report, figure
+    assert "time-to-score, not throughput" in report
+    assert "batch sizes capped at 16" in report
+
+
+def test_cli_only_one_experiment(tmp_path, monkeypatch):
+    monkeypatch.setenv(BATCH_ENV, "16")
+    res = CliRunner().invoke(_app(), ["reproduce", "--only", "pd-disaggregation", "--out", str(tmp_path),
+                                      "--steps", "1", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pd-disaggregation.png", "report.md", "results.json"]
+    assert "## 1. Prefill–decode disaggregation" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args, env, needle", [
+    (["--only", "nope"], None, "--only: unknown experiment 'nope'; experiments are: swe-breakdown, h800-vs-h20"),
+    (["--only", "alpha,nope"], None, "experiments are:"),
+    (["--steps", "0"], None, "--steps: must be at least 1"),
+    ([], "lots", f"{BATCH_ENV}: expected a whole number"),
+])
+def test_cli_usage_errors_exit_2_with_one_line(tmp_path, monkeypatch, args, env, needle):
+    if env is not None:
+        monkeypatch.setenv(BATCH_ENV, env)
+    res = CliRunner().invoke(_app(), ["reproduce", "--out", str(tmp_path / "o"), "--quiet", *args])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
+    assert "Traceback" not in res.output
+    assert not (tmp_path / "o").exists()
