@@ -499,16 +499,13 @@ class VllmProfiler:
         self._tmp: Optional[tempfile.TemporaryDirectory] = None
 
     def available(self) -> tuple[bool, str]:
-        import importlib.util
+        from rollart.runtime.engines.vllm_engine import available as vllm_available
 
-        if importlib.util.find_spec("vllm") is None:
-            return False, "vllm is not installed (it needs CUDA: pip install 'rollart[gpu]' on a GPU machine)"
-        try:
-            import torch
-        except ImportError:  # pragma: no cover - vllm depends on torch
-            return False, "torch is not installed"
-        if not torch.cuda.is_available():
-            return False, "no CUDA device: vLLM profiles need a GPU"
+        ok, why = vllm_available()  # vLLM installed and a CUDA device visible
+        if not ok:
+            return ok, why
+        import torch
+
         if torch.cuda.device_count() < self.tp:
             return False, f"tensor parallel size {self.tp} needs {self.tp} CUDA devices; {torch.cuda.device_count()} visible"
         return True, ""
