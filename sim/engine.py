@@ -121,10 +121,16 @@ class GenerationEngine:
     # ---- planning ---------------------------------------------------------------------------
 
     def _command(self) -> None:
-        """Re-plan once all commands of this instant are in, so requests that arrive together
-        share one prefill iteration (e.g. a whole batch after a lockstep barrier)."""
+        """Re-plan for a command. An idle engine waits until all commands of this instant are
+        in, so requests that arrive together share one prefill iteration (e.g. a whole batch
+        after a lockstep barrier); a busy one re-plans at once — new requests are admitted at
+        the end of the iteration in progress anyway, together with any that arrive before it."""
         if self._updating or self._replan_pending:
             return  # an update picks commands up when it finishes
+        if self._plan is not None:
+            self._settle()
+            self._next()
+            return
         self._replan_pending = True
         self.env.timeout(0).callbacks.append(self._replan)
 
