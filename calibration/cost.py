@@ -34,11 +34,15 @@ class KernelProfileGeneration:
                        f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
                        f"{profile.fit_error.decode_mape_heldout:.1%} held-out")
         self._lines: dict[int, DecodeLine] = {}
+        # BF16 GEMM efficiencies: the fit, scaled when it was made on FP8 timings (profile says so)
+        self._gemm = dict(profile.gemm.params)
+        for key, factor in profile.gemm_bf16_scale.items():
+            self._gemm[key] = min(1.0, self._gemm[key] * factor)
 
     def _gemms(self, m: int, shapes: list[tuple[float, float]]) -> float:
         """Σ gemm_time(m, k, n) — the same formula as ``kernels.gemm_time``, in plain floats
         because it runs once per simulated engine step."""
-        p = self.profile.gemm.params
+        p = self._gemm
         eff = p["e_max"] * m / (m + p["m_half"])
         total = 0.0
         for k, n in shapes:

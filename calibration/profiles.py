@@ -51,6 +51,9 @@ class KernelProfile(BaseModel):
     hbm_tbps: float
     iteration_overhead_s: float
     gemm: ComponentFit
+    # Multipliers on the fitted GEMM efficiencies (e_max, e_mem) when the fit is to FP8 timings:
+    # the BF16/FP8 ratio measured on another Hopper GPU. Empty when BF16 was measured.
+    gemm_bf16_scale: dict[str, float] = Field(default_factory=dict)
     attn_prefill: ComponentFit
     attn_decode: ComponentFit
     allreduce: ComponentFit
