@@ -303,6 +303,32 @@ def as_spec(spec: ModelSpec | str | Mapping[str, Any]) -> ModelSpec:
     return spec if isinstance(spec, ModelSpec) else ModelSpec.model_validate(spec)
 
 
+def accumulate_gradients(trainer: Any, samples: Sequence[Sample], adv: Sequence[float],
+                         denom: float) -> tuple[float, dict[str, float]]:
+    """Forward/backward every micro-batch of ``samples`` on ``trainer.model`` (gradients add up;
+    the loss is normalised by ``denom`` tokens); returns the summed loss and loss statistics.
+    Shared by the torch and the Megatron trainers, which differ only around it (zeroing,
+    gradient finalisation, the optimizer step)."""
+    import torch
+
+    sums = {"clipped": 0.0, "ratio": 0.0, "kl": 0.0, "logp": 0.0}
+    loss_total = 0.0
+    for lo in range(0, len(samples), trainer.micro_batch_size):
+        chunk = samples[lo:lo + trainer.micro_batch_size]
+        batch = build_batch(chunk, adv[lo:lo + len(chunk)], trainer.pad_id, trainer.device)
+        logp = trainer._logprobs(trainer.model, batch)
+        ref_logp = None
+        if trainer.ref_model is not None:
+            with torch.no_grad():
+                ref_logp = trainer._logprobs(trainer.ref_model, batch)
+        loss, st = grpo_loss(logp, batch, trainer.clip_eps, denom, ref_logp, trainer.kl_coef)
+        loss.backward()
+        loss_total += float(loss.detach())
+        for k in sums:
+            sums[k] += st[k]
+    return loss_total, sums
+
+
 class GRPOTrainer:
     """The policy, its AdamW optimizer and the GRPO update (see the module docstring).
 
@@ -379,21 +405,7 @@ class GRPOTrainer:
         denom = float(max(tokens, 1))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"clipped": 0.0, "ratio": 0.0, "kl": 0.0, "logp": 0.0}
-        loss_total = 0.0
-        for lo in range(0, len(samples), self.micro_batch_size):
-            chunk = samples[lo:lo + self.micro_batch_size]
-            batch = build_batch(chunk, adv[lo:lo + len(chunk)], self.pad_id, self.device)
-            logp = self._logprobs(self.model, batch)
-            ref_logp = None
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref_logp = self._logprobs(self.ref_model, batch)
-            loss, st = grpo_loss(logp, batch, self.clip_eps, denom, ref_logp, self.kl_coef)
-            loss.backward()
-            loss_total += float(loss.detach())
-            for k in sums:
-                sums[k] += st[k]
+        loss_total, sums = accumulate_gradients(self, samples, adv, denom)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.max_grad_norm and self.max_grad_norm > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))

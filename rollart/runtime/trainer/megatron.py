@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from rollart.plan.schema import ModelSpec
-from rollart.runtime.trainer.grpo import (CHECKPOINT_FORMAT, Sample, as_spec, build_batch, capture_rng,
-                                          compute_advantages, grpo_loss, resolve_checkpoint, restore_rng,
+from rollart.runtime.trainer.grpo import (CHECKPOINT_FORMAT, Sample, accumulate_gradients, as_spec, build_batch, capture_rng,
+                                          compute_advantages, resolve_checkpoint, restore_rng,
                                           token_logprobs, write_checkpoint_atomic)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -275,7 +275,6 @@ class MegatronTrainer:
         return out
 
     def train_step(self, samples: Sequence[Sample], version: int | None = None) -> dict[str, float]:
-        import torch
         from megatron.core.distributed import finalize_model_grads
 
         if not samples:
@@ -287,21 +286,7 @@ class MegatronTrainer:
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        sums = {"clipped": 0.0, "ratio": 0.0, "kl": 0.0, "logp": 0.0}
-        loss_total = 0.0
-        for lo in range(0, len(samples), self.micro_batch_size):
-            chunk = samples[lo:lo + self.micro_batch_size]
-            batch = build_batch(chunk, adv[lo:lo + len(chunk)], self.pad_id, self.device)
-            logp = self._logprobs(self.model, batch)
-            ref_logp = None
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref_logp = self._logprobs(self.ref_model, batch)
-            loss, st = grpo_loss(logp, batch, self.clip_eps, denom, ref_logp, self.kl_coef)
-            loss.backward()
-            loss_total += float(loss.detach())
-            for k in sums:
-                sums[k] += st[k]
+        loss_total, sums = accumulate_gradients(self, samples, adv, denom)
         finalize_model_grads([self.model])
         ok, grad_norm, _ = self.optimizer.step()
         self.step += 1
