@@ -16,6 +16,7 @@ from __future__ import annotations
 from rollart.calibration.profiles import EngineProfile, KernelProfile
 from rollart.plan.schema import GpuType, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity
+from rollart.sim.costs.moe import model_experts_touched
 
 
 class KernelProfileGeneration:
@@ -26,9 +27,9 @@ class KernelProfileGeneration:
         self._bw = profile.hbm_tbps * 1e12
         heads, kv = max(1, model.heads // tp), max(1, model.kv_heads // tp)
         self._heads, self._kv = heads, kv
-        h, d, inter = model.hidden, model.head_dim, model.intermediate * max(1, model.moe_active_experts)
-        self._shapes = [(float(h), float((heads + 2 * kv) * d)), (float(heads * d), float(h)),
-                        (float(h), 2 * inter / tp), (inter / tp, float(h))]
+        h, d, inter = model.hidden, model.head_dim, model.intermediate  # per expert for a MoE model
+        self._shapes = [(float(h), float((heads + 2 * kv) * d)), (float(heads * d), float(h))]
+        self._mlp_shapes = [(float(h), 2 * inter / tp), (inter / tp, float(h))]
         self._lm_head = [(float(h), model.vocab / tp)]
         self.source = (f"calibrated kernel profile {profile.gpu} ({origin}); prefill MAPE "
                        f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
@@ -51,6 +52,29 @@ class KernelProfileGeneration:
             total += p["t0"] + (compute if compute > memory else memory)
         return total
 
+    def _mlp(self, m: int) -> float:
+        """The MLP's gate+up and down GEMMs for ``m`` tokens. A MoE layer is one grouped GEMM
+        over the E_t = E·(1 − (1 − k/E)^m) experts the tokens touch (``sim.costs.moe``): m·k
+        token rows, m·k/E_t rows per expert (which sets the efficiency), and E_t experts'
+        weights read — k experts for one token, all of them for a large batch."""
+        if not self.model.moe_experts:
+            return self._gemms(m, self._mlp_shapes)
+        p = self._gemm
+        touched = model_experts_touched(self.model, m)
+        rows = m * max(1, self.model.moe_active_experts)
+        per_expert = rows / touched
+        eff = p["e_max"] * per_expert / (per_expert + p["m_half"])
+        total = 0.0
+        for k, n in self._mlp_shapes:
+            compute = 2 * rows * k * n / (self._peak * eff)
+            memory = 2 * (rows * k + touched * k * n + rows * n) / (self._bw * p["e_mem"])
+            total += p["t0"] + (compute if compute > memory else memory)
+        return total
+
+    def _layer_gemms(self, m: int) -> float:
+        """One layer's linear layers (QKV, O, MLP) for ``m`` tokens."""
+        return self._gemms(m, self._shapes) + self._mlp(m)
+
     def _allreduce(self, tokens: int) -> float:
         if self.tp == 1:
             return 0.0
@@ -65,7 +89,7 @@ class KernelProfileGeneration:
         # Efficiency depends on sequence length; the batch's new tokens stand in for it.
         eff = p["e_max"] * new_tokens / (new_tokens + p["s_half"])
         attn = p["t0"] + 4 * self._heads * self.model.head_dim * attention_pairs / (self._peak * eff)
-        layers = self.model.layers * (self._gemms(new_tokens, self._shapes) + attn)
+        layers = self.model.layers * (self._layer_gemms(new_tokens) + attn)
         return self.profile.iteration_overhead_s + layers + self._gemms(1, self._lm_head) + self._allreduce(new_tokens)
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
@@ -81,7 +105,7 @@ class KernelProfileGeneration:
             attn += d["t0"] + d["t_seq"] * decode_batch + decode_context * max(
                 4 * self._heads * m.head_dim / (self._peak * d["e_c"]),
                 2 * self._kv * m.head_dim * 2 / (self._bw * d["e_bw"]))
-        return (self.profile.iteration_overhead_s + m.layers * (self._gemms(tokens, self._shapes) + attn)
+        return (self.profile.iteration_overhead_s + m.layers * (self._layer_gemms(tokens) + attn)
                 + self._gemms(max(1, decode_batch), self._lm_head) + self._allreduce(tokens))
 
     def decode_line(self, batch: int) -> DecodeLine:
@@ -91,7 +115,7 @@ class KernelProfileGeneration:
             m = self.model
             per_token_compute = 4 * self._heads * m.head_dim / (self._peak * p["e_c"])
             per_token_memory = 2 * self._kv * m.head_dim * 2 / (self._bw * p["e_bw"])
-            fixed = self.profile.iteration_overhead_s + m.layers * (self._gemms(batch, self._shapes) + p["t0"]
+            fixed = self.profile.iteration_overhead_s + m.layers * (self._layer_gemms(batch) + p["t0"]
                                                                      + p["t_seq"] * batch) \
                 + self._gemms(batch, self._lm_head) + self._allreduce(batch)
             # attention is compute- or bandwidth-bound per cached token: the larger slope wins

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rollart.plan.schema import GpuType, ModelSpec
+from rollart.sim.costs.moe import weight_bytes_read
 
 
 @dataclass(frozen=True)
@@ -130,10 +131,14 @@ class GenerationCost(Protocol):
 class RooflineGeneration:
     """First-principles iteration times for ``model`` on ``tp`` GPUs of type ``gpu``.
 
-    prefill(N, A) = o + max(F / (tp·peak·e_p), W / (tp·bw·e_bw)) + 2·L·allreduce(N·h·2 B)
+    prefill(N, A) = o + max(F / (tp·peak·e_p), W(N) / (tp·bw·e_bw)) + 2·L·allreduce(N·h·2 B)
         with F = 2·P_active·N + 4·L·H·d·A  (A = Σ new·(cached + new/2) attention pairs)
     decode(B, X)  = o + max((2·P_active·B + 4·L·H·d·X) / (tp·peak·e_c),
-                            (W + kv·X) / (tp·bw·e_bw)) + 2·L·allreduce(B·h·2 B)
+                            (W(B) + kv·X) / (tp·bw·e_bw)) + 2·L·allreduce(B·h·2 B)
+
+    W(N) is the weight bytes a step over N tokens reads: the whole model when dense; for a MoE
+    model the non-expert weights plus the E·(1 − (1 − k/E)^N) experts the tokens touch
+    (``sim.costs.moe``), so a one-token step reads k experts and a large batch all of them.
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency | None = None):
@@ -159,7 +164,7 @@ class RooflineGeneration:
             return 0.0
         flops = 2 * self.model.active_params * new_tokens + self._attn_flops_per_pair * attention_pairs
         compute = flops / (self._peak * self.eff.prefill_compute)
-        memory = self.model.weight_bytes / (self._bw * self.eff.decode_bandwidth)
+        memory = weight_bytes_read(self.model, new_tokens) / (self._bw * self.eff.decode_bandwidth)
         return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(new_tokens)
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
@@ -170,7 +175,8 @@ class RooflineGeneration:
         tokens = new_tokens + decode_batch
         flops = 2 * m.active_params * tokens + self._attn_flops_per_pair * (attention_pairs + decode_context)
         compute = flops / (self._peak * self.eff.prefill_compute)
-        memory = (m.weight_bytes + m.kv_bytes_per_token * decode_context) / (self._bw * self.eff.decode_bandwidth)
+        memory = (weight_bytes_read(m, tokens) + m.kv_bytes_per_token * decode_context) \
+            / (self._bw * self.eff.decode_bandwidth)
         return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(tokens)
 
     def decode_line(self, batch: int) -> DecodeLine:
@@ -182,7 +188,7 @@ class RooflineGeneration:
                 a=self.eff.iteration_overhead_s + self._allreduce(batch),
                 c0=2 * self.model.active_params * batch / pc,
                 c1=self._attn_flops_per_pair / pc,
-                m0=self.model.weight_bytes / bw,
+                m0=weight_bytes_read(self.model, batch) / bw,
                 m1=self.model.kv_bytes_per_token / bw,
             )
             self._lines[batch] = line
