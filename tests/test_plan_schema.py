@@ -416,6 +416,34 @@ def test_extends_chain_of_three(tmp_path: Path, default_data: dict):
     assert plan.algorithm.steps == 6
 
 
+def test_deep_merge_null_removes_the_key():
+    base = {"a": {"x": 1, "y": {"p": 1, "q": 2}}, "s": "base", "t": 1}
+    out = deep_merge(base, {"a": {"y": {"q": None}}, "s": None, "absent": None, "new": {"k": None, "v": 1}})
+    assert out == {"a": {"x": 1, "y": {"p": 1}}, "t": 1, "new": {"v": 1}}
+    assert base == {"a": {"x": 1, "y": {"p": 1, "q": 2}}, "s": "base", "t": 1}
+
+
+def test_extends_null_deletes_inherited_keys(tmp_path: Path, default_data: dict):
+    parent = dict(default_data)
+    parent.pop("name")
+    parent["weight_sync"] = {**parent.get("weight_sync", {}), "bucket_mb": 256}
+    _write(tmp_path / "base.yaml", parent)
+    child = tmp_path / "child.yaml"
+    # a bare key, ~ and null all mean "remove what the parent set"
+    child.write_text("extends: base.yaml\n"
+                     "placement:\n  hw_affinity: {CodeExec: null, default: ~}\n"
+                     "weight_sync:\n  bucket_mb:\n")
+    data = read_yaml(child)
+    assert data["placement"]["hw_affinity"] == {"FrozenLake": "h800"}
+    assert "bucket_mb" not in data["weight_sync"]
+    plan = load_plan(child)
+    assert plan.placement.hw_affinity == {"FrozenLake": "h800"}
+    assert plan.weight_sync.bucket_mb == 1024.0  # back to the schema default
+    # a whole section can go, and the grandchild of a deleting child does not see the key either
+    _write(tmp_path / "grand.yaml", {"extends": "child.yaml", "placement": {"hw_affinity": None}})
+    assert load_plan(tmp_path / "grand.yaml").placement.hw_affinity == {}
+
+
 def test_extends_cycle(tmp_path: Path):
     a = _write(tmp_path / "a.yaml", {"extends": "b.yaml", "name": "a"})
     _write(tmp_path / "b.yaml", {"extends": "a.yaml", "name": "b"})

@@ -142,11 +142,14 @@ def plan_from_dict(data: dict[str, Any], overrides: Iterable[str] = ()) -> Plan:
 
 
 def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """``top`` over ``base``: mappings merge key by key, anything else (lists too) is replaced."""
+    """``top`` over ``base``: mappings merge key by key, anything else (lists too) is replaced,
+    and a key whose value in ``top`` is null is removed (from ``base`` and from the result)."""
     out = dict(base)
     for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict):
+            out[key] = deep_merge(out[key] if isinstance(out.get(key), dict) else {}, value)
         else:
             out[key] = value
     return out
@@ -166,7 +169,19 @@ def _resolve_profile_paths(data: dict[str, Any], base: Path) -> None:
 
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] | None = None) -> dict[str, Any]:
     """Read a scenario; ``extends: other.yaml`` (relative to this file) deep-merges this file
-    over the other, so a what-if scenario only states what it changes."""
+    over the other, so a what-if scenario only states what it changes:
+
+    * mappings merge key by key, at any depth;
+    * any other value, a list included, replaces the parent's whole value;
+    * ``key: null`` (or ``key: ~``, or a bare ``key:``) *removes* the key inherited from the
+      parent, at any depth of the mappings, so the field falls back to its schema default
+      (``reward_model: null``) or the mapping loses that entry (``cluster: {gpu_pools: {h20:
+      null}}`` drops a pool, ``placement: {hw_affinity: {GEM-Math: null}}`` a route). Inside a
+      list nothing is merged, so there is nothing to remove: restate the list. A null in a file
+      that extends nothing is left as it is.
+
+    To set a field to null rather than to its default (``cluster.serverless``, whose default is
+    a platform), use an override: ``--set cluster.serverless=null``."""
     path = Path(path)
     if not path.is_file():
         raise PlanError([f"{path}: no such scenario file"])
