@@ -52,7 +52,8 @@ class RunResult:
             "calibration": self.calibration,
             "steps": [{"step": s.step, "time_s": s.time_s, "start_s": s.start_s, "end_s": s.end_s,
                        "breakdown_s": s.breakdown_s, "trajectories": s.trajectories, "tokens": s.tokens,
-                       "mean_staleness": s.mean_staleness, "mean_reward": s.mean_reward} for s in self.steps],
+                       "mean_staleness": s.mean_staleness, "mean_reward": s.mean_reward,
+                       "env_timeouts": s.env_timeouts} for s in self.steps],
             "summary": self.summary,
             "error": self.error,
         }
@@ -72,6 +73,7 @@ def summary_from_steps(steps: list[StepRecord]) -> dict[str, float]:
         "trajectories_per_s": trajs / elapsed if elapsed else 0.0,
         "trained_tokens_per_s": tokens / elapsed if elapsed else 0.0,
         "mean_staleness": sum(s.mean_staleness * s.trajectories for s in steps) / trajs if trajs else 0.0,
+        "env_timeouts": sum(s.env_timeouts for s in steps),
         "breakdown_s_mean": {k: sum(s.breakdown_s.get(k, 0.0) for s in steps) / len(steps) if steps else 0.0
                              for k in BREAKDOWN_KEYS},
     }
@@ -79,14 +81,14 @@ def summary_from_steps(steps: list[StepRecord]) -> dict[str, float]:
 
 def step_table(result: RunResult) -> Table:
     table = Table(title=f"{result.scenario} · mode {result.mode} · seed {result.seed} · {result.backend} "
-                        "(seconds per step; breakdown along the critical path)",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("step", "time", *(SHORT[k] for k in BREAKDOWN_KEYS), "trajs", "stale"):
+                        "(seconds per step; breakdown along the critical path; t/o: env calls timed out)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for name in ("step", "time", *(SHORT[k] for k in BREAKDOWN_KEYS), "trajs", "stale", "t/o"):
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name),
                          style="bold" if name == "time" else None)
     for s in result.steps:
         table.add_row(str(s.step), _num(s.time_s), *(_num(s.breakdown_s.get(k, 0.0)) for k in BREAKDOWN_KEYS),
-                      str(s.trajectories), f"{s.mean_staleness:.2f}")
+                      str(s.trajectories), f"{s.mean_staleness:.2f}", str(s.env_timeouts))
     return table
 
 
@@ -106,7 +108,8 @@ def summary_table(result: RunResult) -> Table:
         table.add_row("serverless reward", f"{sm['serverless_gpu_seconds']:.0f} GPU·s billed, "
                                            f"{sm.get('serverless_cold_starts', 0)} cold starts")
     table.add_row("aborted", f"{sm['aborted_stale']} stale · {sm['aborted_redundant']} redundant · "
-                             f"{sm['env_failures']} env failures")
+                             f"{sm['env_failures']} env failures"
+                             + (f" · {sm['env_timeouts']} env timeouts" if sm.get("env_timeouts") else ""))
     if "cost_usd_per_hour" in sm:
         table.add_row("cost", "- (a placed GPU type has no price: set prices.gpu_usd_per_hour)"
                       if sm["cost_usd_per_hour"] is None else

@@ -17,6 +17,7 @@ runs = st.fixed_dictionaries({
     "alpha": st.integers(0, 2),
     "redundancy": st.sampled_from([0.0, 0.25, 0.5]),
     "failure": st.sampled_from([0.0, 0.05, 0.3]),
+    "timeout_s": st.sampled_from([120.0, 4.0]),  # 4 s: some CodeExec calls time out
     "seed": st.integers(0, 2**16),
 })
 
@@ -25,7 +26,7 @@ def _outcome(p: dict):
     plan = small_plan([f"algorithm.alpha={p['alpha']}", f"algorithm.redundancy={p['redundancy']}",
                        f"tasks.CodeExec.env.failure_prob={p['failure']}",
                        f"tasks.FrozenLake.env.failure_prob={p['failure'] / 3}",
-                       "tasks.CodeExec.env.step.sigma=1.5"])
+                       "tasks.CodeExec.env.step.sigma=1.5", f"tasks.CodeExec.env.timeout_s={p.get('timeout_s', 120.0)}"])
     return plan, run_sim(plan, p["mode"], p["seed"], watch_running=True)
 
 
@@ -67,6 +68,10 @@ def test_run_invariants(p: dict) -> None:
         assert math.isclose(sum(s.breakdown_s.values()), s.time_s, rel_tol=1e-9, abs_tol=1e-6)
         assert min(s.breakdown_s.values()) >= -1e-9
         assert 0 <= s.mean_staleness <= alpha
+    # Env timeouts: each step counts those that ended inside it, so the steps' counts never exceed
+    # the run's, which are among its env call errors.
+    assert sum(s.env_timeouts for s in ctl.stats.steps) <= ctl.stats.env_timeouts <= ctl.stats.env_errors
+    assert min((s.env_timeouts for s in ctl.stats.steps), default=0) >= 0
     # Redundant aborts only where redundancy is on.
     if ctl.mode.redundancy == 0:
         assert counts["aborted_redundant"] == 0
@@ -107,3 +112,23 @@ def test_failures_are_refilled_and_counted() -> None:
     counts = out.backend.ctl.outcome_counts()
     assert counts["failed"] > 0
     assert out.to_result().summary["env_failures"] == counts["failed"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "rollart"])
+def test_step_timeouts_are_the_timeouts_that_ended_in_the_step(mode: str) -> None:
+    from rollart.core import mode_config
+    from rollart.reproduce.runner import EnvErrorProbe
+    from rollart.sim import SimBackend
+
+    plan = small_plan(["tasks.CodeExec.env.timeout_s=3", "algorithm.steps=4"])
+    probe = EnvErrorProbe()
+    out = SimBackend(plan, mode_config(plan, mode), 0, tracer=probe).run()
+    assert out.error is None
+    steps = out.backend.ctl.stats.steps
+    ends = [t1 for _, _, error, _, t1 in probe.errors if error == "timeout"]
+    assert ends and sum(s.env_timeouts for s in steps) > 0
+    for s in steps:
+        assert s.env_timeouts == sum(1 for t in ends if s.start_s < t <= s.end_s), s.step
+    result = out.to_result()
+    assert result.summary["env_timeouts"] == sum(s.env_timeouts for s in steps)
+    assert [d["env_timeouts"] for d in result.to_dict()["steps"]] == [s.env_timeouts for s in steps]

@@ -60,6 +60,7 @@ class Controller:
         self._lockstep: dict[int, LockstepBarrier] = {}
         self._reward_gate: dict[int, LockstepBarrier] = {}
         self._failure_limit = 20 * plan.algorithm.batch_size
+        self._timeouts_recorded = 0      # stats.env_timeouts already attributed to a step
 
     def resume_from(self, version: int) -> None:
         """Continue a run whose trainer checkpoint holds ``version``: training resumes at step
@@ -127,7 +128,9 @@ class Controller:
             tokens=sum(t.context_tokens for t in batch),
             mean_staleness=sum(n - t.start_version for t in batch) / len(batch),
             mean_reward=sum(rewards) / len(rewards) if rewards else None,
+            env_timeouts=self.stats.env_timeouts - self._timeouts_recorded,  # timed out since the last step
         )
+        self._timeouts_recorded = self.stats.env_timeouts
         self.stats.steps.append(record)
         self.batches.append(tuple(t.id for t in batch))
         for t in batch:

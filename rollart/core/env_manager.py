@@ -38,7 +38,15 @@ def _env_call(ctl: "Controller", traj: Trajectory, effect_type: type, category: 
         if outcome.ok:
             return outcome
         ctl.stats.env_errors += 1
+        if is_timeout(outcome.error):
+            ctl.stats.env_timeouts += 1
     return outcome
+
+
+def is_timeout(error: str | None) -> bool:
+    """An :class:`EnvOutcome` error that is a timeout: ``"timeout"`` from the simulator,
+    ``"timeout: <detail>"`` from the real env workers."""
+    return error is not None and (error == "timeout" or error.startswith("timeout:"))
 
 
 def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:

@@ -17,6 +17,7 @@ class StepRecord:
     tokens: int            # tokens in the trained batch (context incl. responses)
     mean_staleness: float  # mean (n − start version) over the batch
     mean_reward: float | None = None
+    env_timeouts: int = 0  # env calls (reset or step, retries included) that timed out during the step
 
     @property
     def time_s(self) -> float:
@@ -27,6 +28,7 @@ class StepRecord:
 class RunStats:
     generated_tokens: int = 0
     env_errors: int = 0          # individual env call errors/timeouts (retried or not)
+    env_timeouts: int = 0        # the env call errors that were timeouts
     env_failures: int = 0        # trajectories lost to env failures after retries
     consecutive_failures: int = 0
     steps: list[StepRecord] = field(default_factory=list)

@@ -47,7 +47,7 @@ def write_json(runs: list[ExperimentRun], path: Path, meta: dict[str, Any]) -> N
                 "command": o.command(), "error": o.error, "wall_s": o.wall_s, "cpu_s": o.cpu_s, "cached": o.cached,
                 "summary": {k: v for k, v in o.summary.items() if k != "trajectories"},
                 "steps": [{"step": r.step, "time_s": r.time_s, "breakdown_s": r.breakdown_s,
-                           "trajectories": r.trajectories} for r in o.records],
+                           "trajectories": r.trajectories, "env_timeouts": r.env_timeouts} for r in o.records],
             } for o in run.outcomes],
         }
     path.write_text(json.dumps(_clean(doc), indent=1, ensure_ascii=False) + "\n")
