@@ -17,11 +17,15 @@ ITERATION_OVERHEAD_S = 0.003
 # FlashAttention-3 reports up to ~75 % of H100's BF16 peak (740 TFLOP/s) in the forward pass;
 # H20 reaches more of its (much lower) peak, so H800 cannot reuse H20's efficiency as is.
 FA3_H100_BF16_UTILISATION = 0.75
+# Streaming multiprocessors (NVIDIA datasheets): how many CTAs a decode kernel without split-KV
+# needs to keep the GPU busy (kernels.decode_attention_time)
+SMS = {"H800": 132, "H20": 78, "H100": 132}
 PREFILL_TOKENS = 512  # GEMM rows with at least this many tokens count as prefill-like, the rest decode-like
 
 GEMM_FORMULA = "t0 + max(2mkn / (P·e_max·m/(m+m_half)), 2(mk+kn+mn) / (BW·e_mem))"
 PREFILL_FORMULA = "t0 + 4·H·d·(S²/2) / (P·e_max·S/(S+s_half))"
-DECODE_FORMULA = "t0 + t_seq·B + max(4·H·d·B·L / (P·e_c), 2·B·L·H_kv·d·2 / (BW·e_bw))"
+DECODE_FORMULA = ("t0 + t_seq·B + max(4·H·d·B·L / (P·e_c), 2·B·L·H_kv·d·2 / (BW·e_bw)) / occ; occ = 1 with "
+                  "split-KV, min(1, B·H_kv / n_sm) for the geometries marked unsplit_<H>_<H_kv>_<d>")
 COLLECTIVE_FORMULA = "alpha_s + 2(n−1)/n · bytes / (beta_gbps·1e9/8)"
 
 
@@ -97,10 +101,16 @@ def build(gpu: str) -> KernelProfile:
     # Decode attention: one model over every measured head geometry -------------------------
     source = "h800" if gpu == "h100" else gpu
     X, y, files = D.infersim_decode_attention(source)
-    fit = K.fit_decode_attention(X, y, peak, bw)
+    fit = K.fit_decode_attention(X, y, peak, bw, SMS[key])
     attn_decode = _component(fit, DECODE_FORMULA, files,
                              derived="H800 FlashInfer timings (same HBM3 bandwidth)" if gpu == "h100" else None)
     decode_ape.append(_heldout_ape(lambda x, p: K.decode_attention_time(x, p, peak, bw), X, y, fit.params))
+    unsplit = sorted(k[len(K.UNSPLIT):].replace("_", "-") for k, v in fit.params.items()
+                     if k.startswith(K.UNSPLIT) and v)
+    if unsplit:
+        assumptions.append(f"decode attention timings of head geometry {', '.join(unsplit)} (q-kv-dim) fit a kernel "
+                           f"without split-KV (flat in the batch until batch × KV heads fills the {SMS[key]} SMs); "
+                           "the composition applies that occupancy to this geometry only, all others split")
 
     # All-reduce (tensor parallel), from 8×H100 NVLink ------------------------------------
     X, y, files = D.vidur_collective("all_reduce", intra_node=True)

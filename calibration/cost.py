@@ -7,12 +7,13 @@ A kernel profile is composed for a model geometry and a TP degree:
                       + 2L·allreduce(B·h·2 B)
 
 with the linear layers QKV (h → (H+2H_kv)·d/tp), O (H·d/tp → h), gate+up (h → 2i/tp) and down
-(i/tp → h). Decode attention is linear in the batch's cached tokens X, so ``decode_line`` is
-exact for the engine's closed form.
+(i/tp → h). Decode attention is linear in the batch's cached tokens X for a given batch (its
+occupancy term depends on B only), so ``decode_line`` is exact for the engine's closed form.
 """
 
 from __future__ import annotations
 
+from rollart.calibration.kernels import unsplit_key
 from rollart.calibration.profiles import EngineProfile, KernelProfile
 from rollart.plan.schema import GpuType, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity
@@ -35,6 +36,10 @@ class KernelProfileGeneration:
                        f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
                        f"{profile.fit_error.decode_mape_heldout:.1%} held-out")
         self._lines: dict[int, DecodeLine] = {}
+        # decode attention of a head geometry measured without split-KV: below n_SM CTAs
+        # (batch × KV heads) part of the GPU idles (kernels.decode_attention_time)
+        d = profile.attn_decode.params
+        self._decode_sms = d.get("n_sm", 0.0) if d.get(unsplit_key(heads, kv, model.head_dim)) else 0.0
         # BF16 GEMM efficiencies: the fit, scaled when it was made on FP8 timings (profile says so)
         self._gemm = dict(profile.gemm.params)
         for key, factor in profile.gemm_bf16_scale.items():
@@ -75,6 +80,10 @@ class KernelProfileGeneration:
         """One layer's linear layers (QKV, O, MLP) for ``m`` tokens."""
         return self._gemms(m, self._shapes) + self._mlp(m)
 
+    def _decode_slowdown(self, batch: int) -> float:
+        """1 / occupancy of the decode-attention kernel for ``batch`` sequences."""
+        return max(1.0, self._decode_sms / (max(1, batch) * self._kv))
+
     def _allreduce(self, tokens: int) -> float:
         if self.tp == 1:
             return 0.0
@@ -102,7 +111,7 @@ class KernelProfileGeneration:
         attn = p["t0"] + 4 * self._heads * m.head_dim * attention_pairs / (self._peak * eff)
         if decode_batch:
             d = self.profile.attn_decode.params
-            attn += d["t0"] + d["t_seq"] * decode_batch + decode_context * max(
+            attn += d["t0"] + d["t_seq"] * decode_batch + decode_context * self._decode_slowdown(decode_batch) * max(
                 4 * self._heads * m.head_dim / (self._peak * d["e_c"]),
                 2 * self._kv * m.head_dim * 2 / (self._bw * d["e_bw"]))
         return (self.profile.iteration_overhead_s + m.layers * (self._layer_gemms(tokens) + attn)
@@ -113,8 +122,9 @@ class KernelProfileGeneration:
         if line is None:
             p = self.profile.attn_decode.params
             m = self.model
-            per_token_compute = 4 * self._heads * m.head_dim / (self._peak * p["e_c"])
-            per_token_memory = 2 * self._kv * m.head_dim * 2 / (self._bw * p["e_bw"])
+            slow = self._decode_slowdown(batch)  # fixed for the batch, so the line stays linear in x
+            per_token_compute = 4 * self._heads * m.head_dim * slow / (self._peak * p["e_c"])
+            per_token_memory = 2 * self._kv * m.head_dim * 2 * slow / (self._bw * p["e_bw"])
             fixed = self.profile.iteration_overhead_s + m.layers * (self._layer_gemms(batch) + p["t0"]
                                                                      + p["t_seq"] * batch) \
                 + self._gemms(batch, self._lm_head) + self._allreduce(batch)

@@ -7,8 +7,11 @@ absolute percentage error (MAPE) on rows held out of the fit.
 * GEMM (m tokens × k → n):      t = t0 + max(2mkn / (P·e(m)), 2(mk + kn + mn) / (BW·e_mem)),
                                 e(m) = e_max · m / (m + m_half)
 * prefill attention (causal):   t = t0 + 4·H·d·(S²/2) / (P·e(S)),  e(S) = e_max · S / (S + S_half)
-* decode attention (B seqs × L): t = t0 + t_seq·B + max(4·H·d·B·L / (P·e_c), B·L·2·H_kv·d·b_kv / (BW·e_bw))
-                                (many query heads per KV head make it compute-bound on H20)
+* decode attention (B seqs × L): t = t0 + t_seq·B
+                                    + max(4·H·d·B·L / (P·e_c), B·L·2·H_kv·d·b_kv / (BW·e_bw)) / occ
+                                (many query heads per KV head make it compute-bound on H20);
+                                occ = 1 with split-KV, min(1, B·H_kv / n_SM) for a head geometry
+                                whose timings show its kernel ran without it (see ``fit_decode_attention``)
 * all-reduce / point-to-point:  t = α + c(n)·bytes / β,  c = 2(n−1)/n for a ring all-reduce, 1 for p2p
 """
 
@@ -18,10 +21,10 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-from scipy.optimize import least_squares
 
 HOLDOUT_SHARE = 0.2
 HOLDOUT_SEED = 7
+ROBUST_SCALE = 0.1  # soft-L1 scale on log residuals: ~10 % off is where a row starts to count less
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ def split(n: int, share: float = HOLDOUT_SHARE, seed: int = HOLDOUT_SEED) -> tup
 def fit_model(predict: Callable[[np.ndarray, dict[str, float]], np.ndarray], X: np.ndarray, y: np.ndarray,
               names: Sequence[str], x0: Sequence[float], lower: Sequence[float], upper: Sequence[float]) -> Fit:
     """Least squares on log(t) over the training rows; MAPE on both splits."""
+    from scipy.optimize import least_squares  # here: the simulator imports this module's formulas, not fits
+
     train, held = split(len(y))
 
     def residual(theta: np.ndarray) -> np.ndarray:
@@ -57,7 +62,7 @@ def fit_model(predict: Callable[[np.ndarray, dict[str, float]], np.ndarray], X: 
     # soft_l1 in log space: a few pathological kernel timings (e.g. a decode kernel that ran
     # without split-KV) must not drag the fit of every other row.
     sol = least_squares(residual, x0=np.asarray(x0, float), bounds=(lower, upper), x_scale="jac", max_nfev=20000,
-                        loss="soft_l1", f_scale=0.1)
+                        loss="soft_l1", f_scale=ROBUST_SCALE)
     params = {n: float(v) for n, v in zip(names, sol.x)}
     held_mape = mape(predict(X[held], params), y[held]) if len(held) else float("nan")
     return Fit(params, len(train), len(held), mape(predict(X[train], params), y[train]), held_mape)
@@ -95,17 +100,65 @@ def fit_prefill_attention(X: np.ndarray, y: np.ndarray, peak_flops: float) -> Fi
                      ["t0", "e_max", "s_half"], [1e-5, 0.9, 500], [0, 0.05, 1], [1e-2, 1, 1e6])
 
 
+UNSPLIT = "unsplit_"  # params key prefix marking a head geometry, "unsplit_<H>_<H_kv>_<d>": 1
+
+
+def unsplit_key(h: float, hkv: float, d: float) -> str:
+    return f"{UNSPLIT}{int(h)}_{int(hkv)}_{int(d)}"
+
+
 def decode_attention_time(X: np.ndarray, p: dict[str, float], peak_flops: float, bw: float) -> np.ndarray:
-    """X columns: batch B, kv_len L, query heads H, kv heads H_kv, head_dim d, bytes per KV element."""
+    """X columns: batch B, kv_len L, query heads H, kv heads H_kv, head_dim d, bytes per KV element.
+
+    ``occ`` is the share of the GPU the kernel keeps busy. FlashInfer normally splits each
+    sequence's KV into chunks so the grid fills every SM (split-KV), and then occ = 1. Run without
+    it, the kernel has one CTA per (sequence, KV head): with fewer than n_SM of them the idle SMs
+    leave HBM partly unread, and time stops falling with the batch. InferSim's H20 64-2-128
+    timings do this: the same time for B = 1, 16 and 32, twice it at B = 64, as B·H_kv crossing
+    H20's 78 SMs predicts."""
     b, length, h, hkv, d, nbytes = (X[:, i] for i in range(6))
     compute = 4 * h * d * b * length / (peak_flops * p["e_c"])
     memory = b * length * 2 * hkv * d * nbytes / (bw * p["e_bw"])
-    return p["t0"] + p["t_seq"] * b + np.maximum(compute, memory)
+    unsplit = np.zeros(len(b), bool)
+    for key in (k for k, v in p.items() if k.startswith(UNSPLIT) and v):
+        qh, kvh, hd = (float(x) for x in key[len(UNSPLIT):].split("_"))
+        unsplit |= (h == qh) & (hkv == kvh) & (d == hd)
+    occ = np.where(unsplit, np.minimum(1.0, b * hkv / p.get("n_sm", 1.0)), 1.0)
+    return p["t0"] + p["t_seq"] * b + np.maximum(compute, memory) / occ
 
 
-def fit_decode_attention(X: np.ndarray, y: np.ndarray, peak_flops: float, bw: float) -> Fit:
-    return fit_model(lambda x, p: decode_attention_time(x, p, peak_flops, bw), X, y,
-                     ["t0", "t_seq", "e_c", "e_bw"], [1e-5, 1e-7, 0.5, 0.7], [0, 0, 0.01, 0.05], [1e-3, 1e-4, 1, 1.2])
+def _soft_l1(r: np.ndarray) -> float:
+    """The fit's robust loss (``least_squares(loss="soft_l1")``) of log residuals ``r``."""
+    return float(np.sum(2 * (np.sqrt(1 + (r / ROBUST_SCALE) ** 2) - 1)))
+
+
+def fit_decode_attention(X: np.ndarray, y: np.ndarray, peak_flops: float, bw: float, n_sm: int) -> Fit:
+    """Shared t0, t_seq, e_c, e_bw over every head geometry, plus which geometries ran without
+    split-KV. Whether a kernel splits is a launch choice the data does not state, so it is
+    inferred: a geometry is marked unsplit when that explains its *training* rows better under
+    the shared fit (soft-L1 on log time, the fit's own loss); then the shared parameters are
+    refitted, until the marks settle. n_SM is the datasheet's, not fitted."""
+    train, _ = split(len(y))
+    names, x0 = ["t0", "t_seq", "e_c", "e_bw"], [1e-5, 1e-7, 0.5, 0.7]
+    lower, upper = [0, 0, 0.01, 0.05], [1e-3, 1e-4, 1, 1.2]
+    geometries = sorted({unsplit_key(*row[2:5]) for row in X[train]})
+    marks: dict[str, float] = {}
+    for _ in range(4):
+        fixed = {"n_sm": float(n_sm), **marks}
+        fit = fit_model(lambda x, p: decode_attention_time(x, {**p, **fixed}, peak_flops, bw), X, y,
+                        names, x0, lower, upper)
+        params = {**fit.params, **fixed}
+        new: dict[str, float] = {}
+        for key in geometries:
+            rows = train[[unsplit_key(*X[i, 2:5]) == key for i in train]]
+            loss = {flag: _soft_l1(np.log(decode_attention_time(X[rows], {**params, key: flag}, peak_flops, bw))
+                                   - np.log(y[rows])) for flag in (0.0, 1.0)}
+            if loss[1.0] < loss[0.0]:
+                new[key] = 1.0
+        if new == marks:
+            break
+        marks = new
+    return Fit(params, fit.rows, fit.heldout_rows, fit.mape_train, fit.mape_heldout)
 
 
 # ---------------------------------------------------------------- collectives
