@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported lazily: rollart.plan reads the link table from this package
-    from rollart.plan.schema import GpuType, ModelSpec
+    from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
 
 
 @lru_cache(maxsize=64)
@@ -28,7 +28,7 @@ def _load(path: str):  # noqa: ANN202 - cached profile objects
 def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, profile: str | None = None):  # noqa: ANN201
     """The generation cost model for ``tp`` GPUs of type ``gpu_name`` serving ``model``."""
     from rollart.calibration.cost import EngineProfileGeneration, KernelProfileGeneration
-    from rollart.calibration.profiles import EngineProfile, shipped_profile_path
+    from rollart.calibration.profiles import EngineProfile, TrainProfile, shipped_profile_path
     from rollart.sim.costs.gpu import RooflineGeneration
 
     if profile == "datasheet":
@@ -38,9 +38,27 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
         return RooflineGeneration(model, gpu, tp)
     loaded = _load(str(path.resolve()))
     origin = path.name if profile is None else str(path)
+    if isinstance(loaded, TrainProfile):
+        raise ValueError(f"{path} is a train profile: give it to placement.trainer.profile, not to a GPU pool")
     if isinstance(loaded, EngineProfile):
         return EngineProfileGeneration(model, gpu, tp, loaded, origin)
     return KernelProfileGeneration(model, gpu, tp, loaded, origin)
 
 
-__all__ = ["generation_cost"]
+def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement"):  # noqa: ANN201
+    """The training cost model: the trainer placement's ``profile:`` (a measured train
+    profile) when set, else the FLOPs/MFU model."""
+    from rollart.calibration.cost import ProfiledTrainCost
+    from rollart.calibration.profiles import TrainProfile
+    from rollart.sim.costs.train import TrainCost
+
+    if not trainer.profile:
+        return TrainCost(model, gpu, trainer)
+    loaded = _load(str(Path(trainer.profile).resolve()))
+    if not isinstance(loaded, TrainProfile):
+        raise ValueError(f"placement.trainer.profile: {trainer.profile} is a {loaded.kind} profile, not a train "
+                         "profile (written by `rollart validate`)")
+    return ProfiledTrainCost(model, loaded, trainer.profile)
+
+
+__all__ = ["generation_cost", "train_cost"]

@@ -14,7 +14,7 @@ occupancy term depends on B only), so ``decode_line`` is exact for the engine's 
 from __future__ import annotations
 
 from rollart.calibration.kernels import unsplit_key
-from rollart.calibration.profiles import EngineProfile, KernelProfile
+from rollart.calibration.profiles import EngineProfile, KernelProfile, TrainProfile
 from rollart.plan.schema import GpuType, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity
 from rollart.sim.costs.moe import model_experts_touched
@@ -142,6 +142,7 @@ class EngineProfileGeneration:
         if profile.model.lower() != model.name.lower():
             raise ValueError(f"engine profile {origin} was measured for {profile.model}, not {model.name}")
         self.profile = profile
+        self.request_overhead_s = profile.request_overhead_s
         self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency())
         self.source = (f"calibrated engine profile {profile.gpu}/{profile.model} ({origin}); prefill MAPE "
                        f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
@@ -168,3 +169,20 @@ class EngineProfileGeneration:
             p = self.profile.decode.params
             line = self._lines[batch] = DecodeLine(a=p["a"] + p["b"] * batch, c0=0.0, c1=0.0, m0=0.0, m1=p["c"])
         return line
+
+
+class ProfiledTrainCost:
+    """step = a + b·T + c·Σ s² (measured), T the batch's tokens, s each sequence's length;
+    the weight hand-off times are the measured ones."""
+
+    def __init__(self, model: ModelSpec, profile: TrainProfile, origin: str):
+        if profile.model.lower() != model.name.lower():
+            raise ValueError(f"placement.trainer.profile: {origin} was measured for {profile.model}, not {model.name}")
+        self.profile = profile
+        fit = profile.step
+        self.source = (f"measured train profile {profile.gpu}/{profile.model} ({origin}); step MAPE "
+                       f"{(fit.mape_heldout or 0):.1%} held-out")
+
+    def step_time(self, seq_lens: list[int]) -> float:
+        p = self.profile.step.params
+        return p["a"] + p["b"] * sum(seq_lens) + p["c"] * sum(s * s for s in seq_lens)

@@ -38,7 +38,7 @@ def _features(rows: list[dict[str, str]], phase: str) -> tuple[np.ndarray, np.nd
     return np.array(X), np.array(y)
 
 
-def _fit(X: np.ndarray, y: np.ndarray, formula: str, source: str) -> ComponentFit:
+def fit_linear(X: np.ndarray, y: np.ndarray, formula: str, source: str) -> ComponentFit:
     train, held = split(len(y))
     sol = lsq_linear(X[train] / y[train, None], np.ones(len(train)), bounds=(0, np.inf))
     a, b, c = (float(v) for v in sol.x)
@@ -64,7 +64,7 @@ def fit_engine_csv(path: Path, gpu: str, model: str, engine: str = "torch") -> E
             raise EngineFitError(f"{path}: {len(y)} {phase} rows; at least 5 are needed to fit and hold some out")
         if np.any(y <= 0):
             raise EngineFitError(f"{path}: {phase} latencies must be positive")
-        fits[phase] = _fit(X, y, formula, str(path))
+        fits[phase] = fit_linear(X, y, formula, str(path))
     return EngineProfile(
         gpu=gpu, model=model, engine=engine, prefill=fits["prefill"], decode=fits["decode"],
         fit_error=PhaseError(prefill_mape_heldout=fits["prefill"].mape_heldout,

@@ -7,6 +7,8 @@ Two kinds, both YAML:
   ``python -m rollart.calibration.build``). Composed for any model geometry and TP degree.
 * ``engine`` — one model on one device measured end to end (``rollart calibrate profile``
   then ``rollart calibrate fit``): prefill(N, A) = a + b·N + c·A and decode(B, X) = a + b·B + c·X.
+* ``train`` — one model's training step and weight hand-off measured on one device
+  (``rollart validate`` writes it; a trainer placement uses it with ``profile:``).
 """
 
 from __future__ import annotations
@@ -71,20 +73,43 @@ class EngineProfile(BaseModel):
     engine: str
     prefill: ComponentFit  # params a, b (per token), c (per attention pair)
     decode: ComponentFit   # params a, b (per sequence), c (per cached token)
+    # Time a generate call spends outside the engine's steps (RPC to the worker, its command
+    # loop, the reply): added once per request. 0 when only the engine was measured.
+    request_overhead_s: float = Field(0.0, ge=0)
     fit_error: PhaseError
     assumptions: list[str] = Field(default_factory=list)
     source: str = ""
 
 
-Profile = KernelProfile | EngineProfile
+class TrainProfile(BaseModel):
+    """A trainer measured on one device: step(T, S) = a + b·T + c·S with T the batch's tokens
+    and S = Σ s² over its sequences; and the weight hand-off after a step, in seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["train"] = "train"
+    gpu: str
+    model: str
+    trainer: str
+    step: ComponentFit
+    publish_pull_s: float = Field(ge=0, description="bucketed publish + one worker's pull, measured")
+    broadcast_s: float = Field(ge=0, description="synchronous hand-off of the weights to a worker, measured")
+    swap_s: float = Field(0.0, ge=0, description="loading pulled weights into an engine, measured")
+    assumptions: list[str] = Field(default_factory=list)
+    source: str = ""
+
+
+Profile = KernelProfile | EngineProfile | TrainProfile
 
 
 def load_profile(path: str | Path) -> Profile:
     data = yaml.safe_load(Path(path).read_text())
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a profile (a YAML mapping with kind: kernel | engine)")
+        raise ValueError(f"{path}: not a profile (a YAML mapping with kind: kernel | engine | train)")
     if data.get("kind") == "engine":
         return EngineProfile.model_validate(data)
+    if data.get("kind") == "train":
+        return TrainProfile.model_validate(data)
     return KernelProfile.model_validate(data)
 
 

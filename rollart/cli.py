@@ -160,7 +160,8 @@ def _register_commands() -> None:
     from rollart.cli_run import run
 
     app.command("run")(run)
-    for module, names in (("rollart.cli_reproduce", ("reproduce",)), ("rollart.cli_sweep", ("sweep", "plan"))):
+    for module, names in (("rollart.cli_reproduce", ("reproduce",)), ("rollart.cli_sweep", ("sweep", "plan")),
+                          ("rollart.cli_validate", ("validate",))):
         try:
             mod = __import__(module, fromlist=list(names))
         except ImportError:  # pragma: no cover - the modules ship with the package

@@ -11,7 +11,7 @@ from typing import Any, Callable, Generator, Hashable
 
 import simpy
 
-from rollart.calibration import generation_cost
+from rollart.calibration import generation_cost, train_cost
 from rollart.core import Controller, RunAborted, build_workers
 from rollart.core.effects import (Abort, Aborted, BroadcastWeights, ComputeReward, EnvClose, EnvReset,
                                   EnvStep, Generate, GenOutcome, PublishWeights, Sleep, Spawn, TrainStep,
@@ -22,7 +22,6 @@ from rollart.plan import Plan, PlanError
 from rollart.report import RunResult, summary_from_steps
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
-from rollart.sim.costs.train import TrainCost
 from rollart.sim.engine import GenerationEngine, Request
 from rollart.sim.reward import JUDGE_OUTPUT_TOKENS, RULE_REWARD_S, ServerlessPlatform, judge_input_tokens
 from rollart.trace import NullTracer, Tracer
@@ -46,8 +45,11 @@ class SimBackend:
         self._build_env_pools()
         self._build_reward()
         gpu = plan.gpu_of_pool(plan.placement.trainer.pool)
-        self.train_cost = TrainCost(plan.model, gpu, plan.placement.trainer)
-        self.transfer = WeightTransferCost(plan)
+        try:
+            self.train_cost = train_cost(plan.model, gpu, plan.placement.trainer)
+        except (OSError, ValueError) as exc:
+            raise PlanError([f"placement.trainer.profile: {exc}"]) from None
+        self.transfer = WeightTransferCost(plan, getattr(self.train_cost, "profile", None))
         self.trainer_busy_s = 0.0
         self._handlers: dict[type, Callable[[Any], SimGen]] = {
             EnvReset: self._env_reset, EnvStep: self._env_step, EnvClose: self._env_close,
@@ -69,7 +71,10 @@ class SimBackend:
             gi, g = tp_of[w.id]
             pool = plan.cluster.gpu_pools[g.pool]
             gpu_name = pool.gpu
-            cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile)
+            try:
+                cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile)
+            except (OSError, ValueError) as exc:
+                raise PlanError([f"cluster.gpu_pools.{g.pool}.profile: {exc}"]) from None
             longest = max(t.max_context_tokens for t in plan.tasks)
             if cost.kv_capacity_tokens < longest:  # as a real engine, refuse a context it cannot hold
                 raise PlanError([f"placement.generation.{gi}.tp: {plan.model.name} "
@@ -215,8 +220,15 @@ class SimBackend:
             yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens, tokens, False)
         return GenOutcome(tokens=tokens)
 
+    def _request_overhead(self, engine: GenerationEngine) -> SimGen:
+        """The generate call's time outside the engine (a measured engine profile has it)."""
+        overhead = engine.request_overhead_s
+        if overhead > 0:
+            yield self.env.timeout(overhead)
+
     def _run_request(self, engine: GenerationEngine, traj_id: int, context: int, tokens: int,
                      prefilled: bool) -> SimGen:
+        yield from self._request_overhead(engine)
         req: Request = engine.add(traj_id, context, tokens, prefilled)
         try:
             yield req.done

@@ -54,6 +54,7 @@ class GenerationEngine:
         self.id = worker_id
         self.pool = pool
         self.cost = cost
+        self.request_overhead_s = float(getattr(cost, "request_overhead_s", 0.0))  # outside the engine's steps
         self.capacity = cost.kv_capacity_tokens
         self.max_num_seqs = max_num_seqs
         self.prefix_cache = prefix_cache

@@ -150,7 +150,9 @@ def test_fit_cli_then_simulate_with_the_engine_profile(tmp_path: Path) -> None:
 def test_engine_profile_for_another_model_is_refused(tmp_path: Path) -> None:
     _engine_csv(tmp_path / "p.csv")
     save_profile(fit_engine_csv(tmp_path / "p.csv", gpu="cpu", model="Qwen3-tiny"), tmp_path / "tiny.yaml")
-    with pytest.raises(ValueError, match="measured for Qwen3-tiny, not Qwen3-8B"):
+    from rollart.plan import PlanError
+
+    with pytest.raises(PlanError, match="cluster.gpu_pools.h20.profile: .*measured for Qwen3-tiny, not Qwen3-8B"):
         run_sim(small_plan([f"cluster.gpu_pools.h20.profile={tmp_path / 'tiny.yaml'}"]), "rollart")
 
 

@@ -156,15 +156,16 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resolve_profile_paths(data: dict[str, Any], base: Path) -> None:
-    """A pool's ``profile:`` path is relative to the scenario file that names it."""
+    """A pool's or the trainer's ``profile:`` path is relative to the scenario file that names it."""
     pools = (data.get("cluster") or {}).get("gpu_pools") if isinstance(data.get("cluster"), dict) else None
     if not isinstance(pools, dict):
-        return
-    for pool in pools.values():
-        if isinstance(pool, dict) and isinstance(pool.get("profile"), str) and pool["profile"] != "datasheet":
-            candidate = base / pool["profile"]
-            if not Path(pool["profile"]).is_absolute() and candidate.exists():
-                pool["profile"] = str(candidate)
+        pools = {}
+    trainer = (data.get("placement") or {}).get("trainer") if isinstance(data.get("placement"), dict) else None
+    for holder in [*pools.values(), trainer]:
+        if isinstance(holder, dict) and isinstance(holder.get("profile"), str) and holder["profile"] != "datasheet":
+            candidate = base / holder["profile"]
+            if not Path(holder["profile"]).is_absolute() and candidate.exists():
+                holder["profile"] = str(candidate)
 
 
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] | None = None) -> dict[str, Any]:

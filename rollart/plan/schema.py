@@ -240,6 +240,8 @@ class TrainerPlacement(_Strict):
     pp: PosInt = 1
     mfu: Annotated[float, Field(gt=0, le=1)] = 0.35
     micro_batches: PosInt = 16
+    profile: str | None = Field(None, description="measured train profile YAML (written by `rollart validate`): "
+                                                  "step time and weight hand-off instead of the FLOPs/MFU model")
 
 
 class GenerationGroup(_Strict):

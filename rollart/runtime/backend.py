@@ -69,6 +69,7 @@ class RuntimeCounters:
     generate_seconds: float = 0.0
     reward_seconds: float = 0.0
     weight_publish_s: list[float] = field(default_factory=list)
+    broadcast_s: float = 0.0
     train_metrics: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -341,6 +342,7 @@ class RuntimeBackend:
         t0 = self.now()
         self._broadcast_ref = ray.put(await self.trainer.state_dict.remote())
         self.counters.weight_publish_s.append(self.now() - t0)
+        self.counters.broadcast_s += self.now() - t0
 
     async def _publish(self, eff: PublishWeights) -> None:
         t0 = self.now()
@@ -447,8 +449,14 @@ class RuntimeOutcome:
         busy: dict[str, float] = {}
         n: dict[str, int] = {}
         for w, s in zip(ctl.proxy.workers, self.worker_stats):
-            busy[w.pool] = busy.get(w.pool, 0.0) + min(1.0, s.get("busy_seconds", 0.0) / max(elapsed, 1e-9))
-            n[w.pool] = n.get(w.pool, 0) + 1
+            busy[w.pool] = busy.get(w.pool, 0.0) + min(1.0, s.get("busy_seconds", 0.0) / max(elapsed, 1e-9)) * w.tp
+            n[w.pool] = n.get(w.pool, 0) + w.tp
+        # the trainer's devices count on their pool as the simulator counts them: busy while
+        # training or broadcasting weights
+        tr = b.plan.placement.trainer
+        trainer_s = sum(m.get("time_s", 0.0) for m in b.counters.train_metrics) + b.counters.broadcast_s
+        busy[tr.pool] = busy.get(tr.pool, 0.0) + min(1.0, trainer_s / max(elapsed, 1e-9)) * tr.gpus
+        n[tr.pool] = n.get(tr.pool, 0) + tr.gpus
         summary: dict[str, Any] = summary_from_steps(steps)
         summary.update({
             "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rollart.plan.schema import Link, Plan
 
@@ -16,9 +17,12 @@ class WeightTransferCost:
     pulls bucket i over its intra-cluster link as soon as it lands, so the pull adds one
     bucket's time; the swap into GPU memory then costs
     ``W / tp / h2d`` per worker. When trainer and workers share a physical cluster the
-    intra-cluster link carries both."""
+    intra-cluster link carries both.
 
-    def __init__(self, plan: Plan):
+    A measured train profile (``measured``) replaces all three with the times it measured."""
+
+    def __init__(self, plan: Plan, measured: Any = None):
+        self.measured = measured
         ws = plan.weight_sync
         links = plan.cluster.links
         pools = plan.cluster.gpu_pools
@@ -35,13 +39,19 @@ class WeightTransferCost:
                                                                                STORE_BUCKET_OVERHEAD_S))
 
     def broadcast_s(self) -> float:
+        if self.measured is not None:
+            return self.measured.broadcast_s
         return self.cross.latency_s + self.weight_bytes / self.cross.bytes_per_s
 
     def publish_pull_s(self) -> float:
+        if self.measured is not None:
+            return self.measured.publish_pull_s
         buckets = max(1, math.ceil(self.weight_bytes / self.bucket_bytes))
         publish = buckets * (self.cross.latency_s + self.bucket_overhead_s) + self.weight_bytes / self.cross.bytes_per_s
         last_bucket = min(self.bucket_bytes, self.weight_bytes)
         return publish + self.intra.latency_s + self.bucket_overhead_s + last_bucket / self.intra.bytes_per_s
 
     def swap_s(self, tp: int) -> float:
+        if self.measured is not None:
+            return self.measured.swap_s
         return self.weight_bytes / tp / self.h2d_bytes_per_s

@@ -143,7 +143,11 @@ def make_env(task_name: str, task_spec: Any = None, seed: int | np.random.Genera
     when that is a ``numpy`` Generator (shared, e.g. across retries of one trajectory), else
     from a stream derived from the int ``seed``. ``options`` go to the env's constructor (e.g. ``{"max_steps": 30}``)."""
     kind = env_kind(task_name, task_spec)
-    env = _build(kind, task_name, dict(options or {}))
+    options = dict(options or {})
+    turns = getattr(task_spec, "turns", None)
+    if kind == "digits" and "turns" not in options and getattr(turns, "kind", None) == "constant":
+        options["turns"] = int(turns.value)  # Digits runs the episode length the plan declares
+    env = _build(kind, task_name, options)
     if not inject:
         return env
     spec = getattr(task_spec, "env", None)

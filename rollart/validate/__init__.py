@@ -1,0 +1,1 @@
+"""Simulation vs reality on this machine (``rollart validate``)."""

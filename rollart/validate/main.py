@@ -1,0 +1,130 @@
+"""``rollart validate``: run a plan for real, simulate the same plan calibrated on this machine,
+and put the two side by side.
+
+1. profile: the engine, the generate call, the trainer and the weight hand-off, measured here
+   (:mod:`rollart.validate.profile`), or a fresh enough earlier profile of the same model;
+2. real: ``rollart run`` of the plan (Ray actors, real envs with their injected latency);
+3. sim: the same plan, with every generation pool and the trainer pointed at that profile;
+4. compare (:mod:`rollart.validate.compare`), and write both JSON results, both Perfetto
+   traces, ``validation.json`` and ``validation.png``."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from rollart.calibration.profiles import EngineProfile, TrainProfile, load_profile
+from rollart.plan import Plan
+from rollart.plan.loader import plan_from_dict
+from rollart.report import RunResult
+from rollart.validate.compare import Figure, compare
+
+Progress = Callable[[str], None]
+
+
+def default_profile_dir(plan: Plan) -> Path:
+    return Path.home() / ".cache" / "rollart" / "validate" / f"{platform.node() or 'host'}-{plan.model.name}"
+
+
+def fresh_profile(directory: Path, plan: Plan, max_age_h: float) -> bool:
+    """An earlier profile can be reused: both files there, for this model, younger than ``max_age_h``."""
+    engine, train = directory / "engine.yaml", directory / "train.yaml"
+    if not (engine.is_file() and train.is_file()):
+        return False
+    if time.time() - min(engine.stat().st_mtime, train.stat().st_mtime) > max_age_h * 3600:
+        return False
+    try:
+        e, t = load_profile(engine), load_profile(train)
+    except (OSError, ValueError):
+        return False
+    model = (plan.runtime.model or plan.model).name.lower()
+    return (isinstance(e, EngineProfile) and isinstance(t, TrainProfile)
+            and e.model.lower() == model and t.model.lower() == model)
+
+
+def calibrated_plan(plan: Plan, engine: Path, train: Path) -> Plan:
+    """The same plan with every generation pool and the trainer on the measured profiles."""
+    data = plan.model_dump(mode="json", exclude_unset=True)
+    for g in plan.placement.generation:
+        data["cluster"]["gpu_pools"][g.pool]["profile"] = str(engine)
+    data["placement"]["trainer"]["profile"] = str(train)
+    return plan_from_dict(data, [])
+
+
+@dataclass
+class Validation:
+    plan: Plan
+    real: RunResult
+    sim: RunResult
+    figures: list[Figure]
+    profile: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    warmup: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scenario": self.plan.name, "mode": self.real.mode, "seed": self.real.seed,
+                "steps": len(self.real.steps), "warmup_steps": self.warmup, "profile": self.profile,
+                "figures": [f.to_dict() for f in self.figures], "files": self.files,
+                "real_error": self.real.error, "sim_error": self.sim.error}
+
+
+def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: Optional[Path] = None,
+             reprofile: bool = False, max_profile_age_h: float = 24.0, warmup: int = 1,
+             progress: Optional[Progress] = None, on_step: Optional[Callable[[Any], None]] = None) -> Validation:
+    import ray
+
+    from rollart.core.modes import mode_config
+    from rollart.runtime.backend import RuntimeBackend
+    from rollart.runtime.cluster import start_ray
+    from rollart.sim import simulate_plan
+    from rollart.trace import Tracer
+    from rollart.validate.profile import LocalProfiler
+
+    say = progress or (lambda _m: None)
+    out.mkdir(parents=True, exist_ok=True)
+    profile_dir = profile_dir or default_profile_dir(plan)
+    cfg = mode_config(plan, mode)
+    started = not ray.is_initialized()
+    start_ray(plan)  # one Ray for the profile and the run
+    try:
+        profile_info: dict[str, Any] = {"dir": str(profile_dir)}
+        if not reprofile and fresh_profile(profile_dir, plan, max_profile_age_h):
+            say(f"reusing the profile in {profile_dir}")
+            profile_info["reused"] = True
+        else:
+            measured = LocalProfiler(plan, seed=plan.algorithm.seed, progress=say).run(profile_dir)
+            profile_info.update(reused=False, **measured.figures)
+        engine_yaml, train_yaml = profile_dir / "engine.yaml", profile_dir / "train.yaml"
+        say("real run")
+        real_tracer = Tracer()
+        real = RuntimeBackend(plan, cfg, plan.algorithm.seed, tracer=real_tracer, on_step=on_step).run().to_result()
+    finally:
+        if started:
+            ray.shutdown()
+    say("simulation")
+    sim_plan = calibrated_plan(plan, engine_yaml, train_yaml)
+    sim_tracer = Tracer()
+    sim = simulate_plan(sim_plan, mode_config(sim_plan, mode), sim_plan.algorithm.seed, sim_tracer).to_result()
+    figures = compare(real, sim, warmup) if real.steps and sim.steps else []
+    files = {"real_json": "real.json", "sim_json": "sim.json", "real_trace": "real.trace.json",
+             "sim_trace": "sim.trace.json", "plot": "validation.png", "summary": "validation.json"}
+    real.write_json(out / files["real_json"])
+    sim.write_json(out / files["sim_json"])
+    real_tracer.write(out / files["real_trace"])
+    sim_tracer.write(out / files["sim_trace"])
+    for name in ("engine.yaml", "train.yaml", "engine.csv"):
+        if (profile_dir / name).is_file():
+            (out / f"profile-{name}").write_text((profile_dir / name).read_text())
+    result = Validation(plan, real, sim, figures, profile_info, files, warmup)
+    if figures:
+        from rollart.validate.plots import plot_validation
+
+        plot_validation(result, out / files["plot"], warmup)
+    else:
+        files.pop("plot")
+    (out / files["summary"]).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    return result
