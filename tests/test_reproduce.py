@@ -79,8 +79,8 @@ def _task(path: Path, name: str) -> dict:
 
 @pytest.mark.parametrize("scenario", ["swe-step-breakdown", "pd-disaggregation-swe"])
 def test_standalone_swe_copies_the_calibrated_profile(scenario):
-    """Single-task scenarios cannot `extends` the paper bases, so they copy the calibrated SWE
-    profile: it must stay identical (one calibration for all)."""
+    """The standalone single-task SWE scenarios copy the calibrated SWE profile: it must stay
+    identical (one calibration for all)."""
     profile = yaml.safe_load((CALIBRATION_TASKS / "swe.yaml").read_text())
     task = _task(EXPERIMENT_DIR / f"{scenario}.yaml", "SWE")
     task.pop("share")
@@ -170,6 +170,26 @@ def test_swe_paths_split_on_a_timed_out_reset():
     o = Outcome(Variant("v", "x"), plan, RunResult("s", "sync", 0, "sim", recs, {}), None, 0.0, 3)
     paths = _swe_paths(o)
     assert [r.step for r in paths["success"]] == [0, 2] and [r.step for r in paths["timeout"]] == [1]
+
+
+def test_swe_gap_diagnostics_use_the_profile_means_and_stay_out_of_the_breakdown():
+    from rollart.reproduce.experiments import SWE, SWE_PROFILE, SWE_SPREAD_FREE
+
+    task = load_plan(resolve("paper/experiments/swe-step-breakdown")).task("SWE")
+    assert SWE_PROFILE["step"]["mean"] == pytest.approx(task.env.step.mean())
+    assert SWE_PROFILE["response"]["mean"] == pytest.approx(task.response_tokens.mean())
+    for key, _, overrides in SWE_SPREAD_FREE:
+        plan = load_plan(resolve("paper/experiments/swe-step-breakdown"), overrides)
+        t = plan.task("SWE")
+        assert t.env.step.kind == "constant" and t.env.step.mean() == pytest.approx(task.env.step.mean(), rel=1e-2)
+        assert (t.response_tokens.kind == "constant") == (key == "env+gen")
+    outs = Runner(batch_cap=16).run_many([(v, 1) for v in SWE.variants], jobs=1)
+    section = SWE.analyse(outs)
+    assert not any("diagnostic" in row[0] for row in section.table.rows)
+    (title, gap), = section.extra_tables
+    assert "gap" in title and len(gap.rows) == 1 + len(SWE_SPREAD_FREE)
+    assert set(section.headline["gap"]) == {"calibrated", "env", "env+gen"}
+    assert all(math.isfinite(g["inflation"]) for g in section.headline["gap"].values())
 
 
 # ---------------------------------------------------------------- report and CLI
