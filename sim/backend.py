@@ -13,7 +13,7 @@ import simpy
 
 from rollart.calibration import generation_cost, train_cost
 from rollart.core import Controller, RunAborted, build_workers
-from rollart.core.effects import (Abort, Aborted, BroadcastWeights, ComputeReward, EnvClose, EnvReset,
+from rollart.core.effects import (Abort, Aborted, AcquireEnv, BroadcastWeights, ComputeReward, EnvClose, EnvReset,
                                   EnvStep, Generate, GenOutcome, PublishWeights, Sleep, Spawn, TrainStep,
                                   UpdateWeights, Wait)
 from rollart.core.modes import ModeConfig
@@ -52,7 +52,7 @@ class SimBackend:
         self.transfer = WeightTransferCost(plan, getattr(self.train_cost, "profile", None))
         self.trainer_busy_s = 0.0
         self._handlers: dict[type, Callable[[Any], SimGen]] = {
-            EnvReset: self._env_reset, EnvStep: self._env_step, EnvClose: self._env_close,
+            AcquireEnv: self._acquire_env, EnvReset: self._env_reset, EnvStep: self._env_step, EnvClose: self._env_close,
             Generate: self._generate, ComputeReward: self._reward, TrainStep: self._train,
             BroadcastWeights: self._broadcast, PublishWeights: self._publish, UpdateWeights: self._update,
             Wait: self._wait, Sleep: self._sleep, Spawn: self._spawn, Abort: self._abort,
@@ -173,7 +173,7 @@ class SimBackend:
         return None
         yield  # pragma: no cover
 
-    def _env_reset(self, eff: EnvReset) -> SimGen:
+    def _acquire_env(self, eff: AcquireEnv) -> SimGen:
         traj = eff.traj
         task = self.plan.task(traj.task)
         if traj.id not in self._holding_cpu:  # a CPU slot for the env's whole life
@@ -188,6 +188,12 @@ class SimBackend:
                     get.cancel()
                 raise
             self._holding_cpu[traj.id] = (pool, task.env.cpu_cores)
+
+    def _env_reset(self, eff: EnvReset) -> SimGen:
+        traj = eff.traj
+        task = self.plan.task(traj.task)
+        if traj.id not in self._holding_cpu:
+            yield from self._acquire_env(AcquireEnv(traj))
         latency, outcome = self.envs.reset(task, traj.id)
         yield self.env.timeout(latency)
         return outcome
@@ -356,6 +362,8 @@ class SimOutcome:
             "steps_done": len(steps),
             "simulated_s": self.elapsed_s,
             "effects": b.effects_handled,
+            "engine_steps": [{"worker": e.id, "pool": e.pool, "steps": e.it, "busy_s": min(e.busy_until(elapsed), elapsed)}
+                             for e in b.engines],
         })
         # Cost (placed GPUs + env cores for the wall time + billed serverless GPU·s); None when a
         # placed GPU type has no price (rollart sweep/plan then stop with the plan error).

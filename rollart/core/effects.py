@@ -19,6 +19,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class AcquireEnv:
+    """Hold what the trajectory's environment needs for its whole life (CPU cores in the
+    simulator; nothing to wait for on the real env workers) → None once held. Released by
+    :class:`EnvClose`."""
+
+    traj: "Trajectory"
+
+
+@dataclass(frozen=True, slots=True)
 class EnvReset:
     """Start (or restart after a failure) the environment of a trajectory → :class:`EnvOutcome`."""
 

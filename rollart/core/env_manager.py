@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Generator
 
-from rollart.core.effects import (Abort, Aborted, ComputeReward, EnvClose, EnvOutcome, EnvReset, EnvStep,
-                                  Generate, GenOutcome, Sleep, Spawn, Wait)
+from rollart.core.effects import (Abort, Aborted, AcquireEnv, ComputeReward, EnvClose, EnvOutcome, EnvReset,
+                                  EnvStep, Generate, GenOutcome, Sleep, Spawn, Wait)
 from rollart.core.barrier import LockstepBarrier
 from rollart.core.signals import Signal
 from rollart.core.trajectory import ENV_RESET, ENV_STEP, GEN, REWARD, WEIGHT_SYNC, Trajectory, TrajState
@@ -101,16 +101,21 @@ def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | Non
              reward_gate: LockstepBarrier | None) -> Proc:
     """reset → (generate → step)* → reward → SampleBuffer."""
     task = ctl.plan.task(traj.task)
+    t0 = ctl.now()
+    yield AcquireEnv(traj)
+    traj.record(t0, ctl.now(), ENV_RESET)
+    # Join the batch's barriers once the env holds its slot and before its reset: a trajectory
+    # still queued for a slot must not hold back the ones that could run, and one still
+    # resetting must (else the first env to come up would pass the first barrier alone and
+    # run a turn ahead of the batch from then on).
+    for gate in (barrier, reward_gate):
+        if gate is not None:
+            gate.join(traj.id)
     reset = yield from _env_call(ctl, traj, EnvReset, ENV_RESET)
     if not reset.ok:
         yield from _on_failure(ctl, traj, f"env.reset {reset.error}")
         return
     traj.context_tokens = reset.obs_tokens
-    # Join the batch's barriers only now that the env exists (holds its CPU slot): a trajectory
-    # still queued for a slot must not hold back the ones that could run.
-    for gate in (barrier, reward_gate):
-        if gate is not None:
-            gate.join(traj.id)
     while True:
         if barrier is not None and (sig := barrier.arrive(traj.id)) is not None:  # wait for the slowest env
             yield from _wait(ctl, traj, sig, ENV_STEP)

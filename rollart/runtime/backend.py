@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rollart.core import Controller, RunAborted
-from rollart.core.effects import (BroadcastWeights, ComputeReward, EnvClose, EnvOutcome, EnvReset, EnvStep, Generate,
-                                  GenOutcome, PublishWeights, TrainStep, UpdateWeights)
+from rollart.core.effects import (BroadcastWeights, ComputeReward, EnvClose, EnvOutcome, EnvReset,
+                                  EnvStep, Generate, GenOutcome, PublishWeights, TrainStep, UpdateWeights)
 from rollart.core.modes import ModeConfig
 from rollart.core.stats import StepRecord
 from rollart.core.trajectory import Trajectory
@@ -480,6 +480,9 @@ class RuntimeOutcome:
             "steps_done": len(steps),
             "wall_s": self.elapsed_s,
             "effects": b.driver.effects_handled if hasattr(b, "driver") else 0,
+            "engine_steps": [{"worker": w.id, "pool": w.pool, "steps": st.get("steps", 0),
+                              "busy_s": st.get("busy_seconds", 0.0)}
+                             for w, st in zip(ctl.proxy.workers, self.worker_stats)],
         })
         return RunResult(scenario=b.plan.name, mode=b.mode.name, seed=b.seed, backend="runtime", steps=steps,
                          summary=summary, calibration={"engine": b.plan.runtime.engine, "model": b.model.name},

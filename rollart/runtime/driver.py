@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, Generator, Hashable
 
-from rollart.core.effects import Abort, Aborted, Sleep, Spawn, Wait
+from rollart.core.effects import Abort, Aborted, AcquireEnv, Sleep, Spawn, Wait
 
 Handler = Callable[[Any], Awaitable[Any]]
 
 
 class AsyncDriver:
     def __init__(self, handlers: dict[type, Handler]):
+        # Env workers host any number of envs, so by default there is no env slot to wait for.
         self.handlers: dict[type, Handler] = {Wait: self._wait, Sleep: self._sleep, Spawn: self._spawn,
-                                              Abort: self._abort, **handlers}
+                                              Abort: self._abort, AcquireEnv: self._nothing, **handlers}
         self.tasks: dict[Hashable, asyncio.Task] = {}
         self.all_tasks: set[asyncio.Task] = set()
         self.effects_handled = 0
@@ -69,6 +70,9 @@ class AsyncDriver:
         fut = asyncio.get_running_loop().create_future()
         eff.signal.add_waiter(lambda value: fut.set_result(value) if not fut.done() else None)
         return await fut
+
+    async def _nothing(self, eff: Any) -> None:
+        return None
 
     async def _sleep(self, eff: Sleep) -> None:
         await asyncio.sleep(eff.seconds)
