@@ -117,11 +117,15 @@ class LocalProfiler:
             self.progress("starting Ray and the run's workers")
             backend.setup()
             model = backend.model
-            self.progress("engine steps (prefill and decode over batch × prompt)")
+            # All of the plan's engines step side by side in the run and share this host's cores,
+            # so they are profiled side by side too: one copy of the grid per generation worker.
+            workers = sum(g.workers for g in self.plan.placement.generation)
+            self.progress(f"engine steps ({workers} engines side by side, prefill and decode over batch × prompt)")
             max_batch = max(g.max_num_seqs for g in self.plan.placement.generation)
-            rows_ref = ray.remote(num_cpus=0)(engine_step_rows).remote(model, self.seed, self.repeats,
-                                                                       max_batch=max_batch)
-            rows = ray.get(rows_ref)
+            step_rows = ray.remote(num_cpus=0)(engine_step_rows)
+            copies = ray.get([step_rows.remote(model, self.seed + i, self.repeats, max_batch=max_batch)
+                              for i in range(workers)])
+            rows = [r for copy in copies for r in copy]
             csv_path = out_dir / "engine.csv"
             write_rows(rows, csv_path)
             self.progress("generate call overhead")
@@ -222,6 +226,7 @@ class LocalProfiler:
         profile.assumptions = [
             "steps of the runtime's own engine (sampling and KV bookkeeping included), one torch thread, "
             "as `rollart run` runs it",
+            "all of the plan's engines profiled side by side (one grid copy each): they share this host's cores",
             "a prefill of several context lengths is one forward per length in the engine, one fixed cost here",
             "request_overhead_s: generate round trip through the inference worker actor minus its engine time",
         ]

@@ -1,0 +1,163 @@
+"""`rollart validate`: measured profiles feed the simulator; real and simulated runs side by side.
+
+The end-to-end test runs one small validation for real (Ray, the torch engine, Mooncake) and
+asserts the step-time and throughput errors stay under the bound calibration/VALIDATION.md
+establishes for CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollart.calibration.engine_fit import fit_linear
+from rollart.calibration.profiles import ComponentFit, TrainProfile, load_profile, save_profile
+from rollart.core.stats import StepRecord
+from rollart.plan import PlanError, load_plan
+from rollart.report import RunResult
+from rollart.scenarios_catalog import resolve
+from rollart.validate.compare import Figure, compare, step_figures
+from tests.conftest import run_sim
+
+ROOT = Path(__file__).parents[1]
+LOCAL = ROOT / "scenarios" / "local"
+VALIDATE_SCENARIOS = sorted(p.stem for p in LOCAL.glob("validate-*.yaml"))
+ROLLART = str(Path(sys.executable).parent / "rollart")
+
+# The CI bound on |step-time error| and |throughput error| of the small validation below. The
+# acceptance target for the full runs is 10 % (VALIDATION.md); CI machines are shared and the
+# run is short (5 steps, 4 compared), so it gets more room — but a model that lost the
+# overheads or the contention it measures misses it (see VALIDATION.md, "before the fixes").
+CI_BOUND = 0.25
+
+
+def _train_profile(tmp_path: Path, a: float = 0.5, b: float = 1e-3, c: float = 0.0) -> Path:
+    fit = ComponentFit(formula="a + b·T + c·S", params={"a": a, "b": b, "c": c})
+    path = tmp_path / "train.yaml"
+    save_profile(TrainProfile(gpu="cpu", model="Qwen3-tiny", trainer="torch", step=fit, publish_pull_s=0.25,
+                              broadcast_s=0.5, swap_s=0.125), path)
+    return path
+
+
+def test_at_least_six_local_validation_scenarios_differ_where_it_matters() -> None:
+    plans = {name: load_plan(resolve(f"local/{name}")) for name in VALIDATE_SCENARIOS}
+    assert len(plans) >= 6
+    modes = {p.algorithm.mode for p in plans.values()}
+    alphas = {p.algorithm.alpha for p in plans.values() if p.algorithm.mode == "rollart"}
+    sigmas = {p.tasks[0].env.step.std for p in plans.values()}
+    assert {"sync", "rollart"} <= modes and {0, 1, 2} <= alphas
+    assert max(sigmas) >= 5 * min(sigmas)
+    assert {0.0, 0.25} <= {p.algorithm.redundancy for p in plans.values()}
+    assert any(len(set(p.placement.hw_affinity.values())) == 2 for p in plans.values())
+    for p in plans.values():  # the torch engine has no prefix cache: the plans must not assume one
+        assert p.placement.prefix_cache is False
+
+
+def test_train_profile_drives_the_simulated_trainer(tmp_path: Path) -> None:
+    path = _train_profile(tmp_path)
+    assert load_profile(path) == load_profile(path)  # round trip
+    base = ["algorithm.steps=2"]
+    plan = load_plan(resolve("local/validate-sync"), [*base, f"placement.trainer.profile={path}"])
+    out = run_sim(plan).to_result()
+    assert "measured train profile cpu/Qwen3-tiny" in out.calibration["trainer"]
+    step = out.steps[-1]
+    tokens = step.tokens
+    assert step.breakdown_s["train"] == pytest.approx(0.5 + 1e-3 * tokens, rel=1e-6)
+    assert step.breakdown_s["weight_sync"] == pytest.approx(0.5, rel=1e-6)  # the measured broadcast
+
+
+def test_wrong_profile_kinds_are_plan_errors(tmp_path: Path) -> None:
+    train = _train_profile(tmp_path)
+    with pytest.raises(PlanError, match="cluster.gpu_pools.pool_a.profile: .*train profile"):
+        run_sim(load_plan(resolve("local/validate-rollart"), [f"cluster.gpu_pools.pool_a.profile={train}"]))
+    kernel = ROOT / "calibration" / "profiles" / "h20.yaml"
+    with pytest.raises(PlanError, match="placement.trainer.profile: .*kernel profile, not a train profile"):
+        run_sim(load_plan(resolve("local/validate-rollart"), [f"placement.trainer.profile={kernel}"]))
+
+
+def test_request_overhead_delays_every_generate_call(tmp_path: Path) -> None:
+    rows = tmp_path / "p.csv"
+    lines = ["phase,batch_size,kv_len,new_tokens,latency_us"]
+    for b in (1, 2, 4, 8, 16):
+        for n in (16, 64, 256):
+            lines.append(f"prefill,{b},0,{n},{1000 + 5 * b * n}")
+            lines.append(f"decode,{b},{n},1,{800 + 50 * b + 0.1 * b * n}")
+    rows.write_text("\n".join(lines) + "\n")
+    from rollart.calibration.engine_fit import fit_engine_csv
+
+    times = {}
+    for overhead in (0.0, 0.05):
+        profile = fit_engine_csv(rows, gpu="cpu", model="Qwen3-tiny")
+        profile.request_overhead_s = overhead
+        save_profile(profile, tmp_path / f"e{overhead}.yaml")
+        sets = [f"cluster.gpu_pools.{p}.profile={tmp_path / f'e{overhead}.yaml'}" for p in ("pool_a", "pool_b")]
+        plan = load_plan(resolve("local/validate-sync"), [*sets, "algorithm.steps=2"])
+        times[overhead] = run_sim(plan).to_result().steps[-1].time_s
+    # Sync: three turns in lockstep, each one generate call later by the overhead
+    assert times[0.05] - times[0.0] == pytest.approx(3 * 0.05, rel=0.05)
+
+
+def test_fit_linear_recovers_a_train_line() -> None:
+    import numpy as np
+
+    X = np.array([[1.0, t, t * 64] for t in (128, 256, 512, 1024, 2048, 4096, 8192)])
+    y = 0.02 + 3e-5 * X[:, 1] + 1e-9 * X[:, 2]
+    fit = fit_linear(X, y, "a + b·T + c·S", "synthetic")
+    assert fit.params["a"] == pytest.approx(0.02, rel=1e-3)
+    assert fit.params["b"] == pytest.approx(3e-5, rel=1e-3)
+
+
+def _result(times: list[float], trajs: int = 8, backend: str = "sim") -> RunResult:
+    steps, t = [], 0.0
+    for i, dt in enumerate(times):
+        steps.append(StepRecord(step=i, start_s=t, end_s=t + dt, breakdown_s={"generation": dt}, trajectories=trajs,
+                                tokens=100, mean_staleness=0.0))
+        t += dt
+    return RunResult(scenario="x", mode="sync", seed=0, backend=backend, steps=steps,
+                     summary={"gpu_busy_fraction": {"a": 0.5}, "aborted_stale": 1})
+
+
+def test_compare_skips_warmup_and_signs_errors() -> None:
+    real, sim = _result([9.0, 2.0, 2.0, 2.0]), _result([1.0, 1.8, 1.8, 1.8])
+    figs = {f.name: f for f in compare(real, sim, warmup=1)}
+    assert figs["step time, mean"].real == pytest.approx(2.0)
+    assert figs["step time, mean"].error == pytest.approx(-0.1)
+    assert figs["trajectories/s"].error == pytest.approx(2.0 / 1.8 - 1)
+    assert figs["aborted: stale"].error == -1  # counts compare as differences
+    assert step_figures(real, 0)["step_time_mean"] == pytest.approx(3.75)
+    assert Figure("x", 0.0, 0.0).error == 0.0 and Figure("x", 0.0, 1.0).error is None
+
+
+def test_validate_rejects_a_warmup_that_leaves_nothing() -> None:
+    proc = subprocess.run([ROLLART, "validate", "local/validate-rollart", "--steps", "2", "--warmup-steps", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "--warmup-steps: 2 leaves none of the 2 steps to compare" in proc.stderr
+
+
+@pytest.mark.slow
+def test_validate_end_to_end_within_the_ci_bound(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    pytest.importorskip("torch")
+    out = tmp_path / "v"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run([ROLLART, "validate", "local/validate-sync", "--steps", "5", "--out", str(out),
+                           "--profile-dir", str(tmp_path / "profile"), "-q"],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "step time, mean" in proc.stdout and "trajectories/s" in proc.stdout
+    for name in ("real.json", "sim.json", "real.trace.json", "sim.trace.json", "validation.png", "validation.json"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "validation.json").read_text())
+    errors = {f["name"]: f["error"] for f in summary["figures"]}
+    assert summary["profile"]["reused"] is False
+    assert abs(errors["step time, mean"]) <= CI_BOUND, summary["figures"]
+    assert abs(errors["trajectories/s"]) <= CI_BOUND, summary["figures"]
+    real = json.loads((out / "real.json").read_text())
+    assert real["backend"] == "runtime" and len(real["steps"]) == 5
+    sim = json.loads((out / "sim.json").read_text())
+    assert "measured train profile" in sim["calibration"]["trainer"]
