@@ -192,6 +192,17 @@ def test_swe_gap_diagnostics_use_the_profile_means_and_stay_out_of_the_breakdown
     assert all(math.isfinite(g["inflation"]) for g in section.headline["gap"].values())
 
 
+def test_pd_moe_note_counts_the_experts_a_decode_step_reads():
+    from rollart.reproduce.experiments import PD_LAYOUTS, _moe_decode_note
+
+    pd = dict((k, ov) for k, _, ov in PD_LAYOUTS)["pd"]
+    moe = load_plan(resolve("paper/experiments/pd-disaggregation-swe-moe"), list(pd))
+    dense = load_plan(resolve("paper/experiments/pd-disaggregation-swe"), list(pd))
+    (note,) = _moe_decode_note(Outcome(Variant("v", "x"), moe, None, None, 0.0, 1))
+    assert "16 decode workers" in note and "of 128 experts" in note
+    assert _moe_decode_note(Outcome(Variant("v", "x"), dense, None, None, 0.0, 1)) == []
+
+
 # ---------------------------------------------------------------- report and CLI
 
 

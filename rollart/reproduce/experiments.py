@@ -810,8 +810,31 @@ def _analyse_pd(outs: list[Outcome]) -> Section:
          "helped clearly (qualitative)"],
     ])
     notes = ["Both layouts use the same 16 H800 + 16 H20; colocated routes least-loaded over both pools. Throughput "
-             "over the steady-state steps."] + _failures(outs)
+             "over the steady-state steps."] + _moe_decode_note(_find(outs, model="moe", layout="pd")) + _failures(outs)
     return Section(table, comparison, notes, headline=head)
+
+
+def _moe_decode_note(o: Outcome | None) -> list[str]:
+    """Why the MoE model does not gain from PD here: the experts a decode-only step reads."""
+    if o is None or o.plan is None or not o.plan.model.moe_experts:
+        return []
+    from rollart.sim.costs.moe import experts_touched
+
+    m, plan = o.plan.model, o.plan
+    workers = sum(g.workers for g in plan.placement.generation if g.role == "decode") or 1
+    per_worker = max(1, plan.algorithm.batch_size // workers)
+    touched = experts_touched(per_worker, m.moe_experts, m.moe_active_experts)
+    more = experts_touched(4 * per_worker, m.moe_experts, m.moe_active_experts)
+    return [f"PD loses here for both models: the decode pool (H20) saturates while the prefill pool idles (GPU busy "
+            f"column). For the MoE model the weight traffic of decode adds to it: a step reads the experts its batch "
+            f"touches, E·(1 − (1 − k/E)^B). With {plan.algorithm.batch_size} trajectories a batch over {workers} decode "
+            f"workers, a worker decodes on the order of {per_worker} sequences at once (more with α and redundant "
+            f"members in flight, fewer while trajectories wait on env calls): a decode-only step then reads "
+            f"~{touched:.0f} of {m.moe_experts} experts ({touched / m.moe_active_experts:.1f}× one token's "
+            f"{m.moe_active_experts}) for {per_worker} tokens (~{more:.0f} for {4 * per_worker}), while a colocated "
+            "worker shares that read with the prefill tokens of its mixed steps. The paper's clear MoE gain needs "
+            "what this model lacks or this workload does not give: expert parallelism, or decode batches large enough "
+            "to amortise the expert reads."]
 
 
 PD = Experiment(
