@@ -182,13 +182,15 @@ def test_swe_gap_diagnostics_use_the_profile_means_and_stay_out_of_the_breakdown
         plan = load_plan(resolve("paper/experiments/swe-step-breakdown"), overrides)
         t = plan.task("SWE")
         assert t.env.step.kind == "constant" and t.env.step.mean() == pytest.approx(task.env.step.mean(), rel=1e-2)
-        assert (t.response_tokens.kind == "constant") == (key == "env+gen")
+        assert (t.response_tokens.kind == "constant") == key.startswith("env+gen")
+        assert (t.env.reset.kind == "constant") == ("+reset" in key)
+        assert (t.env.failure_prob == 0) == key.endswith("+errors")
     outs = Runner(batch_cap=16).run_many([(v, 1) for v in SWE.variants], jobs=1)
     section = SWE.analyse(outs)
     assert not any("diagnostic" in row[0] for row in section.table.rows)
     (title, gap), = section.extra_tables
     assert "gap" in title and len(gap.rows) == 1 + len(SWE_SPREAD_FREE)
-    assert set(section.headline["gap"]) == {"calibrated", "env", "env+gen"}
+    assert set(section.headline["gap"]) == {"calibrated", *(key for key, _, _ in SWE_SPREAD_FREE)}
     assert all(math.isfinite(g["inflation"]) for g in section.headline["gap"].values())
 
 
