@@ -143,6 +143,7 @@ class EngineProfileGeneration:
             raise ValueError(f"engine profile {origin} was measured for {profile.model}, not {model.name}")
         self.profile = profile
         self.request_overhead_s = profile.request_overhead_s
+        self.host_parallelism, self.side_by_side = profile.host_parallelism, profile.side_by_side
         self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency())
         self.source = (f"calibrated engine profile {profile.gpu}/{profile.model} ({origin}); prefill MAPE "
                        f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
@@ -161,7 +162,9 @@ class EngineProfileGeneration:
         decode = d["b"] * decode_batch + d["c"] * decode_context if decode_batch else 0.0
         if new_tokens <= 0:
             return d["a"] + decode if decode_batch else 0.0
-        return self.prefill_time(new_tokens, attention_pairs) + decode  # one fixed cost (the prefill's)
+        if decode_batch and self.profile.mixed_step == "both_fixed_costs":
+            decode += d["a"]  # prefill and decode run as separate forwards
+        return self.prefill_time(new_tokens, attention_pairs) + decode
 
     def decode_line(self, batch: int) -> DecodeLine:
         line = self._lines.get(batch)

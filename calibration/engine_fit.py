@@ -74,3 +74,49 @@ def fit_engine_csv(path: Path, gpu: str, model: str, engine: str = "torch") -> E
                      "GPU type's memory in the scenario"],
         source=f"measured with the {engine} engine ({path})",
     )
+
+
+def step_features(step: dict[str, float]) -> list[float]:
+    """[has prefill, N, A, has decode, B, X] of one logged engine step (see ``fit_engine_steps``)."""
+    n, tokens = float(step["prefill_requests"]), float(step["prefill_tokens"])
+    rows, kv = float(step["decode_rows"]), float(step["decode_kv"])
+    pairs = n * (tokens / n) ** 2 / 2 if n else 0.0  # fresh contexts: n sequences of the mean length
+    return [1.0 if n else 0.0, tokens, pairs, 1.0 if rows else 0.0, rows, kv]
+
+
+def fit_engine_steps(steps: list[dict[str, float]], gpu: str, model: str, engine: str, source: str) -> EngineProfile:
+    """Fit an engine profile to logged engine steps (``InferenceWorker.record_steps``), pure and
+    mixed alike: step = [prefill] (a_p + b_p·N + c_p·A) + [decode] (a_d + b_d·B + c_d·X), so a
+    step that both prefills and decodes pays both fixed costs (the torch engine runs them as
+    separate forwards and then merges the new rows in). Non-negative least squares (absolute
+    errors: the fit is the expected step time); MAPE on held-out steps."""
+    if len(steps) < 12:
+        raise EngineFitError(f"{source}: {len(steps)} engine steps; at least 12 are needed to fit and hold some out")
+    X = np.array([step_features(s) for s in steps])
+    y = np.array([float(s["seconds"]) for s in steps])
+    if np.any(y <= 0):
+        raise EngineFitError(f"{source}: step times must be positive")
+    train, held = split(len(y))
+    # Absolute, not relative, errors: the simulator needs a step's expected time, and a run's
+    # occasional stalls (GC, a descheduled thread) are part of it.
+    sol = lsq_linear(X[train], y[train], bounds=(0, np.inf))
+    pred = X @ sol.x
+    pre, dec = X[:, 0] > 0, X[:, 3] > 0
+    heldout = np.zeros(len(y), dtype=bool)
+    heldout[held] = True
+
+    def part(names: tuple[str, str, str], coef: np.ndarray, rows: np.ndarray, formula: str) -> ComponentFit:
+        tr, ho = rows & ~heldout, rows & heldout
+        return ComponentFit(formula=formula, params={k: float(f"{v:.6g}") for k, v in zip(names, coef)},
+                            data=[source], rows=int(tr.sum()), heldout_rows=int(ho.sum()),
+                            mape_train=round(mape(pred[tr], y[tr]), 4) if tr.any() else None,
+                            mape_heldout=round(mape(pred[ho], y[ho]), 4) if ho.any() else None)
+
+    prefill = part(("a", "b", "c"), sol.x[:3], pre, "a + b·N + c·A (steps that prefill; decode part added)")
+    decode = part(("a", "b", "c"), sol.x[3:], dec & ~pre, "a + b·B + c·X (decode-only steps)")
+    return EngineProfile(
+        gpu=gpu, model=model, engine=engine, prefill=prefill, decode=decode, mixed_step="both_fixed_costs",
+        fit_error=PhaseError(prefill_mape_heldout=prefill.mape_heldout, decode_mape_heldout=decode.mape_heldout,
+                             note=f"held-out engine steps ({int(heldout.sum())} of {len(y)}); 'prefill' = steps "
+                                  "with a prefill, mixed ones included"),
+        source=source)

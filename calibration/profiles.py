@@ -76,6 +76,14 @@ class EngineProfile(BaseModel):
     # Time a generate call spends outside the engine's steps (RPC to the worker, its command
     # loop, the reply): added once per request. 0 when only the engine was measured.
     request_overhead_s: float = Field(0.0, ge=0)
+    # How a step that both prefills and decodes is priced: one fixed cost (one fused forward,
+    # as vLLM runs it) or both (separate forwards, as the torch engine runs them).
+    mixed_step: Literal["one_fixed_cost", "both_fixed_costs"] = "one_fixed_cost"
+    # Measured on CPU virtual devices that share one host: how many compute actors the host runs
+    # in parallel, and how many engines ran side by side while the steps were measured (the
+    # simulator's HostContention). None for a device of its own.
+    host_parallelism: float | None = Field(None, gt=0)
+    side_by_side: int = Field(1, ge=1)
     fit_error: PhaseError
     assumptions: list[str] = Field(default_factory=list)
     source: str = ""

@@ -49,8 +49,29 @@ def figures_table(v) -> Table:  # noqa: ANN001
     return table
 
 
+def summary_markdown(runs: list) -> str:  # noqa: ANN001
+    """One row per validated scenario: the headline figures and their errors (VALIDATION.md)."""
+    lines = ["| scenario | mode | step time real / sim (s) | error | p90 real / sim (s) | trajectories/s real / sim "
+             "| error | busy real / sim | aborted real / sim |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for v in runs:
+        f = {x.name: x for x in v.figures}
+        if not f:
+            lines.append(f"| {v.plan.name} | {v.real.mode} | failed: {v.real.error or v.sim.error} | | | | | | |")
+            continue
+        st, p90, tp = f["step time, mean"], f["step time, p90"], f["trajectories/s"]
+        busy = " · ".join(f"{x.name.split(': ')[1]} {x.real:.0%}/{x.sim:.0%}" for x in v.figures
+                          if x.name.startswith("busy fraction"))
+        ab = " · ".join(f"{x.name.split(': ')[1]} {x.real:.0f}/{x.sim:.0f}" for x in v.figures
+                        if x.name.startswith("aborted") and (x.real or x.sim)) or "0/0"
+        lines.append(f"| {v.plan.name} | {v.real.mode} | {st.real:.2f} / {st.sim:.2f} | {st.error:+.1%} | "
+                     f"{p90.real:.2f} / {p90.sim:.2f} | {tp.real:.2f} / {tp.sim:.2f} | {tp.error:+.1%} | {busy} | {ab} |")
+    return "\n".join(lines) + "\n"
+
+
 def validate(
-    scenario: str = typer.Argument(..., help="scenario YAML or shipped name (e.g. local/validate-sync)"),
+    scenarios: list[str] = typer.Argument(..., help="scenario YAMLs or shipped names (e.g. local/validate-sync); "
+                                                    "with several, each gets its own folder under --out"),
     steps: Optional[int] = typer.Option(None, "--steps", help="override algorithm.steps"),
     out: Path = typer.Option(Path("validate-out"), "--out", help="folder for the JSON results, traces and PNG"),
     mode: Optional[str] = typer.Option(None, "--mode"),
@@ -65,30 +86,52 @@ def validate(
 ) -> None:
     """Run a plan for real, simulate it calibrated on this machine, and compare the two."""
     from rollart.cli import _check_mode, _fail, _load, _overrides
-    from rollart.plan import PlanError
-    from rollart.validate.main import validate as run_validation
 
     _check_mode(mode)
-    plan = _load(scenario, _overrides(set_, steps, seed))
+    plans = [_load(name, _overrides(set_, steps, seed)) for name in scenarios]
     try:
         import ray  # noqa: F401
         import torch  # noqa: F401
     except ImportError:
         _fail(["rollart validate needs the runtime extra: pip install -e '.[runtime]'"])
-    if warmup >= plan.algorithm.steps:
-        _fail([f"--warmup-steps: {warmup} leaves none of the {plan.algorithm.steps} steps to compare"])
+    for plan in plans:
+        if warmup >= plan.algorithm.steps:
+            _fail([f"--warmup-steps: {warmup} leaves none of the {plan.algorithm.steps} steps to compare"])
     t0 = time.perf_counter()
+    runs = []
+    failed = False
+    for i, plan in enumerate(plans):
+        folder = out if len(plans) == 1 else out / plan.name
+        v = _validate_one(plan, folder, mode, profile_dir, reprofile and i == 0, max_profile_age_h, warmup, quiet,
+                          f"[{i + 1}/{len(plans)}] " if len(plans) > 1 else "")
+        runs.append(v)
+        failed |= bool(v.real.error or v.sim.error)
+    if len(plans) > 1:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.md").write_text(summary_markdown(runs))
+        console.print(f"[dim]wrote {out / 'summary.md'}[/]", highlight=False)
+    console.print(f"[dim]{time.perf_counter() - t0:.0f} s wall[/]", highlight=False)
+    if failed:
+        raise typer.Exit(code=1)
+
+
+def _validate_one(plan, out: Path, mode, profile_dir, reprofile: bool, max_profile_age_h: float,  # noqa: ANN001
+                  warmup: int, quiet: bool, prefix: str):  # noqa: ANN202
+    from rollart.cli import _fail
+    from rollart.plan import PlanError
+    from rollart.validate.main import validate as run_validation
+
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=quiet) as bar:
-        task = bar.add_task("profiling this machine", total=plan.algorithm.steps)
+        task = bar.add_task(f"{prefix}{plan.name}: profiling this machine", total=plan.algorithm.steps)
         try:
             v = run_validation(plan, out, mode=mode, profile_dir=profile_dir, reprofile=reprofile,
                                max_profile_age_h=max_profile_age_h, warmup=warmup,
-                               progress=lambda msg: bar.update(task, description=msg),
+                               progress=lambda msg: bar.update(task, description=f"{prefix}{plan.name}: {msg}"),
                                on_step=lambda rec: bar.update(task, advance=1))
         except PlanError as exc:
             _fail(exc.problems)
-            return
+            raise
     if v.figures:
         console.print(figures_table(v))
     for side, error in (("real run", v.real.error), ("simulation", v.sim.error)):
@@ -100,7 +143,5 @@ def validate(
                   + (f" · generate call overhead {p['request_overhead_s'] * 1e3:.1f} ms · publish+pull "
                      f"{p['publish_pull_s']:.2f} s · swap {p['swap_s']:.3f} s" if not p.get("reused") else "")
                   + f"[/]", highlight=False)
-    console.print(f"[dim]wrote {out}/: {', '.join(v.files.values())} · {time.perf_counter() - t0:.0f} s wall[/]",
-                  highlight=False)
-    if v.real.error or v.sim.error:
-        raise typer.Exit(code=1)
+    console.print(f"[dim]wrote {out}/: {', '.join(v.files.values())}[/]", highlight=False)
+    return v

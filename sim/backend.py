@@ -12,6 +12,7 @@ from typing import Any, Callable, Generator, Hashable
 import simpy
 
 from rollart.calibration import generation_cost, train_cost
+from rollart.calibration.profiles import TrainProfile
 from rollart.core import Controller, RunAborted, build_workers
 from rollart.core.effects import (Abort, Aborted, AcquireEnv, BroadcastWeights, ComputeReward, EnvClose, EnvReset,
                                   EnvStep, Generate, GenOutcome, PublishWeights, Sleep, Spawn, TrainStep,
@@ -22,6 +23,7 @@ from rollart.plan import Plan, PlanError
 from rollart.report import RunResult, summary_from_steps
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
+from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
 from rollart.sim.reward import JUDGE_OUTPUT_TOKENS, RULE_REWARD_S, ServerlessPlatform, judge_input_tokens
 from rollart.trace import NullTracer, Tracer
@@ -50,6 +52,7 @@ class SimBackend:
         except (OSError, ValueError) as exc:
             raise PlanError([f"placement.trainer.profile: {exc}"]) from None
         self.transfer = WeightTransferCost(plan, getattr(self.train_cost, "profile", None))
+        self.contention = self._host_contention()
         self.trainer_busy_s = 0.0
         self._handlers: dict[type, Callable[[Any], SimGen]] = {
             AcquireEnv: self._acquire_env, EnvReset: self._env_reset, EnvStep: self._env_step, EnvClose: self._env_close,
@@ -86,6 +89,20 @@ class SimBackend:
             self.engines.append(GenerationEngine(self.env, w.id, g.pool, cost, g.max_num_seqs,
                                                  plan.placement.prefix_cache, span))
             self.ctl.proxy.workers[w.id].kv_capacity_tokens = cost.kv_capacity_tokens  # routing sees KV room
+
+    def _host_contention(self) -> HostContention | None:
+        """Engines measured on virtual devices of one host (their profiles say how many actors
+        it runs in parallel) share its cores with each other and with a measured trainer."""
+        costs = [e.cost for e in self.engines]
+        if not costs or any(getattr(c, "host_parallelism", None) is None for c in costs):
+            return None
+        contention = HostContention(costs[0].host_parallelism, engine_ref=costs[0].side_by_side)
+        for e in self.engines:
+            e.cost = ScaledGeneration(e.cost)
+            e.contention = contention
+            contention.engines.append(e)
+        self.trainer_shares_host = isinstance(getattr(self.train_cost, "profile", None), TrainProfile)
+        return contention
 
     def _worker_span(self, pool: str, wid: int) -> Callable[[str, float, float], None] | None:
         if isinstance(self.tracer, Tracer):
@@ -257,7 +274,13 @@ class SimBackend:
 
     def _train(self, eff: TrainStep) -> SimGen:
         t = self.train_cost.step_time([tr.context_tokens for tr in eff.batch])
+        shared = self.contention is not None and self.trainer_shares_host
+        if shared:
+            t *= self.contention.trainer_factor()
+            self.contention.set_trainer_busy(True)
         yield self.env.timeout(t)
+        if shared:
+            self.contention.set_trainer_busy(False)
         self.trainer_busy_s += t
 
     def _broadcast(self, eff: BroadcastWeights) -> SimGen:

@@ -79,6 +79,8 @@ class GenerationEngine:
         self._updating = False      # a weight swap + KV recompute is running (not interruptible)
         self._replan_pending = False
         self._update_started = 0.0
+        self.contention: Any = None  # a HostContention when engines share a host's cores
+        self.busy = False
 
     # ---- commands (applied between engine steps) ------------------------------------
 
@@ -173,9 +175,29 @@ class GenerationEngine:
             self._begin(lead, 0)
         else:
             self._plan = None
+            self._set_busy(False)
+
+    def _set_busy(self, busy: bool) -> None:
+        if busy != self.busy:
+            self.busy = busy
+            if self.contention is not None:
+                self.contention.changed(self if busy else None)
+
+    def set_slowdown(self, factor: float) -> None:
+        """Host contention changed: re-plan at the new speed (the iteration in progress
+        finishes at the old one)."""
+        if factor == self.cost.factor:
+            return
+        if self._plan is not None and not self._updating:
+            self._settle()
+            self.cost.factor = factor
+            self._next()
+        else:
+            self.cost.factor = factor
 
     def _begin(self, lead: float, k_next: int) -> None:
         """Run ``lead`` seconds of prefill work, then ``k_next`` decode iterations."""
+        self._set_busy(True)  # first, so a contention change applies to this plan too
         batch = len(self.running)
         line = self.cost.decode_line(batch) if batch else None
         x0 = self.ctx_sum
@@ -332,6 +354,7 @@ class GenerationEngine:
         self._updating = True
         t0 = self._update_started = self.env.now
         self._plan = None
+        self._set_busy(True)
 
         def done(_: int) -> None:
             self._updating = False

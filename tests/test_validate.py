@@ -104,25 +104,51 @@ def test_request_overhead_delays_every_generate_call(tmp_path: Path) -> None:
 def test_fit_linear_recovers_a_train_line() -> None:
     import numpy as np
 
-    X = np.array([[1.0, t, t * 64] for t in (128, 256, 512, 1024, 2048, 4096, 8192)])
+    # n sequences of length L: T = n·L tokens, S = n·L²
+    X = np.array([[1.0, n * L, n * L * L] for n in (4, 8, 16, 32) for L in (32, 128, 384)])
     y = 0.02 + 3e-5 * X[:, 1] + 1e-9 * X[:, 2]
     fit = fit_linear(X, y, "a + b·T + c·S", "synthetic")
     assert fit.params["a"] == pytest.approx(0.02, rel=1e-3)
     assert fit.params["b"] == pytest.approx(3e-5, rel=1e-3)
+    assert fit.params["c"] == pytest.approx(1e-9, rel=1e-2)
 
 
-def _result(times: list[float], trajs: int = 8, backend: str = "sim") -> RunResult:
+def test_fit_engine_steps_prices_mixed_steps_with_both_fixed_costs() -> None:
+    import random
+
+    from rollart.calibration.engine_fit import fit_engine_steps
+
+    rnd = random.Random(0)
+    truth = {"ap": 2e-3, "bp": 1e-5, "cp": 2e-9, "ad": 1.5e-3, "bd": 8e-5, "cd": 2e-7}
+    steps = []
+    for _ in range(400):
+        n = rnd.choice([0, 0, 1, 2, 4, 8])
+        rows = rnd.choice([0, 1, 4, 8, 16]) if n else rnd.choice([1, 4, 8, 16])
+        per = rnd.choice([16, 64, 192])
+        kv = rows * rnd.choice([20, 80, 200])
+        t = (truth["ap"] + truth["bp"] * n * per + truth["cp"] * n * per * per / 2 if n else 0.0) + \
+            (truth["ad"] + truth["bd"] * rows + truth["cd"] * kv if rows else 0.0)
+        steps.append({"prefill_requests": n, "prefill_tokens": n * per, "decode_rows": rows, "decode_kv": kv,
+                      "seconds": t})
+    profile = fit_engine_steps(steps, gpu="cpu", model="Qwen3-tiny", engine="torch", source="synthetic")
+    assert profile.mixed_step == "both_fixed_costs"
+    assert profile.prefill.params["a"] == pytest.approx(truth["ap"], rel=1e-3)
+    assert profile.decode.params["b"] == pytest.approx(truth["bd"], rel=1e-3)
+    assert profile.fit_error.decode_mape_heldout < 1e-3
+
+
+def _result(times: list[float], trajs: int = 8, backend: str = "sim", stale: int = 0) -> RunResult:
     steps, t = [], 0.0
     for i, dt in enumerate(times):
         steps.append(StepRecord(step=i, start_s=t, end_s=t + dt, breakdown_s={"generation": dt}, trajectories=trajs,
                                 tokens=100, mean_staleness=0.0))
         t += dt
     return RunResult(scenario="x", mode="sync", seed=0, backend=backend, steps=steps,
-                     summary={"gpu_busy_fraction": {"a": 0.5}, "aborted_stale": 1})
+                     summary={"gpu_busy_fraction": {"a": 0.5}, "aborted_stale": stale})
 
 
 def test_compare_skips_warmup_and_signs_errors() -> None:
-    real, sim = _result([9.0, 2.0, 2.0, 2.0]), _result([1.0, 1.8, 1.8, 1.8])
+    real, sim = _result([9.0, 2.0, 2.0, 2.0], stale=1), _result([1.0, 1.8, 1.8, 1.8])
     figs = {f.name: f for f in compare(real, sim, warmup=1)}
     assert figs["step time, mean"].real == pytest.approx(2.0)
     assert figs["step time, mean"].error == pytest.approx(-0.1)
@@ -161,3 +187,40 @@ def test_validate_end_to_end_within_the_ci_bound(tmp_path: Path) -> None:
     assert real["backend"] == "runtime" and len(real["steps"]) == 5
     sim = json.loads((out / "sim.json").read_text())
     assert "measured train profile" in sim["calibration"]["trainer"]
+
+
+def test_host_contention_formula() -> None:
+    from rollart.sim.contention import HostContention
+
+    hc = HostContention(parallelism=2.0, engine_ref=2)
+    assert hc._load(1) == 1.0 and hc._load(2) == 1.0 and hc._load(4) == 2.0
+    assert hc.trainer_factor() == 1.0          # no engine busy: the trainer alone
+    hc.trainer_busy = True
+    assert hc.engine_factor() == 1.0           # 1 busy actor, the engines' profile had 2
+    assert HostContention(1.0, engine_ref=1).trainer_factor() == 1.0
+
+
+def test_engines_sharing_a_host_slow_down_with_the_measured_parallelism(tmp_path: Path) -> None:
+    from rollart.calibration.engine_fit import fit_engine_csv
+
+    rows = tmp_path / "p.csv"
+    lines = ["phase,batch_size,kv_len,new_tokens,latency_us"]
+    for b in (1, 2, 4, 8, 16):
+        for n in (16, 64, 256):
+            lines.append(f"prefill,{b},0,{n},{1000 + 5 * b * n}")
+            lines.append(f"decode,{b},{n},1,{800 + 50 * b + 0.1 * b * n}")
+    rows.write_text("\n".join(lines) + "\n")
+    gen = {}
+    for parallelism in (None, 1.0):
+        profile = fit_engine_csv(rows, gpu="cpu", model="Qwen3-tiny")
+        profile.host_parallelism, profile.side_by_side = parallelism, 1
+        path = tmp_path / f"e{parallelism}.yaml"
+        save_profile(profile, path)
+        sets = [f"cluster.gpu_pools.{p}.profile={path}" for p in ("pool_a", "pool_b")]
+        plan = load_plan(resolve("local/validate-sync"), [*sets, "algorithm.steps=2"])
+        out = run_sim(plan)
+        gen[parallelism] = sum(e.busy_s for e in out.backend.engines)
+        if parallelism:
+            assert out.backend.contention is not None
+    # one core for two engines that decode at the same time: their busy time about doubles
+    assert 1.6 < gen[1.0] / gen[None] <= 2.0 + 1e-9

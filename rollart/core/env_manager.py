@@ -118,7 +118,7 @@ def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | Non
     traj.context_tokens = reset.obs_tokens
     while True:
         if barrier is not None and (sig := barrier.arrive(traj.id)) is not None:  # wait for the slowest env
-            yield from _wait(ctl, traj, sig, ENV_STEP)
+            yield from _wait(ctl, traj, sig, ENV_RESET if traj.turns == 0 else ENV_STEP)
         yield from _generate(ctl, traj, max(1, task.max_context_tokens - traj.context_tokens))
         if barrier is not None and (sig := barrier.arrive(traj.id)) is not None:  # the slowest generation
             yield from _wait(ctl, traj, sig, GEN)

@@ -76,8 +76,9 @@ class RuntimeCounters:
 class RuntimeBackend:
     def __init__(self, plan: Plan, mode: ModeConfig, seed: int, address: str | None = None,
                  tracer: Tracer | None = None, on_step: Callable[[StepRecord], None] | None = None,
-                 checkpoint_dir: Path | None = None, resume: Path | None = None):
+                 checkpoint_dir: Path | None = None, resume: Path | None = None, record_engine_steps: bool = False):
         self.plan, self.mode, self.seed = plan, mode, seed
+        self.record_engine_steps = record_engine_steps  # each engine step's work and time (rollart validate)
         self.address = address
         self.model = plan.runtime.model or plan.model
         self.tracer = tracer or NullTracer()
@@ -142,6 +143,8 @@ class RuntimeBackend:
         # every worker starts from the trainer's weights (same seed ⇒ same init, but be explicit)
         state = ray.get(self.trainer.state_dict.remote())
         ray.get([w.update_weights.remote(self.ctl.version, state) for w in self.workers])
+        if self.record_engine_steps:
+            ray.get([w.record_steps.remote(True) for w in self.workers])
 
     def _make_store(self) -> Any:
         """A picklable store spec the trainer publishes through and workers pull from: the
@@ -330,7 +333,10 @@ class RuntimeBackend:
         for tid in [tid for tid, _ in self.finished.items()
                     if self.ctl.trajectories[tid].state.value not in ("scored",)]:
             del self.finished[tid]
+        t0 = self.now()
         metrics = await self.trainer.train_step.remote(samples, eff.version)
+        metrics["round_trip_s"] = self.now() - t0
+        metrics["context_tokens"] = [t.context_tokens for t in eff.batch]
         self.counters.train_metrics.append(metrics)
         every = self.plan.runtime.checkpoint_every
         if every and self.checkpoint_dir is not None and (eff.version + 1) % every == 0:
@@ -412,7 +418,10 @@ class RuntimeBackend:
         out = []
         for w in self.workers:
             try:
-                out.append(ray.get(w.stats.remote(), timeout=30))
+                st = ray.get(w.stats.remote(), timeout=30)
+                if self.record_engine_steps:
+                    st["step_log"] = ray.get(w.record_steps.remote(False), timeout=30)
+                out.append(st)
             except Exception:  # noqa: BLE001 - a worker that died at the very end has no stats
                 out.append({})
         return out

@@ -101,6 +101,7 @@ class InferenceWorker:
                        "steps": 0, "busy_seconds": 0.0, "weight_updates": 0, "commands": 0, "step_errors": 0}
         self._started = time.monotonic()
         self._error: Optional[BaseException] = None
+        self._step_log: Optional[deque] = None
         self._thread = threading.Thread(target=self._run, name=f"{name}-loop", daemon=True)
         self._thread.start()
 
@@ -159,6 +160,14 @@ class InferenceWorker:
         if engine_stats:
             out["engine_stats"] = dict(engine_stats)
         return out
+
+    async def record_steps(self, on: bool = True) -> list[dict[str, float]]:
+        """Start (``on``) or stop recording what each engine step computed and how long it took
+        (engines that report ``last_step``); returns and clears what was recorded so far."""
+        with self._cv:
+            log = list(self._step_log or [])
+            self._step_log = deque(maxlen=100_000) if on else None
+        return log
 
     async def version(self) -> int:
         return self._version
@@ -301,6 +310,9 @@ class InferenceWorker:
                 continue
             self._stats["busy_seconds"] += time.perf_counter() - t0
             self._stats["steps"] += 1
+            last = getattr(engine, "last_step", None)
+            if last and self._step_log is not None:
+                self._step_log.append(dict(last))
             for c in done:
                 self._stats["tokens_generated"] += len(c.token_ids)
                 self._finish(c)

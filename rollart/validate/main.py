@@ -21,7 +21,7 @@ from rollart.calibration.profiles import EngineProfile, TrainProfile, load_profi
 from rollart.plan import Plan
 from rollart.plan.loader import plan_from_dict
 from rollart.report import RunResult
-from rollart.validate.compare import Figure, compare
+from rollart.validate.compare import Figure, compare, engine_in_run
 
 Progress = Callable[[str], None]
 
@@ -101,7 +101,10 @@ def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: 
         engine_yaml, train_yaml = profile_dir / "engine.yaml", profile_dir / "train.yaml"
         say("real run")
         real_tracer = Tracer()
-        real = RuntimeBackend(plan, cfg, plan.algorithm.seed, tracer=real_tracer, on_step=on_step).run().to_result()
+        outcome = RuntimeBackend(plan, cfg, plan.algorithm.seed, tracer=real_tracer, on_step=on_step,
+                                 record_engine_steps=True).run()
+        real = outcome.to_result()
+        step_log = [st for w in outcome.worker_stats for st in w.get("step_log", [])]
     finally:
         if started:
             ray.shutdown()
@@ -110,9 +113,14 @@ def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: 
     sim_tracer = Tracer()
     sim = simulate_plan(sim_plan, mode_config(sim_plan, mode), sim_plan.algorithm.seed, sim_tracer).to_result()
     figures = compare(real, sim, warmup) if real.steps and sim.steps else []
+    if figures and step_log:
+        figures.append(engine_in_run(step_log, load_profile(engine_yaml)))
     files = {"real_json": "real.json", "sim_json": "sim.json", "real_trace": "real.trace.json",
              "sim_trace": "sim.trace.json", "plot": "validation.png", "summary": "validation.json"}
     real.write_json(out / files["real_json"])
+    if step_log:
+        files["engine_steps"] = "real.engine-steps.json"
+        (out / files["engine_steps"]).write_text(json.dumps(step_log) + "\n")
     sim.write_json(out / files["sim_json"])
     real_tracer.write(out / files["real_trace"])
     sim_tracer.write(out / files["sim_trace"])

@@ -1,13 +1,13 @@
 """Measure this machine for ``rollart validate``: the engine, the generate call around it, the
 trainer and the weight hand-off.
 
-Everything is measured through the classes and Ray calls ``rollart run`` itself uses (the
-runtime's engine factory in a Ray worker process, a :class:`RuntimeBackend`'s inference worker,
-trainer actor and weight store), so the simulator is calibrated on what the run executes, not
+Everything is measured through the classes and Ray calls ``rollart run`` itself uses (a
+:class:`RuntimeBackend`'s inference workers, trainer actor and weight store), so the simulator is calibrated on what the run executes, not
 on a bare forward pass:
 
-* engine: prefill and decode *steps* of the runtime's engine (sampling, KV bookkeeping and
-  the merge of new rows included) over batch sizes × prompt lengths → an engine profile
+* engine: prefill and decode *steps* timed inside the run's inference workers (sampling, KV
+  bookkeeping and the worker's own threads included), all workers at once, over batch sizes ×
+  prompt lengths → an engine profile
   (``prefill(N, A) = a + b·N + c·A``, ``decode(B, X) = a + b·B + c·X``);
 * request overhead: a generate call's round trip minus the engine time it caused;
 * trainer: ``train_step`` round trips over batch sizes × sequence lengths → a train profile
@@ -33,48 +33,56 @@ ENGINE_PROMPTS = (16, 64, 192, 448)
 DECODE_STEPS = 6
 TRAIN_BATCHES = (4, 8, 16, 32)
 TRAIN_LENGTHS = (32, 128, 384)
+REFERENCE_STEPS = 4
 
 Progress = Callable[[str], None]
 
 
-def engine_step_rows(model: ModelSpec, seed: int, repeats: int = 3, batches: tuple[int, ...] = ENGINE_BATCHES,
-                     prompts: tuple[int, ...] = ENGINE_PROMPTS, max_batch: int = 32) -> list[dict[str, Any]]:
-    """Median step times of the runtime's engine (runs in the process that calls it).
+def rows_from_step_log(log: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """Profile rows from an inference worker's step log: pure prefill steps and pure decode
+    steps (mixed ones are left out), the median of each distinct point."""
+    points: dict[tuple, list[float]] = {}
+    for st in log:
+        n, rows = int(st["prefill_requests"]), int(st["decode_rows"])
+        if n and not rows:
+            key = ("prefill", n, 0, round(st["prefill_tokens"] / n))
+        elif rows and not n:
+            key = ("decode", rows, round(st["decode_kv"] / rows), 1)
+        else:
+            continue
+        points.setdefault(key, []).append(st["seconds"])
+    return [{"phase": k[0], "batch_size": k[1], "kv_len": k[2], "new_tokens": k[3],
+             "latency_us": statistics.median(v) * 1e6} for k, v in sorted(points.items())]
 
-    For each (batch B, prompt P): B requests of P random tokens arrive together (as a GRPO
-    group's turn does), one step prefills them, then ``DECODE_STEPS`` steps decode; the first
-    round is a warm-up. Stop tokens are disabled so every request runs its whole length."""
+
+def decode_probe(model: ModelSpec, seed: int, start_at: float, batch: int = 8, prompt: int = 64,
+                 steps: int = 150) -> float:
+    """Mean seconds of a decode step at ``batch`` × ``prompt``, timed from the wall-clock
+    ``start_at`` on (so copies started together measure together); runs where it is called."""
     from rollart.runtime.inference_worker import make_engine
 
-    engine = make_engine(model, "torch", seed=seed, stop_token_ids=(), max_batch=max_batch)
+    engine = make_engine(model, "torch", seed=seed, stop_token_ids=())
     rng = np.random.default_rng(seed)
-    rows: list[dict[str, Any]] = []
-    for b in batches:
-        if b > max_batch:
-            continue
-        for p in prompts:
-            prefill, decode = [], [[] for _ in range(DECODE_STEPS)]
-            for rep in range(repeats + 1):
-                for i in range(b):
-                    prompt = rng.integers(16, model.vocab, p).tolist()
-                    engine.add(f"{b}-{p}-{rep}-{i}", prompt, DECODE_STEPS + 1, 1.0, seed=rep * 1000 + i)
-                t0 = time.perf_counter()
-                engine.step()
-                if rep:
-                    prefill.append(time.perf_counter() - t0)
-                for k in range(DECODE_STEPS):
-                    t0 = time.perf_counter()
-                    engine.step()
-                    if rep:
-                        decode[k].append(time.perf_counter() - t0)
-                if engine.has_work():  # pragma: no cover - the engine changed its step semantics
-                    raise RuntimeError("engine profile: requests still running after their last decode step")
-            rows.append({"phase": "prefill", "batch_size": b, "kv_len": 0, "new_tokens": p,
-                         "latency_us": statistics.median(prefill) * 1e6})
-            for k in range(DECODE_STEPS):
-                rows.append({"phase": "decode", "batch_size": b, "kv_len": p + k + 1, "new_tokens": 1,
-                             "latency_us": statistics.median(decode[k]) * 1e6})
-    return rows
+    engine.add("warm", rng.integers(16, model.vocab, prompt).tolist(), 8)
+    while engine.has_work():
+        engine.step()
+    time.sleep(max(0.0, start_at - time.time()))
+    for i in range(batch):
+        engine.add(f"r{i}", rng.integers(16, model.vocab, prompt).tolist(), steps + 1)
+    engine.step()  # the prefill
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    return (time.perf_counter() - t0) / steps
+
+
+def parallelism_from_slowdowns(slowdowns: dict[int, float]) -> float:
+    """The P of ``slowdown(k) = max(1, k / P)`` that fits measured slowdowns of k copies run
+    together (k/slowdown averaged over the k that did slow down; the largest k when none did)."""
+    slowed = [k / s for k, s in slowdowns.items() if k > 1 and s > 1.05]
+    if not slowed:
+        return float(max(slowdowns))
+    return max(1.0, statistics.mean(slowed))
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
@@ -92,6 +100,19 @@ class LocalProfile:
     engine_path: Path
     train_path: Path
     figures: dict[str, Any]
+
+
+def _kill_actors(backend: Any) -> None:
+    """The profile's workers hold pool resources: free them for the run that follows."""
+    import ray
+
+    for actor in [*getattr(backend, "workers", []), *getattr(backend, "env_workers", []),
+                  getattr(backend, "trainer", None)]:
+        if actor is not None:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
 
 def _median(samples: list[float]) -> float:
@@ -117,31 +138,100 @@ class LocalProfiler:
             self.progress("starting Ray and the run's workers")
             backend.setup()
             model = backend.model
-            # All of the plan's engines step side by side in the run and share this host's cores,
-            # so they are profiled side by side too: one copy of the grid per generation worker.
-            workers = sum(g.workers for g in self.plan.placement.generation)
-            self.progress(f"engine steps ({workers} engines side by side, prefill and decode over batch × prompt)")
-            max_batch = max(g.max_num_seqs for g in self.plan.placement.generation)
-            step_rows = ray.remote(num_cpus=0)(engine_step_rows)
-            copies = ray.get([step_rows.remote(model, self.seed + i, self.repeats, max_batch=max_batch)
-                              for i in range(workers)])
-            rows = [r for copy in copies for r in copy]
+            self.progress(f"engine steps in the {len(backend.workers)} inference workers, side by side")
+            rows = self._engine_rows(backend)
             csv_path = out_dir / "engine.csv"
             write_rows(rows, csv_path)
+            self.progress("host parallelism (1 to 4 engines decoding at once)")
+            parallelism, slowdowns = self._host_parallelism(model)
             self.progress("generate call overhead")
             overhead = self._request_overhead(backend)
             self.progress("trainer steps")
             train_rows = self._train_rows(backend)
             self.progress("weight hand-off")
             weights = self._weights(backend)
+            grid_log = self._grid_log
+            n_workers = len(backend.workers)
         finally:
+            _kill_actors(backend)
             backend.close()
-        engine_path = self._write_engine_profile(csv_path, model, overhead, out_dir)
+        self.progress(f"reference run ({REFERENCE_STEPS} steps of {self.plan.name}, another seed)")
+        run_log, run_train = self._reference_run()
+        engine_path = self._write_engine_profile(csv_path, grid_log, run_log, model, overhead, out_dir, parallelism,
+                                                 n_workers)
+        train_rows += run_train
         train_path = self._write_train_profile(train_rows, weights, model, out_dir)
         return LocalProfile(engine_path, train_path, {"request_overhead_s": overhead, **weights,
+                                                      "host_parallelism": parallelism,
+                                                      "slowdowns": {str(k): v for k, v in slowdowns.items()},
                                                       "engine_rows": len(rows), "train_rows": len(train_rows)})
 
     # ---- the pieces -----------------------------------------------------------------------
+
+    def _engine_rows(self, backend: Any) -> list[dict[str, Any]]:
+        """Drive every inference worker of the run through the grid at once (they share this
+        host in the run too) and read back what each engine step computed and took.
+
+        Per (batch B, prompt P): the workers are suspended, B requests of P random tokens are
+        queued on each, and the resume makes one step prefill them together (as a GRPO group's
+        turn arrives), then ``DECODE_STEPS`` decode steps follow. One warm-up round first."""
+        import ray
+
+        workers = backend.workers
+        max_batch = max(g.max_num_seqs for g in self.plan.placement.generation)
+        vocab = backend.model.vocab
+        rng = np.random.default_rng(self.seed)
+
+        def round_(tag: str, b: int, p: int) -> None:
+            ray.get([w.suspend.remote() for w in workers])
+            refs = [w.generate.remote(f"{tag}-{wi}-{i}", rng.integers(16, vocab, p).tolist(), DECODE_STEPS + 1, 1.0,
+                                      int(rng.integers(2**31))) for wi, w in enumerate(workers) for i in range(b)]
+            ray.get([w.resume.remote() for w in workers])
+            ray.get(refs)
+
+        round_("warm", 4, 32)
+        ray.get([w.record_steps.remote(True) for w in workers])
+        for b in (x for x in ENGINE_BATCHES if x <= max_batch):
+            for p in ENGINE_PROMPTS:
+                for rep in range(self.repeats):
+                    round_(f"{b}-{p}-{rep}", b, p)
+        logs = ray.get([w.record_steps.remote(False) for w in workers])
+        self._grid_log = [st for log in logs for st in log]
+        return rows_from_step_log(self._grid_log)
+
+    def _reference_run(self) -> tuple[list[dict[str, float]], list[tuple[int, int, float]]]:
+        """A short real run of the plan with another seed: the engine steps and train steps it
+        logged, in the conditions no grid reproduces (staggered arrivals, steps that prefill
+        and decode, padded KV after merges, the driver and envs running alongside)."""
+        from rollart.core.modes import mode_config
+        from rollart.runtime.backend import RuntimeBackend
+
+        algo = self.plan.algorithm.model_copy(update={"steps": REFERENCE_STEPS, "seed": self.seed + 1000})
+        plan = self.plan.model_copy(update={"algorithm": algo})
+        backend = RuntimeBackend(plan, mode_config(plan, None), algo.seed, record_engine_steps=True)
+        try:
+            outcome = backend.run()
+        finally:
+            _kill_actors(backend)
+        if outcome.error:
+            raise RuntimeError(f"profile: the reference run failed: {outcome.error}")
+        log = [st for w in outcome.worker_stats for st in w.get("step_log", [])]
+        train = [(sum(m["context_tokens"]), sum(s * s for s in m["context_tokens"]), m["round_trip_s"])
+                 for m in backend.counters.train_metrics[1:]]  # the first step warms the trainer up
+        return log, train
+
+    def _host_parallelism(self, model: ModelSpec, copies: int = 4) -> tuple[float, dict[int, float]]:
+        """How many engines this host runs at full speed at once: the same decode workload on
+        1, 2, … ``copies`` engines started together (Ray tasks, like the workers' processes)."""
+        import ray
+
+        probe = ray.remote(num_cpus=0)(decode_probe)
+        per_step: dict[int, float] = {}
+        for k in range(1, copies + 1):
+            start = time.time() + 3.0  # after every copy has built its model
+            per_step[k] = statistics.mean(ray.get([probe.remote(model, self.seed + i, start) for i in range(k)]))
+        slowdowns = {k: round(t / per_step[1], 3) for k, t in per_step.items()}
+        return round(parallelism_from_slowdowns(slowdowns), 3), slowdowns
 
     def _request_overhead(self, backend: Any, calls: int = 40) -> float:
         """Mean generate round trip minus the engine's busy time for it (1-token requests,
@@ -186,27 +276,29 @@ class LocalProfiler:
         return rows
 
     def _weights(self, backend: Any) -> dict[str, float]:
-        """The runtime's own weight calls, timed from the driver as ``rollart run`` awaits them."""
+        """The runtime's own weight calls on every worker at once, timed from the driver as
+        ``rollart run`` awaits them."""
         import functools
 
         import ray
 
         from rollart.runtime.backend import pull_version
 
-        worker, trainer = backend.workers[0], backend.trainer
+        workers, trainer = backend.workers, backend.trainer
         bucket = int(self.plan.weight_sync.bucket_mb * 2**20)
         spec = backend.store_spec.for_puller() if hasattr(backend.store_spec, "for_puller") else backend.store_spec
         publish, swap, broadcast = [], [], []
-        for rep in range(self.repeats + 1):
+        for rep in range(self.repeats + 1):  # every worker at once, as the run does
             version = 100 + rep
+            loader = functools.partial(pull_version, spec, version)
             t0 = time.perf_counter()
             ray.get(trainer.publish.remote(backend.store_spec, version, bucket))
-            ray.get(worker.prefetch_weights.remote(version, functools.partial(pull_version, spec, version)))
+            ray.get([w.prefetch_weights.remote(version, loader) for w in workers])
             t1 = time.perf_counter()
-            ray.get(worker.update_weights.remote(version, None))
+            ray.get([w.update_weights.remote(version, None) for w in workers])
             t2 = time.perf_counter()
             ref = ray.put(ray.get(trainer.state_dict.remote()))
-            ray.get(worker.update_weights.remote(version, ref))
+            ray.get([w.update_weights.remote(version, ref) for w in workers])
             t3 = time.perf_counter()
             if rep:
                 publish.append(t1 - t0)
@@ -216,19 +308,25 @@ class LocalProfiler:
 
     # ---- writing the profiles ---------------------------------------------------------------
 
-    def _write_engine_profile(self, csv_path: Path, model: ModelSpec, overhead: float, out_dir: Path) -> Path:
-        from rollart.calibration.engine_fit import fit_engine_csv
+    def _write_engine_profile(self, csv_path: Path, grid_log: list[dict[str, float]],
+                              run_log: list[dict[str, float]], model: ModelSpec, overhead: float, out_dir: Path,
+                              parallelism: float, side_by_side: int) -> Path:
+        from rollart.calibration.engine_fit import fit_engine_steps
         from rollart.calibration.profiles import save_profile
 
         gpu = self._device_type()
-        profile = fit_engine_csv(csv_path, gpu=gpu, model=model.name, engine="torch")
+        profile = fit_engine_steps(grid_log + run_log, gpu=gpu, model=model.name, engine="torch",
+                                   source=f"{csv_path} (grid) + {len(run_log)} steps of a reference run")
         profile.request_overhead_s = round(overhead, 6)
+        profile.host_parallelism, profile.side_by_side = parallelism, max(1, side_by_side)
         profile.assumptions = [
-            "steps of the runtime's own engine (sampling and KV bookkeeping included), one torch thread, "
-            "as `rollart run` runs it",
-            "all of the plan's engines profiled side by side (one grid copy each): they share this host's cores",
+            "engine steps timed inside the run's own inference workers (sampling, KV bookkeeping, the "
+            "worker's threads included), one torch thread each: a grid with all workers driven at once, "
+            f"plus every step of a {REFERENCE_STEPS}-step reference run of the plan (another seed)",
             "a prefill of several context lengths is one forward per length in the engine, one fixed cost here",
             "request_overhead_s: generate round trip through the inference worker actor minus its engine time",
+            "host_parallelism: engines decoding at full speed at once on this host (1-4 copies of one decode "
+            "workload started together); the simulator slows engines and the trainer down beyond it",
         ]
         path = out_dir / "engine.yaml"
         save_profile(profile, path, header=f"{gpu} / {model.name}: measured by `rollart validate` on this machine "

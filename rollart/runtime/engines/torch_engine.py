@@ -97,7 +97,9 @@ class TorchEngine:
         self._cache: Any = None              # DynamicCache over the rows (left-padded)
         self._mask: Any = None               # bool [rows, cached length]: True where a row has a token
         self._arrivals = 0
-        self.counters = {"steps": 0, "prefill_forwards": 0, "prefill_tokens": 0, "decode_forwards": 0,
+        self.last_step: dict[str, float] = {}
+        self.counters = {"steps": 0, "prefill_forwards": 0, "prefill_requests": 0, "prefill_tokens": 0,
+                         "decode_forwards": 0,
                          "decode_tokens": 0, "generated_tokens": 0, "finished": 0, "aborted": 0,
                          "recomputed_requests": 0, "recomputed_tokens": 0, "weight_loads": 0,
                          "step_seconds": 0.0}
@@ -144,8 +146,10 @@ class TorchEngine:
 
         t0 = time.perf_counter()
         done: list[Completion] = []
+        prefill_tokens, admitted = self.counters["prefill_tokens"], self.counters["prefill_requests"]
         with torch.inference_mode():
             decode_rows = list(self._rows)
+            decode_kv = sum(r.context_len for r in decode_rows)
             new_rows, new_kv = self._prefill(done)
             if decode_rows:
                 finished = self._decode(done)
@@ -153,8 +157,13 @@ class TorchEngine:
                     self._drop_rows(finished)
             if new_rows:
                 self._merge(new_rows, new_kv)
+        seconds = time.perf_counter() - t0
         self.counters["steps"] += 1
-        self.counters["step_seconds"] += time.perf_counter() - t0
+        self.counters["step_seconds"] += seconds
+        # what this step computed, for profiling the engine where it runs (InferenceWorker.step_log)
+        self.last_step = {"prefill_requests": self.counters["prefill_requests"] - admitted,
+                          "prefill_tokens": self.counters["prefill_tokens"] - prefill_tokens,
+                          "decode_rows": len(decode_rows), "decode_kv": decode_kv, "seconds": seconds}
         return done
 
     def load_weights(self, state: Mapping[str, Any]) -> None:
@@ -261,6 +270,7 @@ class TorchEngine:
             cache = DynamicCache(config=self.model.config)
             out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
             self.counters["prefill_forwards"] += 1
+            self.counters["prefill_requests"] += len(reqs)
             self.counters["prefill_tokens"] += length * len(reqs)
             for r in reqs:
                 if r.recompute:

@@ -1,0 +1,88 @@
+"""Host contention: virtual devices that share one host's CPU cores.
+
+On a GPU cluster every engine and trainer has its own device. In a CPU run (``rollart run`` with
+``runtime.pools`` of CPU "virtual devices", and ``rollart validate``) they are threads of one
+host: when more of them compute at once than the host runs in parallel, each goes slower. With
+``k`` busy compute actors (engines with work, the trainer while it trains) on a host that runs
+``P`` of them in parallel (measured by ``rollart validate``)::
+
+    slowdown(k) = max(1, k / P) / max(1, k_ref / P)
+
+relative to the ``k_ref`` actors that were busy while the actor's own profile was measured
+(engines are profiled side by side, the trainer alone). An engine re-plans when the slowdown
+changes (its iteration in progress finishes at the old speed); a training step takes the
+slowdown of its start.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rollart.sim.costs.gpu import DecodeLine
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollart.sim.engine import GenerationEngine
+
+
+class ScaledGeneration:
+    """A generation cost model whose step times are multiplied by ``factor``."""
+
+    def __init__(self, cost: Any):
+        self.inner = cost
+        self.factor = 1.0
+        self._lines: dict[tuple[int, float], DecodeLine] = {}
+
+    def __getattr__(self, name: str) -> Any:  # kv_capacity_tokens, source, request_overhead_s…
+        return getattr(self.inner, name)
+
+    def decode_line(self, batch: int) -> DecodeLine:
+        key = (batch, self.factor)
+        line = self._lines.get(key)
+        if line is None:
+            b, f = self.inner.decode_line(batch), self.factor
+            line = self._lines[key] = DecodeLine(a=b.a * f, c0=b.c0 * f, c1=b.c1 * f, m0=b.m0 * f, m1=b.m1 * f)
+        return line
+
+    def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
+        return self.inner.prefill_time(new_tokens, attention_pairs) * self.factor
+
+    def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
+                        decode_context: float) -> float:
+        return self.inner.mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context) * self.factor
+
+
+class HostContention:
+    def __init__(self, parallelism: float, engine_ref: int, trainer_ref: int = 1):
+        self.parallelism = max(1.0, float(parallelism))
+        self.engine_ref, self.trainer_ref = engine_ref, trainer_ref
+        self.engines: list["GenerationEngine"] = []
+        self.trainer_busy = False
+
+    def _load(self, k: int) -> float:
+        return max(1.0, k / self.parallelism)
+
+    def _busy(self) -> int:
+        return sum(1 for e in self.engines if e.busy) + int(self.trainer_busy)
+
+    def engine_factor(self) -> float:
+        return self._load(self._busy()) / self._load(self.engine_ref)
+
+    def trainer_factor(self) -> float:
+        """The slowdown a training step starting now runs at (the trainer counted as busy)."""
+        k = sum(1 for e in self.engines if e.busy) + 1
+        return self._load(k) / self._load(self.trainer_ref)
+
+    def changed(self, source: "GenerationEngine | None" = None) -> None:
+        """Someone became busy or idle: every engine takes the new slowdown; ``source`` (about
+        to plan with it) only has its factor set."""
+        f = self.engine_factor()
+        for e in self.engines:
+            if e is source:
+                e.cost.factor = f
+            else:
+                e.set_slowdown(f)
+
+    def set_trainer_busy(self, busy: bool) -> None:
+        if busy != self.trainer_busy:
+            self.trainer_busy = busy
+            self.changed()
