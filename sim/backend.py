@@ -212,13 +212,17 @@ class SimBackend:
         if traj.id not in self._holding_cpu:
             yield from self._acquire_env(AcquireEnv(traj))
         latency, outcome = self.envs.reset(task, traj.id)
-        yield self.env.timeout(latency)
+        yield self.env.timeout(latency + self._env_pool(task).reset_overhead_s)
         return outcome
 
     def _env_step(self, eff: EnvStep) -> SimGen:
-        latency, outcome = self.envs.step(self.plan.task(eff.traj.task), eff.traj.id)
-        yield self.env.timeout(latency)
+        task = self.plan.task(eff.traj.task)
+        latency, outcome = self.envs.step(task, eff.traj.id)
+        yield self.env.timeout(latency + self._env_pool(task).step_overhead_s)
         return outcome
+
+    def _env_pool(self, task: Any) -> Any:
+        return self.plan.cluster.cpu_pools[task.env.pool or self._default_cpu_pool]
 
     def _env_close(self, eff: EnvClose) -> SimGen:
         held = self._holding_cpu.pop(eff.traj.id, None)

@@ -55,6 +55,11 @@ class GpuPool(_Strict):
 
 class CpuPool(_Strict):
     cores: PosInt
+    # Time an env call spends outside the env itself (the RPC to the env worker, its thread
+    # hand-off), added to every reset / step drawn from the task's distributions; `rollart
+    # validate` measures it on the machine at hand.
+    reset_overhead_s: NonNegFloat = 0.0
+    step_overhead_s: NonNegFloat = 0.0
 
 
 class Serverless(_Strict):

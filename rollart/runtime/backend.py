@@ -70,6 +70,8 @@ class RuntimeCounters:
     reward_seconds: float = 0.0
     weight_publish_s: list[float] = field(default_factory=list)
     broadcast_s: float = 0.0
+    update_s: list[float] = field(default_factory=list)      # UpdateWeights round trips (all workers)
+    env_overhead_s: dict[str, list[float]] = field(default_factory=lambda: {"reset": [], "step": []})
     train_metrics: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -192,7 +194,9 @@ class RuntimeBackend:
     async def _env_reset(self, eff: EnvReset) -> EnvOutcome:
         traj = eff.traj
         seed = zlib.crc32(f"{self.seed}:{traj.group.id}".encode())  # a GRPO group shares its prompt
+        t0 = self.now()
         res = await self._env_worker(traj).reset.remote(traj.id, traj.task, seed)
+        self._env_overhead("reset", t0, res)
         if not res["ok"]:
             return EnvOutcome(ok=False, error=res.get("error") or "error")
         conv = self.conv[traj.id] = Conversation(messages=[{"role": "user", "content": res["observation"]}])
@@ -202,7 +206,9 @@ class RuntimeBackend:
     async def _env_step(self, eff: EnvStep) -> EnvOutcome:
         traj = eff.traj
         conv = self.conv[traj.id]
+        t0 = self.now()
         res = await self._env_worker(traj).step.remote(traj.id, conv.last_action)
+        self._env_overhead("step", t0, res)
         if not res["ok"]:
             return EnvOutcome(ok=False, error=res.get("error") or "error")
         conv.env_reward += float(res.get("reward") or 0.0)
@@ -216,6 +222,11 @@ class RuntimeBackend:
         conv.ids += obs_ids
         conv.loss_mask += [0] * len(obs_ids)
         return EnvOutcome(ok=True, obs_tokens=len(obs_ids))
+
+    def _env_overhead(self, kind: str, t0: float, res: dict) -> None:
+        """A successful env call's round trip beyond the latency injected into it."""
+        if res.get("ok"):
+            self.counters.env_overhead_s[kind].append(max(0.0, self.now() - t0 - float(res.get("injected_s") or 0.0)))
 
     async def _env_close(self, eff: EnvClose) -> None:
         await self._env_worker(eff.traj).close.remote(eff.traj.id)
@@ -371,7 +382,9 @@ class RuntimeBackend:
                 await self.workers[wid].update_weights.remote(eff.version,
                                                               functools.partial(pull_version, spec, eff.version))
 
+        t0 = self.now()
         await asyncio.gather(*(update(w) for w in eff.workers))
+        self.counters.update_s.append(self.now() - t0)
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -489,6 +502,7 @@ class RuntimeOutcome:
             "steps_done": len(steps),
             "wall_s": self.elapsed_s,
             "effects": b.driver.effects_handled if hasattr(b, "driver") else 0,
+            "env_call_overhead_s": {k: sum(v) / len(v) if v else 0.0 for k, v in b.counters.env_overhead_s.items()},
             "engine_steps": [{"worker": w.id, "pool": w.pool, "steps": st.get("steps", 0),
                               "busy_s": st.get("busy_seconds", 0.0)}
                              for w, st in zip(ctl.proxy.workers, self.worker_stats)],

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import yaml
+
 from rollart.calibration.profiles import EngineProfile, TrainProfile, load_profile
 from rollart.plan import Plan
 from rollart.plan.loader import plan_from_dict
@@ -32,8 +34,8 @@ def default_profile_dir(plan: Plan) -> Path:
 
 def fresh_profile(directory: Path, plan: Plan, max_age_h: float) -> bool:
     """An earlier profile can be reused: both files there, for this model, younger than ``max_age_h``."""
-    engine, train = directory / "engine.yaml", directory / "train.yaml"
-    if not (engine.is_file() and train.is_file()):
+    engine, train, host = directory / "engine.yaml", directory / "train.yaml", directory / "host.yaml"
+    if not (engine.is_file() and train.is_file() and host.is_file()):
         return False
     if time.time() - min(engine.stat().st_mtime, train.stat().st_mtime) > max_age_h * 3600:
         return False
@@ -46,12 +48,18 @@ def fresh_profile(directory: Path, plan: Plan, max_age_h: float) -> bool:
             and e.model.lower() == model and t.model.lower() == model)
 
 
-def calibrated_plan(plan: Plan, engine: Path, train: Path) -> Plan:
-    """The same plan with every generation pool and the trainer on the measured profiles."""
+def calibrated_plan(plan: Plan, engine: Path, train: Path, host: Path | None = None) -> Plan:
+    """The same plan with every generation pool and the trainer on the measured profiles, and
+    the env pools' call overheads as measured (``host.yaml``)."""
     data = plan.model_dump(mode="json", exclude_unset=True)
     for g in plan.placement.generation:
         data["cluster"]["gpu_pools"][g.pool]["profile"] = str(engine)
     data["placement"]["trainer"]["profile"] = str(train)
+    if host is not None and host.is_file():
+        measured = yaml.safe_load(host.read_text())
+        for pool in data["cluster"]["cpu_pools"].values():
+            pool["reset_overhead_s"] = measured["env_reset_overhead_s"]
+            pool["step_overhead_s"] = measured["env_step_overhead_s"]
     return plan_from_dict(data, [])
 
 
@@ -109,7 +117,7 @@ def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: 
         if started:
             ray.shutdown()
     say("simulation")
-    sim_plan = calibrated_plan(plan, engine_yaml, train_yaml)
+    sim_plan = calibrated_plan(plan, engine_yaml, train_yaml, profile_dir / "host.yaml")
     sim_tracer = Tracer()
     sim = simulate_plan(sim_plan, mode_config(sim_plan, mode), sim_plan.algorithm.seed, sim_tracer).to_result()
     figures = compare(real, sim, warmup) if real.steps and sim.steps else []
@@ -124,7 +132,7 @@ def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: 
     sim.write_json(out / files["sim_json"])
     real_tracer.write(out / files["real_trace"])
     sim_tracer.write(out / files["sim_trace"])
-    for name in ("engine.yaml", "train.yaml", "engine.csv"):
+    for name in ("engine.yaml", "train.yaml", "host.yaml", "engine.csv"):
         if (profile_dir / name).is_file():
             (out / f"profile-{name}").write_text((profile_dir / name).read_text())
     result = Validation(plan, real, sim, figures, profile_info, files, warmup)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
+import yaml
 
 from rollart.plan.schema import ModelSpec, Plan
 
@@ -150,6 +151,8 @@ class LocalProfiler:
             train_rows = self._train_rows(backend)
             self.progress("weight hand-off")
             weights = self._weights(backend)
+            self.progress("env call overhead")
+            env_overheads = self._env_overheads()
             grid_log = self._grid_log
             n_workers = len(backend.workers)
         finally:
@@ -160,8 +163,22 @@ class LocalProfiler:
         engine_path = self._write_engine_profile(csv_path, grid_log, run_log, model, overhead, out_dir, parallelism,
                                                  n_workers)
         train_rows += run_train
+        idle_weights = dict(weights)
+        weights.update(self._run_weights)  # in-run figures where the reference run measured them
         train_path = self._write_train_profile(train_rows, weights, model, out_dir)
+        run_env = self._run_env_overhead
+        host = {"env_reset_overhead_s": round(run_env["reset"], 6), "env_step_overhead_s": round(run_env["step"], 6),
+                "idle_env_reset_overhead_s": round(env_overheads[0], 6),
+                "idle_env_step_overhead_s": round(env_overheads[1], 6),
+                "measured": time.strftime("%Y-%m-%d %H:%M"),
+                "note": "env call round trip minus the injected latency, mean over the reference run's calls "
+                        "(idle_*: the same through an idle env worker, for comparison)"}
+        (out_dir / "host.yaml").write_text(yaml.safe_dump(host, sort_keys=False))
         return LocalProfile(engine_path, train_path, {"request_overhead_s": overhead, **weights,
+                                                      "idle_weights": idle_weights,
+                                                      "env_reset_overhead_s": self._run_env_overhead["reset"],
+                                                      "env_step_overhead_s": self._run_env_overhead["step"],
+                                                      "idle_env_overhead_s": list(env_overheads),
                                                       "host_parallelism": parallelism,
                                                       "slowdowns": {str(k): v for k, v in slowdowns.items()},
                                                       "engine_rows": len(rows), "train_rows": len(train_rows)})
@@ -216,9 +233,44 @@ class LocalProfiler:
         if outcome.error:
             raise RuntimeError(f"profile: the reference run failed: {outcome.error}")
         log = [st for w in outcome.worker_stats for st in w.get("step_log", [])]
+        self._run_env_overhead = outcome.to_result().summary["env_call_overhead_s"]
+        c = backend.counters
+        mean = statistics.mean
+        self._run_weights: dict[str, float] = {}
+        if c.weight_publish_s and c.update_s:  # what this plan's transport did inside a run
+            if plan.weight_sync.transport == "bucketed_store":
+                self._run_weights = {"publish_pull_s": mean(c.weight_publish_s), "swap_s": mean(c.update_s)}
+            else:
+                self._run_weights = {"broadcast_s": mean(c.weight_publish_s) + mean(c.update_s)}
         train = [(sum(m["context_tokens"]), sum(s * s for s in m["context_tokens"]), m["round_trip_s"])
                  for m in backend.counters.train_metrics[1:]]  # the first step warms the trainer up
         return log, train
+
+    def _env_overheads(self, calls: int = 30) -> tuple[float, float]:
+        """Mean reset and step round trips through an env worker actor of the plan's first task
+        with no latency injected: what a real env call costs beyond the env's own time."""
+        import ray
+
+        from rollart.runtime.envs.worker import remote_env_worker
+
+        task = self.plan.tasks[0].name
+        worker = remote_env_worker(num_cpus=0, tasks=self.plan, seed=self.seed, inject=False)
+        try:
+            ray.get(worker.warmup.remote([task]))
+            resets, steps = [], []
+            for i in range(calls + 1):
+                t0 = time.perf_counter()
+                ray.get(worker.reset.remote(f"o{i}", task, i))
+                t1 = time.perf_counter()
+                ray.get(worker.step.remote(f"o{i}", "1 2 3"))
+                t2 = time.perf_counter()
+                ray.get(worker.close.remote(f"o{i}"))
+                if i:
+                    resets.append(t1 - t0)
+                    steps.append(t2 - t1)
+        finally:
+            ray.kill(worker)
+        return statistics.mean(resets), statistics.mean(steps)
 
     def _host_parallelism(self, model: ModelSpec, copies: int = 4) -> tuple[float, dict[int, float]]:
         """How many engines this host runs at full speed at once: the same decode workload on
@@ -345,10 +397,13 @@ class LocalProfiler:
             gpu=self._device_type(), model=model.name, trainer=self.plan.runtime.trainer, step=fit,
             publish_pull_s=round(weights["publish_pull_s"], 6), broadcast_s=round(weights["broadcast_s"], 6),
             swap_s=round(weights["swap_s"], 6),
-            assumptions=["train_step round trips through the trainer actor (GRPO update, samples shipped)",
+            assumptions=["train_step round trips through the trainer actor (GRPO update, samples shipped): a grid "
+                         "on an idle trainer plus the steps of the reference run",
                          f"publish/pull through the run's weight store ({self.plan.runtime.weight_store}), "
-                         f"{self.plan.weight_sync.bucket_mb:g} MiB buckets; broadcast = ray.put of the state "
-                         "dict + the worker's load"],
+                         f"{self.plan.weight_sync.bucket_mb:g} MiB buckets, every worker at once; broadcast = "
+                         "ray.put of the state dict + every worker's load; the figures of the plan's own "
+                         f"transport ({self.plan.weight_sync.transport}) are the reference run's, the other "
+                         "transport's were measured on idle workers"],
             source="measured by `rollart validate` on this machine")
         path = out_dir / "train.yaml"
         save_profile(profile, path, header=f"{model.name} trainer measured by `rollart validate`")

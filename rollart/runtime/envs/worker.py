@@ -5,12 +5,13 @@ Every call returns a plain dict and never raises for an env's sake: an exception
 text. ``error`` reads ``"timeout: ..."`` or ``"error: <Type>: <message>"`` (the prefixes of the
 core's ``EnvOutcome.error``); ``error_kind`` is ``"timeout"`` or ``"error"``.
 
-* ``reset(traj_id, task, seed) -> {ok, observation, error, error_kind, elapsed_s}`` builds a
+* ``reset(traj_id, task, seed) -> {ok, observation, error, error_kind, elapsed_s, injected_s}`` builds a
   fresh env for the trajectory (replacing one it had) and resets it. Injected latency and
   failures draw from one stream per trajectory id (seeded by the worker's seed, the first
   reset's seed and the id), kept across re-resets until ``close``: a retried reset draws anew, and members of a
   GRPO group (same env seed) get different latencies.
-* ``step(traj_id, action) -> {ok, observation, reward, done, info, error, error_kind, elapsed_s}``.
+* ``step(traj_id, action) -> {ok, observation, reward, done, info, error, error_kind, elapsed_s,
+  injected_s}`` (``injected_s``: the latency the wrapper slept, 0 without injection).
   After a failed step the env stays (the core retries the same step per ``max_retries``).
 * ``close(traj_id) -> bool``; ``close_all()``; ``stats()``; ``active()``; ``warmup()`` (pay
   first-use import costs, ~3 s for gem-llm, before the first timed reset).
@@ -223,7 +224,7 @@ class EnvWorker:
         except Exception as exc:  # noqa: BLE001
             return self._fail(exc, t0, observation=None)
         return {"ok": True, "observation": str(obs), "error": None, "error_kind": None,
-                "elapsed_s": time.monotonic() - t0}
+                "elapsed_s": time.monotonic() - t0, "injected_s": getattr(slot.env, "last_latency_s", 0.0)}
 
     def step(self, traj_id: Hashable, action: str) -> dict:
         t0 = time.monotonic()
@@ -238,7 +239,7 @@ class EnvWorker:
             slot.steps += 1
             return {"ok": True, "observation": str(res.observation), "reward": float(res.reward),
                     "done": bool(res.done), "info": _jsonable(res.info), "error": None, "error_kind": None,
-                    "elapsed_s": time.monotonic() - t0}
+                    "elapsed_s": time.monotonic() - t0, "injected_s": getattr(slot.env, "last_latency_s", 0.0)}
         except Exception as exc:  # noqa: BLE001
             return self._fail(exc, t0, observation=None, reward=0.0, done=False, info={})
 
