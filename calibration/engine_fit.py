@@ -76,10 +76,11 @@ def fit_engine_csv(path: Path, gpu: str, model: str, engine: str = "torch") -> E
     )
 
 
-def step_features(step: dict[str, float]) -> list[float]:
-    """[has prefill, N, A, has decode, B, X] of one logged engine step (see ``fit_engine_steps``)."""
+def step_features(step: dict[str, float], padded: bool = False) -> list[float]:
+    """[has prefill, N, A, has decode, B, X] of one logged engine step (see ``fit_engine_steps``);
+    ``padded``: X is rows × the longest row (the engine pads its KV), else Σ contexts."""
     n, tokens = float(step["prefill_requests"]), float(step["prefill_tokens"])
-    rows, kv = float(step["decode_rows"]), float(step["decode_kv"])
+    rows, kv = float(step["decode_rows"]), float(step["decode_padded" if padded else "decode_kv"])
     pairs = n * (tokens / n) ** 2 / 2 if n else 0.0  # fresh contexts: n sequences of the mean length
     return [1.0 if n else 0.0, tokens, pairs, 1.0 if rows else 0.0, rows, kv]
 
@@ -92,7 +93,8 @@ def fit_engine_steps(steps: list[dict[str, float]], gpu: str, model: str, engine
     errors: the fit is the expected step time); MAPE on held-out steps."""
     if len(steps) < 12:
         raise EngineFitError(f"{source}: {len(steps)} engine steps; at least 12 are needed to fit and hold some out")
-    X = np.array([step_features(s) for s in steps])
+    padded = all("decode_padded" in s for s in steps)  # the engine reports its padded KV
+    X = np.array([step_features(s, padded) for s in steps])
     y = np.array([float(s["seconds"]) for s in steps])
     if np.any(y <= 0):
         raise EngineFitError(f"{source}: step times must be positive")
@@ -116,6 +118,7 @@ def fit_engine_steps(steps: list[dict[str, float]], gpu: str, model: str, engine
     decode = part(("a", "b", "c"), sol.x[3:], dec & ~pre, "a + b·B + c·X (decode-only steps)")
     return EngineProfile(
         gpu=gpu, model=model, engine=engine, prefill=prefill, decode=decode, mixed_step="both_fixed_costs",
+        kv_layout="padded" if padded else "paged",
         fit_error=PhaseError(prefill_mape_heldout=prefill.mape_heldout, decode_mape_heldout=decode.mape_heldout,
                              note=f"held-out engine steps ({int(heldout.sum())} of {len(y)}); 'prefill' = steps "
                                   "with a prefill, mixed ones included"),

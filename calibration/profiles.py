@@ -79,6 +79,9 @@ class EngineProfile(BaseModel):
     # How a step that both prefills and decodes is priced: one fixed cost (one fused forward,
     # as vLLM runs it) or both (separate forwards, as the torch engine runs them).
     mixed_step: Literal["one_fixed_cost", "both_fixed_costs"] = "one_fixed_cost"
+    # The decode batch's KV: paged (attention reads each row's own context, X = Σ contexts, as
+    # vLLM) or padded to the longest row (X = rows × longest context, as the torch engine).
+    kv_layout: Literal["paged", "padded"] = "paged"
     # Measured on CPU virtual devices that share one host: how many compute actors the host runs
     # in parallel, and how many engines ran side by side while the steps were measured (the
     # simulator's HostContention). None for a device of its own.

@@ -55,6 +55,7 @@ class GenerationEngine:
         self.pool = pool
         self.cost = cost
         self.request_overhead_s = float(getattr(cost, "request_overhead_s", 0.0))  # outside the engine's steps
+        self.padded_kv = getattr(cost, "kv_layout", "paged") == "padded"  # decode reads rows × longest row
         self.capacity = cost.kv_capacity_tokens
         self.max_num_seqs = max_num_seqs
         self.prefix_cache = prefix_cache
@@ -200,7 +201,7 @@ class GenerationEngine:
         self._set_busy(True)  # first, so a contention change applies to this plan too
         batch = len(self.running)
         line = self.cost.decode_line(batch) if batch else None
-        x0 = self.ctx_sum
+        x0 = self._decode_context()
         total = lead + (line.total(x0, batch, k_next) if line is not None else 0.0)
         self._plan = (self.env.now, lead, x0, batch, line, k_next, total)
         self._schedule(total, self._on_timer)
@@ -271,7 +272,8 @@ class GenerationEngine:
         # Requests whose KV arrived from a prefill worker (PD disaggregation) only decode.
         transferred = [r for r in admitted if r.new_tokens == 0]
         decoders = len(self.running) + len(transferred)
-        dt = self.cost.mixed_step_time(new_tokens, pairs, decoders, self.ctx_sum + sum(r.context for r in transferred))
+        dt = self.cost.mixed_step_time(new_tokens, pairs, decoders,
+                                       self._decode_context(transferred) if decoders else 0.0)
         self.prefill_tokens += new_tokens
         self._advance(1)
         for req in admitted:
@@ -293,6 +295,16 @@ class GenerationEngine:
         while self._heap and not self._heap[0][2].running:
             heapq.heappop(self._heap)
         return self._heap[0][0] if self._heap else self.it + 1
+
+    def _decode_context(self, joining: list[Request] = ()) -> float:
+        """The context a decode iteration reads: Σ of the rows' contexts (paged KV), or rows ×
+        the longest (KV padded to one length). Either grows by the batch size per iteration."""
+        if not self.padded_kv:
+            return self.ctx_sum + sum(r.context for r in joining)
+        rows = len(self.running) + len(joining)
+        longest = max([req.context + 1 + (self.it - req.admit_iter) for req in self.running]
+                      + [r.context for r in joining], default=0)
+        return float(rows * longest)
 
     def _advance(self, iterations: int) -> None:
         self.it += iterations

@@ -85,7 +85,8 @@ def predicted_step_s(step: dict[str, float], profile: Any) -> float:
     """The engine profile's time for one logged engine step (the simulator's mixed step: one
     fixed cost, the prefill's when there is one)."""
     n, tokens = step["prefill_requests"], step["prefill_tokens"]
-    rows, kv = step["decode_rows"], step["decode_kv"]
+    padded = getattr(profile, "kv_layout", "paged") == "padded" and "decode_padded" in step
+    rows, kv = step["decode_rows"], step["decode_padded" if padded else "decode_kv"]
     p, d = profile.prefill.params, profile.decode.params
     decode = d["b"] * rows + d["c"] * kv if rows else 0.0
     if not n:

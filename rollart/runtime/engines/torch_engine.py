@@ -150,6 +150,8 @@ class TorchEngine:
         with torch.inference_mode():
             decode_rows = list(self._rows)
             decode_kv = sum(r.context_len for r in decode_rows)
+            # the batch's KV is left-padded to its longest row: attention reads rows × that length
+            padded = len(decode_rows) * (self._mask.shape[1] + 1) if decode_rows else 0
             new_rows, new_kv = self._prefill(done)
             if decode_rows:
                 finished = self._decode(done)
@@ -163,7 +165,8 @@ class TorchEngine:
         # what this step computed, for profiling the engine where it runs (InferenceWorker.step_log)
         self.last_step = {"prefill_requests": self.counters["prefill_requests"] - admitted,
                           "prefill_tokens": self.counters["prefill_tokens"] - prefill_tokens,
-                          "decode_rows": len(decode_rows), "decode_kv": decode_kv, "seconds": seconds}
+                          "decode_rows": len(decode_rows), "decode_kv": decode_kv, "decode_padded": padded,
+                          "seconds": seconds}
         return done
 
     def load_weights(self, state: Mapping[str, Any]) -> None:
