@@ -79,7 +79,8 @@ def test_wrong_profile_kinds_are_plan_errors(tmp_path: Path) -> None:
         run_sim(load_plan(resolve("local/validate-rollart"), [f"placement.trainer.profile={kernel}"]))
 
 
-def test_request_overhead_delays_every_generate_call(tmp_path: Path) -> None:
+def _engine_csv(tmp_path: Path) -> Path:
+    """A linear engine profile's rows: prefill 1 ms + 5 µs/token, decode 0.8 ms + 50 µs/row."""
     rows = tmp_path / "p.csv"
     lines = ["phase,batch_size,kv_len,new_tokens,latency_us"]
     for b in (1, 2, 4, 8, 16):
@@ -87,6 +88,11 @@ def test_request_overhead_delays_every_generate_call(tmp_path: Path) -> None:
             lines.append(f"prefill,{b},0,{n},{1000 + 5 * b * n}")
             lines.append(f"decode,{b},{n},1,{800 + 50 * b + 0.1 * b * n}")
     rows.write_text("\n".join(lines) + "\n")
+    return rows
+
+
+def test_request_overhead_delays_every_generate_call(tmp_path: Path) -> None:
+    rows = _engine_csv(tmp_path)
     from rollart.calibration.engine_fit import fit_engine_csv
 
     times = {}
@@ -203,13 +209,7 @@ def test_host_contention_formula() -> None:
 def test_engines_sharing_a_host_slow_down_with_the_measured_parallelism(tmp_path: Path) -> None:
     from rollart.calibration.engine_fit import fit_engine_csv
 
-    rows = tmp_path / "p.csv"
-    lines = ["phase,batch_size,kv_len,new_tokens,latency_us"]
-    for b in (1, 2, 4, 8, 16):
-        for n in (16, 64, 256):
-            lines.append(f"prefill,{b},0,{n},{1000 + 5 * b * n}")
-            lines.append(f"decode,{b},{n},1,{800 + 50 * b + 0.1 * b * n}")
-    rows.write_text("\n".join(lines) + "\n")
+    rows = _engine_csv(tmp_path)
     gen = {}
     for parallelism in (None, 1.0):
         profile = fit_engine_csv(rows, gpu="cpu", model="Qwen3-tiny")
