@@ -166,14 +166,7 @@ class LocalProfiler:
         idle_weights = dict(weights)
         weights.update(self._run_weights)  # in-run figures where the reference run measured them
         train_path = self._write_train_profile(train_rows, weights, model, out_dir)
-        run_env = self._run_env_overhead
-        host = {"env_reset_overhead_s": round(run_env["reset"], 6), "env_step_overhead_s": round(run_env["step"], 6),
-                "idle_env_reset_overhead_s": round(env_overheads[0], 6),
-                "idle_env_step_overhead_s": round(env_overheads[1], 6),
-                "measured": time.strftime("%Y-%m-%d %H:%M"),
-                "note": "env call round trip minus the injected latency, mean over the reference run's calls "
-                        "(idle_*: the same through an idle env worker, for comparison)"}
-        (out_dir / "host.yaml").write_text(yaml.safe_dump(host, sort_keys=False))
+        self._write_host_profile(env_overheads, out_dir)
         return LocalProfile(engine_path, train_path, {"request_overhead_s": overhead, **weights,
                                                       "idle_weights": idle_weights,
                                                       "env_reset_overhead_s": self._run_env_overhead["reset"],
@@ -407,6 +400,19 @@ class LocalProfiler:
             source="measured by `rollart validate` on this machine")
         path = out_dir / "train.yaml"
         save_profile(profile, path, header=f"{model.name} trainer measured by `rollart validate`")
+        return path
+
+    def _write_host_profile(self, idle_env: tuple[float, float], out_dir: Path) -> Path:
+        """``host.yaml``: what an env call costs beyond the env inside a run (the reference run's
+        calls), with the idle figures beside it."""
+        run_env = self._run_env_overhead
+        host = {"env_reset_overhead_s": round(run_env["reset"], 6), "env_step_overhead_s": round(run_env["step"], 6),
+                "idle_env_reset_overhead_s": round(idle_env[0], 6), "idle_env_step_overhead_s": round(idle_env[1], 6),
+                "measured": time.strftime("%Y-%m-%d %H:%M"),
+                "note": "env call round trip minus the injected latency, mean over the reference run's calls "
+                        "(idle_*: the same through an idle env worker, for comparison)"}
+        path = out_dir / "host.yaml"
+        path.write_text(yaml.safe_dump(host, sort_keys=False))
         return path
 
     def _device_type(self) -> str:
