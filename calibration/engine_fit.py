@@ -85,6 +85,18 @@ def step_features(step: dict[str, float], padded: bool = False) -> list[float]:
     return [1.0 if n else 0.0, tokens, pairs, 1.0 if rows else 0.0, rows, kv]
 
 
+def predict_step(profile: EngineProfile, step: dict[str, float]) -> float:
+    """The profile's time for one logged engine step: the features ``fit_engine_steps`` fits,
+    priced by the profile (a mixed step pays the decode's fixed cost only when the profile says
+    prefill and decode run as separate forwards)."""
+    padded = profile.kv_layout == "padded" and "decode_padded" in step
+    has_p, n, a, has_d, b, x = step_features(step, padded)
+    p, d = profile.prefill.params, profile.decode.params
+    if has_p and has_d and profile.mixed_step == "one_fixed_cost":
+        has_d = 0.0
+    return has_p * p["a"] + n * p["b"] + a * p["c"] + has_d * d["a"] + b * d["b"] + x * d["c"]
+
+
 def fit_engine_steps(steps: list[dict[str, float]], gpu: str, model: str, engine: str, source: str) -> EngineProfile:
     """Fit an engine profile to logged engine steps (``InferenceWorker.record_steps``), pure and
     mixed alike: step = [prefill] (a_p + b_p·N + c_p·A) + [decode] (a_d + b_d·B + c_d·X), so a

@@ -81,25 +81,11 @@ def headline_errors(figs: list[Figure]) -> dict[str, float | None]:
     return {f.name: f.error for f in figs if f.headline}
 
 
-def predicted_step_s(step: dict[str, float], profile: Any) -> float:
-    """The engine profile's time for one logged engine step (the simulator's mixed step: one
-    fixed cost, the prefill's when there is one)."""
-    n, tokens = step["prefill_requests"], step["prefill_tokens"]
-    padded = getattr(profile, "kv_layout", "paged") == "padded" and "decode_padded" in step
-    rows, kv = step["decode_rows"], step["decode_padded" if padded else "decode_kv"]
-    p, d = profile.prefill.params, profile.decode.params
-    decode = d["b"] * rows + d["c"] * kv if rows else 0.0
-    if not n:
-        return d["a"] + decode
-    if rows and getattr(profile, "mixed_step", "one_fixed_cost") == "both_fixed_costs":
-        decode += d["a"]
-    per = tokens / n  # fresh prompts: attention pairs of n sequences of `per` tokens
-    return p["a"] + p["b"] * tokens + p["c"] * n * per * per / 2 + decode
-
-
 def engine_in_run(log: list[dict[str, float]], profile: Any) -> Figure:
     """Mean engine step time during the real run, measured vs what the engine profile predicts
     for the same steps: does the profile still hold inside the run (contention, threads)?"""
     measured = sum(st["seconds"] for st in log) / len(log)
-    predicted = sum(predicted_step_s(st, profile) for st in log) / len(log)
+    from rollart.calibration.engine_fit import predict_step
+
+    predicted = sum(predict_step(profile, st) for st in log) / len(log)
     return Figure("engine step in the run (profile check)", measured, predicted)
