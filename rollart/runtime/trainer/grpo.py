@@ -329,6 +329,30 @@ def accumulate_gradients(trainer: Any, samples: Sequence[Sample], adv: Sequence[
     return loss_total, sums
 
 
+def step_metrics(trainer: Any, samples: Sequence[Sample], adv: Sequence[float], tokens: int, loss_total: float,
+                 sums: Mapping[str, float], grad_norm: float, t0: float) -> dict[str, float]:
+    """The metrics of one GRPO update (after ``trainer.step``/``version`` moved on); shared by
+    the torch and the Megatron trainers."""
+    denom = float(max(tokens, 1))
+    rewards = [float(s.reward) for s in samples]
+    return {
+        "loss": loss_total,
+        "reward_mean": sum(rewards) / len(rewards),
+        "adv_abs_mean": sum(abs(a) for a in adv) / len(adv),
+        "clip_frac": sums["clipped"] / denom,
+        "ratio_mean": sums["ratio"] / denom if tokens else 1.0,
+        "kl": sums["kl"] / denom,
+        "logp_mean": sums["logp"] / denom,
+        "grad_norm": grad_norm,
+        "tokens": float(tokens),
+        "samples": float(len(samples)),
+        "groups": float(len({s.group_id for s in samples})),
+        "step": float(trainer.step),
+        "version": float(trainer.version),
+        "time_s": time.perf_counter() - t0,
+    }
+
+
 class GRPOTrainer:
     """The policy, its AdamW optimizer and the GRPO update (see the module docstring).
 
@@ -415,23 +439,7 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.version = int(version) if version is not None else self.version + 1
-        rewards = [float(s.reward) for s in samples]
-        return {
-            "loss": loss_total,
-            "reward_mean": sum(rewards) / len(rewards),
-            "adv_abs_mean": sum(abs(a) for a in adv) / len(adv),
-            "clip_frac": sums["clipped"] / denom,
-            "ratio_mean": sums["ratio"] / denom if tokens else 1.0,
-            "kl": sums["kl"] / denom,
-            "logp_mean": sums["logp"] / denom,
-            "grad_norm": grad_norm,
-            "tokens": float(tokens),
-            "samples": float(len(samples)),
-            "groups": float(len({s.group_id for s in samples})),
-            "step": float(self.step),
-            "version": float(self.version),
-            "time_s": time.perf_counter() - t0,
-        }
+        return step_metrics(self, samples, adv, tokens, loss_total, sums, grad_norm, t0)
 
     # -- weights
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from rollart.plan.schema import ModelSpec
 from rollart.runtime.trainer.grpo import (CHECKPOINT_FORMAT, Sample, accumulate_gradients, as_spec, build_batch, capture_rng,
                                           compute_advantages, resolve_checkpoint, restore_rng,
-                                          token_logprobs, write_checkpoint_atomic)
+                                          step_metrics, token_logprobs, write_checkpoint_atomic)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -291,16 +291,9 @@ class MegatronTrainer:
         ok, grad_norm, _ = self.optimizer.step()
         self.step += 1
         self.version = int(version) if version is not None else self.version + 1
-        rewards = [float(s.reward) for s in samples]
-        return {
-            "loss": loss_total, "reward_mean": sum(rewards) / len(rewards),
-            "adv_abs_mean": sum(abs(a) for a in adv) / len(adv), "clip_frac": sums["clipped"] / denom,
-            "ratio_mean": sums["ratio"] / denom if tokens else 1.0, "kl": sums["kl"] / denom,
-            "logp_mean": sums["logp"] / denom, "grad_norm": float(grad_norm or 0.0), "update_ok": float(bool(ok)),
-            "tokens": float(tokens), "samples": float(len(samples)),
-            "groups": float(len({s.group_id for s in samples})), "step": float(self.step),
-            "version": float(self.version), "time_s": time.perf_counter() - t0,
-        }
+        metrics = step_metrics(self, samples, adv, tokens, loss_total, sums, float(grad_norm or 0.0), t0)
+        metrics["update_ok"] = float(bool(ok))
+        return metrics
 
     def state_dict(self, dtype: str | None = None) -> dict[str, "torch.Tensor"]:
         """Hugging Face-named CPU weights in ``dtype`` (default ``export_dtype``)."""
