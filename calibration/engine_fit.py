@@ -97,12 +97,14 @@ def predict_step(profile: EngineProfile, step: dict[str, float]) -> float:
     return has_p * p["a"] + n * p["b"] + a * p["c"] + has_d * d["a"] + b * d["b"] + x * d["c"]
 
 
-def fit_engine_steps(steps: list[dict[str, float]], gpu: str, model: str, engine: str, source: str) -> EngineProfile:
+def fit_engine_steps(steps: list[dict[str, float]], gpu: str, model: str, engine: str, source: str,
+                     data: list[str] | None = None) -> EngineProfile:
     """Fit an engine profile to logged engine steps (``InferenceWorker.record_steps``), pure and
     mixed alike: step = [prefill] (a_p + b_p·N + c_p·A) + [decode] (a_d + b_d·B + c_d·X), so a
     step that both prefills and decodes pays both fixed costs (the torch engine runs them as
     separate forwards and then merges the new rows in). Non-negative least squares (absolute
-    errors: the fit is the expected step time); MAPE on held-out steps."""
+    errors: the fit is the expected step time); MAPE on held-out steps. ``data``: the files of
+    measured rows that ``calibrate show --plot`` draws (default ``[source]``)."""
     if len(steps) < 12:
         raise EngineFitError(f"{source}: {len(steps)} engine steps; at least 12 are needed to fit and hold some out")
     padded = all("decode_padded" in s for s in steps)  # the engine reports its padded KV
@@ -122,7 +124,7 @@ def fit_engine_steps(steps: list[dict[str, float]], gpu: str, model: str, engine
     def part(names: tuple[str, str, str], coef: np.ndarray, rows: np.ndarray, formula: str) -> ComponentFit:
         tr, ho = rows & ~heldout, rows & heldout
         return ComponentFit(formula=formula, params={k: float(f"{v:.6g}") for k, v in zip(names, coef)},
-                            data=[source], rows=int(tr.sum()), heldout_rows=int(ho.sum()),
+                            data=list(data or [source]), rows=int(tr.sum()), heldout_rows=int(ho.sum()),
                             mape_train=round(mape(pred[tr], y[tr]), 4) if tr.any() else None,
                             mape_heldout=round(mape(pred[ho], y[ho]), 4) if ho.any() else None)
 

@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 
 from rollart.calibration import datasets as D  # noqa: E402
 from rollart.calibration import kernels as K  # noqa: E402
-from rollart.calibration.profiles import EngineProfile, KernelProfile, Profile  # noqa: E402
+from rollart.calibration.profiles import EngineProfile, KernelProfile, Profile, TrainProfile  # noqa: E402
 
 
 def _panels(profile: Profile) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -29,7 +29,8 @@ def _panels(profile: Profile) -> list[tuple[str, np.ndarray, np.ndarray]]:
                 p = fit.params
                 out.append((phase, y, X @ np.array([p["a"], p["b"], p["c"]])))
         return out
-    assert isinstance(profile, KernelProfile)
+    if not isinstance(profile, KernelProfile):  # a train profile keeps no measured rows
+        return []
     gpu = profile.gpu.lower()
     peak, bw = profile.peak_tflops_bf16 * 1e12, profile.hbm_tbps * 1e12
     gemm = D.infersim_gemm("h20") if gpu == "h20" else D.vidur_h100_gemm()
@@ -47,6 +48,9 @@ def _panels(profile: Profile) -> list[tuple[str, np.ndarray, np.ndarray]]:
 
 def plot_profile(profile: Profile, path: str | Path) -> None:
     panels = _panels(profile)
+    if not panels:
+        data = profile.step.data if isinstance(profile, TrainProfile) else profile.prefill.data
+        raise ValueError(f"no measured rows to plot for this {profile.kind} profile (data: {', '.join(data)})")
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), squeeze=False)
     for ax, (title, meas, fit) in zip(axes[0], panels):
         ax.loglog(meas * 1e6, fit * 1e6, ".", alpha=0.5, ms=4)

@@ -40,7 +40,7 @@ def _pct(x: float | None) -> str:
 def show(name: str = typer.Argument(..., help="a shipped GPU profile (h800, h20, h100) or a profile YAML"),
          plot: Optional[Path] = typer.Option(None, "--plot", help="draw measured vs fitted to this PNG")) -> None:
     """Print a fitted profile: models, coefficients, data, held-out errors and assumptions."""
-    from rollart.calibration.profiles import KernelProfile, load_profile
+    from rollart.calibration.profiles import KernelProfile, TrainProfile, load_profile
 
     path = _resolve_profile(name)
     try:
@@ -53,9 +53,13 @@ def show(name: str = typer.Argument(..., help="a shipped GPU profile (h800, h20,
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
-    components = ([("gemm", profile.gemm), ("attn prefill", profile.attn_prefill), ("attn decode", profile.attn_decode),
-                   ("all-reduce", profile.allreduce)] if isinstance(profile, KernelProfile)
-                  else [("prefill", profile.prefill), ("decode", profile.decode)])
+    if isinstance(profile, KernelProfile):
+        components = [("gemm", profile.gemm), ("attn prefill", profile.attn_prefill),
+                      ("attn decode", profile.attn_decode), ("all-reduce", profile.allreduce)]
+    elif isinstance(profile, TrainProfile):
+        components = [("train step", profile.step)]
+    else:
+        components = [("prefill", profile.prefill), ("decode", profile.decode)]
     for label, c in components:
         table.add_row(label, c.formula)
         table.add_row("", "  ".join(f"{k} = {v:.4g}" for k, v in c.params.items()))
@@ -69,9 +73,13 @@ def show(name: str = typer.Argument(..., help="a shipped GPU profile (h800, h20,
         files = c.data if len(c.data) <= 2 else [*c.data[:1], f"… and {len(c.data) - 1} more files"]
         table.add_row("", "[dim]data: " + ", ".join(files) + "[/]")
     console.print(table)
-    fe = profile.fit_error
-    console.print(f"[bold]held-out MAPE[/]: prefill {_pct(fe.prefill_mape_heldout)} · decode "
-                  f"{_pct(fe.decode_mape_heldout)}  [dim]({fe.note})[/]")
+    if isinstance(profile, TrainProfile):
+        console.print(f"[bold]weight hand-off[/]: publish + pull {profile.publish_pull_s:.3f} s · broadcast "
+                      f"{profile.broadcast_s:.3f} s · swap {profile.swap_s:.3f} s")
+    else:
+        fe = profile.fit_error
+        console.print(f"[bold]held-out MAPE[/]: prefill {_pct(fe.prefill_mape_heldout)} · decode "
+                      f"{_pct(fe.decode_mape_heldout)}  [dim]({fe.note})[/]")
     if isinstance(profile, KernelProfile):
         console.print(f"iteration overhead {profile.iteration_overhead_s * 1e3:.1f} ms · datasheet "
                       f"{profile.peak_tflops_bf16:g} TFLOP/s BF16, {profile.hbm_tbps:g} TB/s")
@@ -81,7 +89,10 @@ def show(name: str = typer.Argument(..., help="a shipped GPU profile (h800, h20,
     if plot is not None:
         from rollart.calibration.plots import plot_profile
 
-        plot_profile(profile, plot)
+        try:
+            plot_profile(profile, plot)
+        except ValueError as exc:
+            _fail(f"--plot: {exc}")
         console.print(f"[dim]wrote {plot}[/]")
 
 

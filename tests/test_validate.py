@@ -224,3 +224,29 @@ def test_engines_sharing_a_host_slow_down_with_the_measured_parallelism(tmp_path
             assert out.backend.contention is not None
     # one core for two engines that decode at the same time: their busy time about doubles
     assert 1.6 < gen[1.0] / gen[None] <= 2.0 + 1e-9
+
+
+def test_calibrate_show_reads_train_and_step_fitted_engine_profiles(tmp_path: Path) -> None:
+    from rollart.calibration.engine_fit import fit_engine_steps
+
+    train = _train_profile(tmp_path)
+    proc = subprocess.run([ROLLART, "calibrate", "show", str(train)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "train step" in proc.stdout and "broadcast 0.500 s" in proc.stdout
+    proc = subprocess.run([ROLLART, "calibrate", "show", str(train), "--plot", str(tmp_path / "t.png")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--plot: no measured rows to plot for this train profile" in proc.stderr
+
+    csv_path = _engine_csv(tmp_path)
+    steps = [{"prefill_requests": b, "prefill_tokens": b * n, "decode_rows": 0, "decode_kv": 0, "decode_padded": 0,
+              "seconds": 1e-3 + 5e-6 * b * n} for b in (1, 2, 4, 8) for n in (16, 64, 256)]
+    steps += [{"prefill_requests": 0, "prefill_tokens": 0, "decode_rows": b, "decode_kv": b * n,
+               "decode_padded": b * n, "seconds": 8e-4 + 5e-5 * b + 1e-7 * b * n} for b in (1, 2, 4, 8) for n in (16, 64)]
+    profile = fit_engine_steps(steps, gpu="cpu", model="Qwen3-tiny", engine="torch", source="a grid and a run",
+                               data=[str(csv_path)])
+    assert profile.prefill.data == [str(csv_path)] and profile.source == "a grid and a run"
+    save_profile(profile, tmp_path / "engine.yaml")
+    proc = subprocess.run([ROLLART, "calibrate", "show", str(tmp_path / "engine.yaml"), "--plot",
+                           str(tmp_path / "e.png")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "e.png").stat().st_size > 0

@@ -361,7 +361,8 @@ class LocalProfiler:
 
         gpu = self._device_type()
         profile = fit_engine_steps(grid_log + run_log, gpu=gpu, model=model.name, engine="torch",
-                                   source=f"{csv_path} (grid) + {len(run_log)} steps of a reference run")
+                                   source=f"{csv_path} (grid) + {len(run_log)} steps of a reference run",
+                                   data=[str(csv_path)])
         profile.request_overhead_s = round(overhead, 6)
         profile.host_parallelism, profile.side_by_side = parallelism, max(1, side_by_side)
         profile.assumptions = [
