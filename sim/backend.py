@@ -12,7 +12,7 @@ from typing import Any, Callable, Generator, Hashable
 import simpy
 
 from rollart.calibration import generation_cost, train_cost
-from rollart.calibration.profiles import TrainProfile
+from rollart.calibration.cost import ProfiledTrainCost
 from rollart.core import Controller, RunAborted, build_workers
 from rollart.core.effects import (Abort, Aborted, AcquireEnv, BroadcastWeights, ComputeReward, EnvClose, EnvReset,
                                   EnvStep, Generate, GenOutcome, PublishWeights, Sleep, Spawn, TrainStep,
@@ -51,7 +51,9 @@ class SimBackend:
             self.train_cost = train_cost(plan.model, gpu, plan.placement.trainer)
         except (OSError, ValueError) as exc:
             raise PlanError([f"placement.trainer.profile: {exc}"]) from None
-        self.transfer = WeightTransferCost(plan, getattr(self.train_cost, "profile", None))
+        measured = self.train_cost.profile if isinstance(self.train_cost, ProfiledTrainCost) else None
+        self.transfer = WeightTransferCost(plan, measured)
+        self.trainer_shares_host = measured is not None  # measured on the engines' host: it contends
         self.contention = self._host_contention()
         self.trainer_busy_s = 0.0
         self._handlers: dict[type, Callable[[Any], SimGen]] = {
@@ -101,7 +103,6 @@ class SimBackend:
             e.cost = ScaledGeneration(e.cost)
             e.contention = contention
             contention.engines.append(e)
-        self.trainer_shares_host = isinstance(getattr(self.train_cost, "profile", None), TrainProfile)
         return contention
 
     def _worker_span(self, pool: str, wid: int) -> Callable[[str, float, float], None] | None:
@@ -247,15 +248,10 @@ class SimBackend:
             yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens, tokens, False)
         return GenOutcome(tokens=tokens)
 
-    def _request_overhead(self, engine: GenerationEngine) -> SimGen:
-        """The generate call's time outside the engine (a measured engine profile has it)."""
-        overhead = engine.request_overhead_s
-        if overhead > 0:
-            yield self.env.timeout(overhead)
-
     def _run_request(self, engine: GenerationEngine, traj_id: int, context: int, tokens: int,
                      prefilled: bool) -> SimGen:
-        yield from self._request_overhead(engine)
+        if engine.request_overhead_s > 0:  # the call's time outside the engine (measured profiles)
+            yield self.env.timeout(engine.request_overhead_s)
         req: Request = engine.add(traj_id, context, tokens, prefilled)
         try:
             yield req.done

@@ -312,7 +312,7 @@ class InferenceWorker:
             self._stats["steps"] += 1
             last = getattr(engine, "last_step", None)
             if last and self._step_log is not None:
-                self._step_log.append(dict(last))
+                self._step_log.append(last)  # a fresh dict every step
             for c in done:
                 self._stats["tokens_generated"] += len(c.token_ids)
                 self._finish(c)
