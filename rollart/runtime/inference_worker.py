@@ -172,6 +172,12 @@ class InferenceWorker:
     async def version(self) -> int:
         return self._version
 
+    async def settle_heap(self) -> int:
+        """Freeze the heap built during setup out of later full collections (:mod:`..heap`)."""
+        from rollart.runtime.heap import settle_heap
+
+        return settle_heap()
+
     async def ping(self) -> str:
         return self.name
 

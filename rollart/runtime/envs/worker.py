@@ -265,6 +265,12 @@ class EnvWorker:
         with self._lock:
             return {**self._stats, "active": len(self._slots)}
 
+    def settle_heap(self) -> int:
+        """Freeze the heap built during setup out of later full collections (:mod:`...heap`)."""
+        from rollart.runtime.heap import settle_heap
+
+        return settle_heap()
+
     def ping(self) -> bool:
         return True
 

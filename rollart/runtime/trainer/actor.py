@@ -44,6 +44,12 @@ class TrainerWorker:
         return {"backend": self.backend, "step": self.trainer.step, "version": self.trainer.version,
                 "model": self.trainer.spec.name, "pid": os.getpid()}
 
+    def settle_heap(self) -> int:
+        """Freeze the heap built during setup out of later full collections (:mod:`...heap`)."""
+        from rollart.runtime.heap import settle_heap
+
+        return settle_heap()
+
     def train_step(self, samples: Sequence[Sample], version: int | None = None) -> dict[str, float]:
         return self.trainer.train_step(list(samples), version)
 
