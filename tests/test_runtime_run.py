@@ -3,6 +3,7 @@ and the accounting invariant of the simulator holds for real trajectories."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -68,6 +69,9 @@ def test_env_failures_and_a_dead_reward_endpoint_are_counted_not_fatal(local_ray
     assert result.summary["reward_failures"] == result.summary["reward_calls"] > 0
     assert result.summary["env_failures"] > 0 or result.summary["env_call_errors"] > 0
     _check_accounting(plan, backend.ctl)
+    # setup froze the driver's heap; close() must unfreeze it, or this run's actor handles (in
+    # reference cycles) are never collected and the next run finds the pools still taken
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_killed_inference_worker_is_restarted_and_its_requests_reissued(local_ray) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -150,6 +151,9 @@ class RuntimeBackend:
         # the last thing before the clock starts: no full collection of the setup heap mid-run
         ray.get([a.settle_heap.remote() for a in (*self.workers, *self.env_workers, self.trainer)])
         settle_heap()
+        # this process outlives the run: unfreeze at close, or the run's actor handles (held in
+        # reference cycles) would never be collected and their actors never released
+        self._closers.append(gc.unfreeze)
 
     def _load_initial_weights(self) -> None:
         """Hand the trainer's weights to every worker before the clock starts. With a bucketed
