@@ -144,6 +144,7 @@ class EngineProfileGeneration:
         self.profile = profile
         self.request_overhead_s = profile.request_overhead_s
         self.host_parallelism, self.side_by_side = profile.host_parallelism, profile.side_by_side
+        self.effect_cpu_s = profile.effect_cpu_s
         self.kv_layout = profile.kv_layout
         self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency())
         self.source = (f"calibrated engine profile {profile.gpu}/{profile.model} ({origin}); prefill MAPE "

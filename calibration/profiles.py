@@ -87,6 +87,9 @@ class EngineProfile(BaseModel):
     # simulator's HostContention). None for a device of its own.
     host_parallelism: float | None = Field(None, gt=0)
     side_by_side: int = Field(1, ge=1)
+    # CPU seconds the run's driver and env workers spend per effect of the core, on the same
+    # host: at a high effect rate they take cores from the engines and the trainer.
+    effect_cpu_s: float = Field(0.0, ge=0)
     fit_error: PhaseError
     assumptions: list[str] = Field(default_factory=list)
     source: str = ""

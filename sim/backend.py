@@ -98,7 +98,8 @@ class SimBackend:
         costs = [e.cost for e in self.engines]
         if not costs or any(getattr(c, "host_parallelism", None) is None for c in costs):
             return None
-        contention = HostContention(costs[0].host_parallelism, engine_ref=costs[0].side_by_side)
+        contention = HostContention(costs[0].host_parallelism, engine_ref=costs[0].side_by_side,
+                                    effect_cpu_s=getattr(costs[0], "effect_cpu_s", 0.0), clock=lambda: self.env.now)
         for e in self.engines:
             e.cost = ScaledGeneration(e.cost)
             e.contention = contention
@@ -159,6 +160,8 @@ class SimBackend:
                     return stop.value
                 throw = None
                 self.effects_handled += 1
+                if self.contention is not None:  # the driver's own CPU load (measured hosts)
+                    self.contention.note_effect()
                 try:
                     send = yield from handlers[type(effect)](effect)
                 except simpy.Interrupt as intr:

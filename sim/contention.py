@@ -9,14 +9,20 @@ host: when more of them compute at once than the host runs in parallel, each goe
     slowdown(k) = max(1, k / P) / max(1, k_ref / P)
 
 relative to the ``k_ref`` actors that were busy while the actor's own profile was measured
-(engines are profiled side by side, the trainer alone). An engine re-plans when the slowdown
-changes (its iteration in progress finishes at the old speed); a training step takes the
-slowdown of its start.
+(engines are profiled side by side, the trainer alone). The run's driver and env workers are
+load too: each effect of the core costs them ``effect_cpu_s`` of CPU (measured), so at an
+effect rate ``r`` (a moving average over ``tau_s``) they add ``L = effect_cpu_s · r`` cores::
+
+    slowdown = max(1, (k + L) / P) / max(1, k_ref / P)
+
+An engine re-plans when its slowdown changes by more than ``REPLAN_STEP`` (its iteration in
+progress finishes at the old speed); a training step takes the slowdown of its start.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import math
+from typing import TYPE_CHECKING, Any, Callable
 
 from rollart.sim.costs.gpu import DecodeLine
 
@@ -51,31 +57,54 @@ class ScaledGeneration:
         return self.inner.mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context) * self.factor
 
 
+REPLAN_STEP = 0.02  # re-plan engines when the background load moves their slowdown by 2 %
+
+
 class HostContention:
-    def __init__(self, parallelism: float, engine_ref: int, trainer_ref: int = 1):
+    def __init__(self, parallelism: float, engine_ref: int, trainer_ref: int = 1, effect_cpu_s: float = 0.0,
+                 tau_s: float = 0.1, clock: Callable[[], float] = lambda: 0.0):
         self.parallelism = max(1.0, float(parallelism))
         self.engine_ref, self.trainer_ref = engine_ref, trainer_ref
         self.engines: list["GenerationEngine"] = []
         self.trainer_busy = False
+        self.effect_cpu_s, self.tau_s, self.clock = float(effect_cpu_s), float(tau_s), clock
+        self._rate, self._rate_at = 0.0, 0.0  # effects per second, as of time _rate_at
+        self._applied = 1.0                    # the engine slowdown the engines last planned with
 
-    def _load(self, k: int) -> float:
+    def _load(self, k: float) -> float:
         return max(1.0, k / self.parallelism)
+
+    def _rate_now(self) -> float:
+        return self._rate * math.exp(-(self.clock() - self._rate_at) / self.tau_s)
+
+    def background_cores(self) -> float:
+        """Cores the driver and env workers use at the current effect rate."""
+        return self.effect_cpu_s * self._rate_now() if self.effect_cpu_s > 0 else 0.0
 
     def _busy(self) -> int:
         return sum(1 for e in self.engines if e.busy) + int(self.trainer_busy)
 
     def engine_factor(self) -> float:
-        return self._load(self._busy()) / self._load(self.engine_ref)
+        return self._load(self._busy() + self.background_cores()) / self._load(self.engine_ref)
 
     def trainer_factor(self) -> float:
         """The slowdown a training step starting now runs at (the trainer counted as busy)."""
-        k = sum(1 for e in self.engines if e.busy) + 1
+        k = sum(1 for e in self.engines if e.busy) + 1 + self.background_cores()
         return self._load(k) / self._load(self.trainer_ref)
+
+    def note_effect(self) -> None:
+        """The core issued an effect: update the rate, and re-plan the engines when the slowdown
+        it implies moved by more than ``REPLAN_STEP``."""
+        if self.effect_cpu_s <= 0:
+            return
+        self._rate, self._rate_at = self._rate_now() + 1.0 / self.tau_s, self.clock()
+        if abs(self.engine_factor() / self._applied - 1.0) > REPLAN_STEP:
+            self.changed()
 
     def changed(self, source: "GenerationEngine | None" = None) -> None:
         """Someone became busy or idle: every engine takes the new slowdown; ``source`` (about
         to plan with it) only has its factor set."""
-        f = self.engine_factor()
+        f = self._applied = self.engine_factor()
         for e in self.engines:
             if e is source:
                 e.cost.factor = f

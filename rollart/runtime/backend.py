@@ -75,6 +75,8 @@ class RuntimeCounters:
     update_s: list[float] = field(default_factory=list)      # UpdateWeights round trips (all workers)
     env_overhead_s: dict[str, list[float]] = field(default_factory=lambda: {"reset": [], "step": []})
     train_metrics: list[dict[str, float]] = field(default_factory=list)
+    host_cpu_s: float = 0.0      # CPU the driver and the env workers used during the run
+    effects: int = 0             # effects the driver handled during the run
 
 
 class RuntimeBackend:
@@ -416,6 +418,7 @@ class RuntimeBackend:
 
     async def _main(self) -> str | None:
         self._t0 = time.monotonic()  # the run's clock starts once the cluster is up
+        cpu0 = await self._host_cpu_s()
         driver = AsyncDriver({
             EnvReset: self._env_reset, EnvStep: self._env_step, EnvClose: self._env_close_keep,
             Generate: self._generate, ComputeReward: self._reward, TrainStep: self._train,
@@ -432,7 +435,18 @@ class RuntimeBackend:
         if main.done() and not main.cancelled() and main.exception() is not None:
             error = _describe(main.exception())
         await driver.cancel_all()
+        self.counters.host_cpu_s = await self._host_cpu_s() - cpu0
+        self.counters.effects = driver.effects_handled
         return error
+
+    async def _host_cpu_s(self) -> float:
+        """CPU seconds used so far by this driver process and the env worker processes: the
+        per-effect work besides the engines and the trainer (what ``rollart validate`` prices)."""
+        try:
+            envs = await asyncio.gather(*(w.cpu_seconds.remote() for w in self.env_workers))
+        except Exception:  # noqa: BLE001 - a dead env worker: count the driver alone
+            envs = []
+        return time.process_time() + sum(envs)
 
     async def _env_close_keep(self, eff: EnvClose) -> None:
         """Close the env; keep the conversation until the trainer has used the trajectory."""
@@ -529,6 +543,7 @@ class RuntimeOutcome:
             "wall_s": self.elapsed_s,
             "effects": b.driver.effects_handled if hasattr(b, "driver") else 0,
             "env_call_overhead_s": {k: sum(v) / len(v) if v else 0.0 for k, v in b.counters.env_overhead_s.items()},
+            "host_cpu_per_effect_s": b.counters.host_cpu_s / b.counters.effects if b.counters.effects else 0.0,
             "engine_steps": [{"worker": w.id, "pool": w.pool, "steps": st.get("steps", 0),
                               "busy_s": st.get("busy_seconds", 0.0)}
                              for w, st in zip(ctl.proxy.workers, self.worker_stats)],

@@ -173,6 +173,7 @@ class LocalProfiler:
                                                       "env_step_overhead_s": self._run_env_overhead["step"],
                                                       "idle_env_overhead_s": list(env_overheads),
                                                       "host_parallelism": parallelism,
+                                                      "effect_cpu_s": self._run_effect_cpu_s,
                                                       "slowdowns": {str(k): v for k, v in slowdowns.items()},
                                                       "engine_rows": len(rows), "train_rows": len(train_rows)})
 
@@ -226,7 +227,9 @@ class LocalProfiler:
         if outcome.error:
             raise RuntimeError(f"profile: the reference run failed: {outcome.error}")
         log = [st for w in outcome.worker_stats for st in w.get("step_log", [])]
-        self._run_env_overhead = outcome.to_result().summary["env_call_overhead_s"]
+        summary = outcome.to_result().summary
+        self._run_env_overhead = summary["env_call_overhead_s"]
+        self._run_effect_cpu_s = summary["host_cpu_per_effect_s"]
         c = backend.counters
         mean = statistics.mean
         self._run_weights: dict[str, float] = {}
@@ -365,6 +368,7 @@ class LocalProfiler:
                                    data=[str(csv_path)])
         profile.request_overhead_s = round(overhead, 6)
         profile.host_parallelism, profile.side_by_side = parallelism, max(1, side_by_side)
+        profile.effect_cpu_s = round(self._run_effect_cpu_s, 7)
         profile.assumptions = [
             "engine steps timed inside the run's own inference workers (sampling, KV bookkeeping, the "
             "worker's threads included), one torch thread each: a grid with all workers driven at once, "
@@ -373,6 +377,8 @@ class LocalProfiler:
             "request_overhead_s: generate round trip through the inference worker actor minus its engine time",
             "host_parallelism: engines decoding at full speed at once on this host (1-4 copies of one decode "
             "workload started together); the simulator slows engines and the trainer down beyond it",
+            "effect_cpu_s: CPU of the driver and the env workers over the reference run, per effect of the core "
+            "(the simulator counts it as load at the effect rate it runs at)",
         ]
         path = out_dir / "engine.yaml"
         save_profile(profile, path, header=f"{gpu} / {model.name}: measured by `rollart validate` on this machine "

@@ -271,6 +271,10 @@ class EnvWorker:
 
         return settle_heap()
 
+    def cpu_seconds(self) -> float:
+        """CPU time this process has used (all its threads)."""
+        return time.process_time()
+
     def ping(self) -> bool:
         return True
 
