@@ -206,6 +206,27 @@ def test_host_contention_formula() -> None:
     assert HostContention(1.0, engine_ref=1).trainer_factor() == 1.0
 
 
+def test_host_contention_counts_the_driver_load_at_the_effect_rate() -> None:
+    import math
+
+    from rollart.sim.contention import HostContention
+
+    clock = {"t": 0.0}
+    hc = HostContention(parallelism=2.0, engine_ref=1, effect_cpu_s=0.002, tau_s=0.1, clock=lambda: clock["t"])
+    hc.trainer_busy = True
+    for i in range(200):                       # 1 000 effects/s for 0.2 s: the moving average nears 1 000/s
+        clock["t"] = i * 0.001
+        hc.note_effect()
+    rate = sum(math.exp(-k * 0.001 / 0.1) for k in range(200)) / 0.1
+    assert math.isclose(hc.background_cores(), 0.002 * rate)
+    assert 1.7 < hc.background_cores() < 2.0
+    # the trainer plus ~1.7 cores of driver on a 2-way host
+    assert math.isclose(hc.trainer_factor(), (1 + hc.background_cores()) / 2)
+    clock["t"] += 1.0                          # a second without effects: the load is gone
+    assert hc.background_cores() < 1e-3 and hc.trainer_factor() == 1.0
+    assert HostContention(2.0, engine_ref=1).background_cores() == 0.0   # not measured: no load
+
+
 def test_engines_sharing_a_host_slow_down_with_the_measured_parallelism(tmp_path: Path) -> None:
     from rollart.calibration.engine_fit import fit_engine_csv
 
