@@ -35,18 +35,28 @@ class ScaledGeneration:
 
     def __init__(self, cost: Any):
         self.inner = cost
-        self.factor = 1.0
-        self._lines: dict[tuple[int, float], DecodeLine] = {}
+        self._factor = 1.0
+        self._lines: dict[int, DecodeLine] = {}  # per batch, at the current factor
 
     def __getattr__(self, name: str) -> Any:  # kv_capacity_tokens, source, request_overhead_s…
         return getattr(self.inner, name)
 
+    @property
+    def factor(self) -> float:
+        return self._factor
+
+    @factor.setter
+    def factor(self, value: float) -> None:
+        # the driver's load makes the factor continuous: keep only the current factor's lines
+        if value != self._factor:
+            self._factor = value
+            self._lines.clear()
+
     def decode_line(self, batch: int) -> DecodeLine:
-        key = (batch, self.factor)
-        line = self._lines.get(key)
+        line = self._lines.get(batch)
         if line is None:
-            b, f = self.inner.decode_line(batch), self.factor
-            line = self._lines[key] = DecodeLine(a=b.a * f, c0=b.c0 * f, c1=b.c1 * f, m0=b.m0 * f, m1=b.m1 * f)
+            b, f = self.inner.decode_line(batch), self._factor
+            line = self._lines[batch] = DecodeLine(a=b.a * f, c0=b.c0 * f, c1=b.c1 * f, m0=b.m0 * f, m1=b.m1 * f)
         return line
 
     def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
