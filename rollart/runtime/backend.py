@@ -76,7 +76,6 @@ class RuntimeCounters:
     env_overhead_s: dict[str, list[float]] = field(default_factory=lambda: {"reset": [], "step": []})
     train_metrics: list[dict[str, float]] = field(default_factory=list)
     host_cpu_s: float = 0.0      # CPU the driver and the env workers used during the run
-    effects: int = 0             # effects the driver handled during the run
 
 
 class RuntimeBackend:
@@ -168,12 +167,15 @@ class RuntimeBackend:
         if self.mode.async_weight_transfer:
             bucket = int(self.plan.weight_sync.bucket_mb * 2**20)
             ray.get(self.trainer.publish.remote(self.store_spec, version, bucket))
-            spec = self.store_spec.for_puller() if hasattr(self.store_spec, "for_puller") else self.store_spec
-            loader = functools.partial(pull_version, spec, version)
-            ray.get([w.update_weights.remote(version, loader) for w in self.workers])
+            ray.get([w.update_weights.remote(version, self._pull_loader(version)) for w in self.workers])
         else:
             state = ray.get(self.trainer.state_dict.remote())
             ray.get([w.update_weights.remote(version, state) for w in self.workers])
+
+    def _pull_loader(self, version: int) -> Callable[[], dict[str, Any]]:
+        """What a worker runs to pull ``version`` from the run's store (as a puller)."""
+        spec = self.store_spec.for_puller() if hasattr(self.store_spec, "for_puller") else self.store_spec
+        return functools.partial(pull_version, spec, version)
 
     def _make_store(self) -> Any:
         """A picklable store spec the trainer publishes through and workers pull from: the
@@ -341,8 +343,7 @@ class RuntimeBackend:
                 await asyncio.sleep(0.2)
         version = self.ctl.proxy.version
         if self.mode.async_weight_transfer and version > 0:
-            spec = self.store_spec.for_puller() if hasattr(self.store_spec, "for_puller") else self.store_spec
-            source: Any = functools.partial(pull_version, spec, version)
+            source: Any = self._pull_loader(version)
         elif version > 0:
             source = self._broadcast_ref
         else:
@@ -393,8 +394,7 @@ class RuntimeBackend:
         t0 = self.now()
         bucket = int(self.plan.weight_sync.bucket_mb * 2**20)
         await self.trainer.publish.remote(self.store_spec, eff.version, bucket)
-        spec = self.store_spec.for_puller() if hasattr(self.store_spec, "for_puller") else self.store_spec
-        loader = functools.partial(pull_version, spec, eff.version)
+        loader = self._pull_loader(eff.version)
         await asyncio.gather(*(self._on_worker(i, lambda w: w.prefetch_weights.remote(eff.version, loader))
                                for i in range(len(self.workers))))
         self.counters.weight_publish_s.append(self.now() - t0)
@@ -406,9 +406,7 @@ class RuntimeBackend:
             try:
                 await self._on_worker(wid, lambda w: w.update_weights.remote(eff.version, ref))
             except KeyError:  # restarted after the prefetch: pull the version again
-                spec = self.store_spec.for_puller() if hasattr(self.store_spec, "for_puller") else self.store_spec
-                await self.workers[wid].update_weights.remote(eff.version,
-                                                              functools.partial(pull_version, spec, eff.version))
+                await self.workers[wid].update_weights.remote(eff.version, self._pull_loader(eff.version))
 
         t0 = self.now()
         await asyncio.gather(*(update(w) for w in eff.workers))
@@ -436,7 +434,6 @@ class RuntimeBackend:
             error = _describe(main.exception())
         await driver.cancel_all()
         self.counters.host_cpu_s = await self._host_cpu_s() - cpu0
-        self.counters.effects = driver.effects_handled
         return error
 
     async def _host_cpu_s(self) -> float:
@@ -519,6 +516,7 @@ class RuntimeOutcome:
         trainer_s = sum(m.get("time_s", 0.0) for m in b.counters.train_metrics) + b.counters.broadcast_s
         busy[tr.pool] = busy.get(tr.pool, 0.0) + min(1.0, trainer_s / max(elapsed, 1e-9)) * tr.gpus
         n[tr.pool] = n.get(tr.pool, 0) + tr.gpus
+        effects = b.driver.effects_handled if hasattr(b, "driver") else 0
         summary: dict[str, Any] = summary_from_steps(steps)
         summary.update({
             "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
@@ -541,9 +539,9 @@ class RuntimeOutcome:
             "resource_fallbacks": b.resources.fallbacks if hasattr(b, "resources") else 0,
             "steps_done": len(steps),
             "wall_s": self.elapsed_s,
-            "effects": b.driver.effects_handled if hasattr(b, "driver") else 0,
+            "effects": effects,
             "env_call_overhead_s": {k: sum(v) / len(v) if v else 0.0 for k, v in b.counters.env_overhead_s.items()},
-            "host_cpu_per_effect_s": b.counters.host_cpu_s / b.counters.effects if b.counters.effects else 0.0,
+            "host_cpu_per_effect_s": b.counters.host_cpu_s / effects if effects else 0.0,
             "engine_steps": [{"worker": w.id, "pool": w.pool, "steps": st.get("steps", 0),
                               "busy_s": st.get("busy_seconds", 0.0)}
                              for w, st in zip(ctl.proxy.workers, self.worker_stats)],
