@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from rollart.plan.schema import ModelSpec
 from rollart.runtime.engines.base import Completion, Engine
+from rollart.runtime.heap import SettlesHeap
 
 ADD, ABORT, SUSPEND, RESUME, UPDATE_WEIGHTS, STOP = "ADD", "ABORT", "SUSPEND", "RESUME", "UPDATE_WEIGHTS", "STOP"
 
@@ -75,7 +76,7 @@ def _settle(fut: asyncio.Future, value: Any = None, error: Optional[BaseExceptio
         fut.set_result(value)
 
 
-class InferenceWorker:
+class InferenceWorker(SettlesHeap):
     """One engine and its command loop (see the module docstring).
 
     ``engine_factory``: a zero-argument callable building the engine in the worker's process
@@ -171,12 +172,6 @@ class InferenceWorker:
 
     async def version(self) -> int:
         return self._version
-
-    async def settle_heap(self) -> int:
-        """Freeze the heap built during setup out of later full collections (:mod:`..heap`)."""
-        from rollart.runtime.heap import settle_heap
-
-        return settle_heap()
 
     async def ping(self) -> str:
         return self.name

@@ -41,6 +41,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping
 import numpy as np
 
 from rollart.runtime.envs.latency import EnvTimeout, make_env
+from rollart.runtime.heap import SettlesHeap
 from rollart.runtime.reward.rules import kind_of
 
 EnvFactory = Callable[..., Any]  # (task_name, task_spec, seed, inject, *, scale, options) -> TextEnv
@@ -91,7 +92,7 @@ def _error_text(exc: BaseException) -> tuple[str, str]:
     return f"error: {type(exc).__name__}: {exc}", "error"
 
 
-class EnvWorker:
+class EnvWorker(SettlesHeap):
     """Hosts envs by trajectory id. ``tasks``: TaskSpecs (a list, a name → spec mapping or a
     Plan); a task passed by name that is not among them gets an env without a spec (no
     latency injection, the default call timeout). ``seed`` is mixed into every trajectory's
@@ -264,12 +265,6 @@ class EnvWorker:
     def stats(self) -> dict:
         with self._lock:
             return {**self._stats, "active": len(self._slots)}
-
-    def settle_heap(self) -> int:
-        """Freeze the heap built during setup out of later full collections (:mod:`...heap`)."""
-        from rollart.runtime.heap import settle_heap
-
-        return settle_heap()
 
     def cpu_seconds(self) -> float:
         """CPU time this process has used (all its threads)."""

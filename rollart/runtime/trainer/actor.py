@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from rollart.runtime.trainer.grpo import Sample
+from rollart.runtime.heap import SettlesHeap
 
 
-class TrainerWorker:
+class TrainerWorker(SettlesHeap):
     def __init__(self, spec: Any, lr: float, seed: int, backend: str = "torch", **kwargs: Any):
         if backend == "torch":
             from rollart.runtime.trainer.grpo import GRPOTrainer
@@ -43,12 +44,6 @@ class TrainerWorker:
     def info(self) -> dict[str, Any]:
         return {"backend": self.backend, "step": self.trainer.step, "version": self.trainer.version,
                 "model": self.trainer.spec.name, "pid": os.getpid()}
-
-    def settle_heap(self) -> int:
-        """Freeze the heap built during setup out of later full collections (:mod:`...heap`)."""
-        from rollart.runtime.heap import settle_heap
-
-        return settle_heap()
 
     def train_step(self, samples: Sequence[Sample], version: int | None = None) -> dict[str, float]:
         return self.trainer.train_step(list(samples), version)
