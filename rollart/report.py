@@ -25,7 +25,8 @@ def _num(x: float) -> str:
     return f"{x:.1f}" if abs(x) < 100 else f"{x:.0f}"
 
 
-def _p90(values: list[float]) -> float:
+def p90(values: list[float]) -> float:
+    """The 90th percentile (nearest rank; 0 for no values)."""
     if not values:
         return 0.0
     s = sorted(values)
@@ -69,7 +70,7 @@ def summary_from_steps(steps: list[StepRecord]) -> dict[str, float]:
     tokens = sum(s.tokens for s in steps)
     return {
         "step_time_s_mean": sum(times) / len(times) if times else 0.0,
-        "step_time_s_p90": _p90(times),
+        "step_time_s_p90": p90(times),
         "trajectories_per_s": trajs / elapsed if elapsed else 0.0,
         "trained_tokens_per_s": tokens / elapsed if elapsed else 0.0,
         "mean_staleness": sum(s.mean_staleness * s.trajectories for s in steps) / trajs if trajs else 0.0,

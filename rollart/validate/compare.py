@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rollart.core.stats import BREAKDOWN_KEYS
-from rollart.report import RunResult
+from rollart.report import RunResult, p90
 
 
 @dataclass
@@ -35,13 +35,6 @@ class Figure:
         return {**asdict(self), "error": self.error}
 
 
-def _p90(xs: list[float]) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
-
-
 def step_figures(result: RunResult, warmup: int) -> dict[str, float]:
     """Step time, breakdown and throughput over the steps after ``warmup``."""
     steps = result.steps[warmup:] if len(result.steps) > warmup else result.steps
@@ -50,7 +43,7 @@ def step_figures(result: RunResult, warmup: int) -> dict[str, float]:
     times = [s.time_s for s in steps]
     span = steps[-1].end_s - steps[0].start_s
     trajs = sum(s.trajectories for s in steps)
-    out = {"step_time_mean": sum(times) / len(times), "step_time_p90": _p90(times),
+    out = {"step_time_mean": sum(times) / len(times), "step_time_p90": p90(times),
            "trajectories_per_s": trajs / span if span > 0 else 0.0}
     for key in BREAKDOWN_KEYS:
         out[f"breakdown.{key}"] = sum(s.breakdown_s.get(key, 0.0) for s in steps) / len(steps)
