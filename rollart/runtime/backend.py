@@ -167,12 +167,12 @@ class RuntimeBackend:
         if self.mode.async_weight_transfer:
             bucket = int(self.plan.weight_sync.bucket_mb * 2**20)
             ray.get(self.trainer.publish.remote(self.store_spec, version, bucket))
-            ray.get([w.update_weights.remote(version, self._pull_loader(version)) for w in self.workers])
+            ray.get([w.update_weights.remote(version, self.pull_loader(version)) for w in self.workers])
         else:
             state = ray.get(self.trainer.state_dict.remote())
             ray.get([w.update_weights.remote(version, state) for w in self.workers])
 
-    def _pull_loader(self, version: int) -> Callable[[], dict[str, Any]]:
+    def pull_loader(self, version: int) -> Callable[[], dict[str, Any]]:
         """What a worker runs to pull ``version`` from the run's store (as a puller)."""
         spec = self.store_spec.for_puller() if hasattr(self.store_spec, "for_puller") else self.store_spec
         return functools.partial(pull_version, spec, version)
@@ -343,7 +343,7 @@ class RuntimeBackend:
                 await asyncio.sleep(0.2)
         version = self.ctl.proxy.version
         if self.mode.async_weight_transfer and version > 0:
-            source: Any = self._pull_loader(version)
+            source: Any = self.pull_loader(version)
         elif version > 0:
             source = self._broadcast_ref
         else:
@@ -394,7 +394,7 @@ class RuntimeBackend:
         t0 = self.now()
         bucket = int(self.plan.weight_sync.bucket_mb * 2**20)
         await self.trainer.publish.remote(self.store_spec, eff.version, bucket)
-        loader = self._pull_loader(eff.version)
+        loader = self.pull_loader(eff.version)
         await asyncio.gather(*(self._on_worker(i, lambda w: w.prefetch_weights.remote(eff.version, loader))
                                for i in range(len(self.workers))))
         self.counters.weight_publish_s.append(self.now() - t0)
@@ -406,7 +406,7 @@ class RuntimeBackend:
             try:
                 await self._on_worker(wid, lambda w: w.update_weights.remote(eff.version, ref))
             except KeyError:  # restarted after the prefetch: pull the version again
-                await self.workers[wid].update_weights.remote(eff.version, self._pull_loader(eff.version))
+                await self.workers[wid].update_weights.remote(eff.version, self.pull_loader(eff.version))
 
         t0 = self.now()
         await asyncio.gather(*(update(w) for w in eff.workers))

@@ -326,19 +326,14 @@ class LocalProfiler:
     def _weights(self, backend: Any) -> dict[str, float]:
         """The runtime's own weight calls on every worker at once, timed from the driver as
         ``rollart run`` awaits them."""
-        import functools
-
         import ray
-
-        from rollart.runtime.backend import pull_version
 
         workers, trainer = backend.workers, backend.trainer
         bucket = int(self.plan.weight_sync.bucket_mb * 2**20)
-        spec = backend.store_spec.for_puller() if hasattr(backend.store_spec, "for_puller") else backend.store_spec
         publish, swap, broadcast = [], [], []
         for rep in range(self.repeats + 1):  # every worker at once, as the run does
             version = 100 + rep
-            loader = functools.partial(pull_version, spec, version)
+            loader = backend.pull_loader(version)
             t0 = time.perf_counter()
             ray.get(trainer.publish.remote(backend.store_spec, version, bucket))
             ray.get([w.prefetch_weights.remote(version, loader) for w in workers])
