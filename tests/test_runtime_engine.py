@@ -306,6 +306,26 @@ def test_worker_applies_commands_in_order_between_steps(tok) -> None:
     asyncio.run(scenario())
 
 
+def test_worker_records_steps_requests_and_the_calls_each_step_saw(tok) -> None:
+    async def scenario():
+        w = InferenceWorker(engine_factory=lambda: make_engine(tok, stop_token_ids=[]), name="w")
+        p = prompts(2)
+        assert await w.record_steps(True) == []
+        await asyncio.gather(w.generate("a", p[0], 6, 1.0, 1), w.generate("b", p[1], 4, 1.0, 2))
+        requests = await w.request_log()
+        steps = await w.record_steps(False)
+        assert await w.request_log() == []  # recording stopped
+        assert sorted(r["request"] for r in requests) == ["a", "b"]
+        for r in requests:
+            assert r["called"] <= r["added"] <= r["done"] <= r["returned"]
+        assert len(steps) == 6 and all(s["call_events"] >= 0 for s in steps)
+        assert [s["started"] for s in steps] == sorted(s["started"] for s in steps)
+        assert sum(s["finished"] for s in steps) == 2
+        await w.shutdown()
+
+    asyncio.run(scenario())
+
+
 # ---------------------------------------------------------------- vLLM
 
 

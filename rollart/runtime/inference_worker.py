@@ -103,6 +103,11 @@ class InferenceWorker(SettlesHeap):
         self._started = time.monotonic()
         self._error: Optional[BaseException] = None
         self._step_log: Optional[deque] = None
+        self._request_log: Optional[deque] = None
+        self._request_times: dict[str, dict[str, float]] = {}
+        # generate calls arriving or returning on the actor's event loop: Python that competes with
+        # the engine thread for the GIL, so each one lengthens the engine step it lands in
+        self._call_events = 0
         self._thread = threading.Thread(target=self._run, name=f"{name}-loop", daemon=True)
         self._thread.start()
 
@@ -113,12 +118,20 @@ class InferenceWorker(SettlesHeap):
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         rid = str(request_id)
+        called = time.monotonic()
+        self._call_events += 1
         self._submit(ADD, (rid, list(prompt_ids), int(max_new_tokens), float(temperature), seed, loop, fut), None)
         try:
-            return await fut
+            out = await fut
         except asyncio.CancelledError:
+            self._request_times.pop(rid, None)
             self._submit(ABORT, rid, None)
             raise
+        self._call_events += 1
+        if self._request_log is not None:
+            self._request_log.append({"request": rid, "called": called, "returned": time.monotonic(),
+                                      **self._request_times.pop(rid, {})})
+        return out
 
     async def abort(self, request_id: str) -> bool:
         """True if the request was queued or running (its ``generate`` returns ``"abort"``)."""
@@ -164,11 +177,20 @@ class InferenceWorker(SettlesHeap):
 
     async def record_steps(self, on: bool = True) -> list[dict[str, float]]:
         """Start (``on``) or stop recording what each engine step computed and how long it took
-        (engines that report ``last_step``); returns and clears what was recorded so far."""
+        (engines that report ``last_step``), when it started (``time.monotonic``) and how many
+        generate calls arrived or returned meanwhile (``call_events``); returns and clears what
+        was recorded so far. Served requests are recorded too (:meth:`request_log`)."""
         with self._cv:
             log = list(self._step_log or [])
             self._step_log = deque(maxlen=100_000) if on else None
+            self._request_log = deque(maxlen=100_000) if on else None
         return log
+
+    async def request_log(self) -> list[dict[str, float]]:
+        """While recording: each served request's times (``time.monotonic``): ``called`` (the
+        ``generate`` call began), ``added`` (the loop put it in the engine), ``done`` (the engine
+        finished it), ``returned`` (its call resumed)."""
+        return list(self._request_log or [])
 
     async def version(self) -> int:
         return self._version
@@ -215,6 +237,9 @@ class InferenceWorker(SettlesHeap):
 
     def _finish(self, completion: Completion) -> None:
         target = self._pending.pop(completion.request_id, None)
+        times = self._request_times.get(completion.request_id)
+        if times is not None:
+            times["done"] = time.monotonic()
         if completion.finish_reason == "abort":
             self._stats["requests_aborted"] += 1
         else:
@@ -241,6 +266,8 @@ class InferenceWorker(SettlesHeap):
                     return True
                 self._pending[rid] = (loop, fut)
                 self._stats["requests_added"] += 1
+                if self._request_log is not None:
+                    self._request_times[rid] = {"added": time.monotonic()}
             elif kind == ABORT:
                 rid = payload
                 completion = self._abort_completion(rid)
@@ -298,6 +325,7 @@ class InferenceWorker(SettlesHeap):
             if self._suspended or not engine.has_work():
                 continue
             t0 = time.perf_counter()
+            started, calls = time.monotonic(), self._call_events
             try:
                 done = engine.step()
             except Exception as exc:  # the engine's state is suspect: fail everything in flight
@@ -313,6 +341,8 @@ class InferenceWorker(SettlesHeap):
             self._stats["steps"] += 1
             last = getattr(engine, "last_step", None)
             if last and self._step_log is not None:
+                last["started"] = started
+                last["call_events"] = self._call_events - calls
                 self._step_log.append(last)  # a fresh dict every step
             for c in done:
                 self._stats["tokens_generated"] += len(c.token_ids)

@@ -147,6 +147,7 @@ class TorchEngine:
         t0 = time.perf_counter()
         done: list[Completion] = []
         prefill_tokens, admitted = self.counters["prefill_tokens"], self.counters["prefill_requests"]
+        forwards, finished_before = self.counters["prefill_forwards"], self.counters["finished"]
         with torch.inference_mode():
             decode_rows = list(self._rows)
             decode_kv = sum(r.context_len for r in decode_rows)
@@ -165,6 +166,8 @@ class TorchEngine:
         # what this step computed, for profiling the engine where it runs (InferenceWorker.step_log)
         self.last_step = {"prefill_requests": self.counters["prefill_requests"] - admitted,
                           "prefill_tokens": self.counters["prefill_tokens"] - prefill_tokens,
+                          "prefill_forwards": self.counters["prefill_forwards"] - forwards,
+                          "finished": self.counters["finished"] - finished_before,
                           "decode_rows": len(decode_rows), "decode_kv": decode_kv, "decode_padded": padded,
                           "seconds": seconds}
         return done
