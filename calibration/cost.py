@@ -143,6 +143,7 @@ class EngineProfileGeneration:
             raise ValueError(f"engine profile {origin} was measured for {profile.model}, not {model.name}")
         self.profile = profile
         self.request_overhead_s = profile.request_overhead_s
+        self.call_step_s = profile.call_step_s
         self.host_parallelism, self.side_by_side = profile.host_parallelism, profile.side_by_side
         self.effect_cpu_s = profile.effect_cpu_s
         self.kv_layout = profile.kv_layout

@@ -88,27 +88,34 @@ def step_features(step: dict[str, float], padded: bool = False) -> list[float]:
 def predict_step(profile: EngineProfile, step: dict[str, float]) -> float:
     """The profile's time for one logged engine step: the features ``fit_engine_steps`` fits,
     priced by the profile (a mixed step pays the decode's fixed cost only when the profile says
-    prefill and decode run as separate forwards)."""
+    prefill and decode run as separate forwards), plus the GIL hand-off when generate calls
+    arrived or returned during the step."""
     padded = profile.kv_layout == "padded" and "decode_padded" in step
     has_p, n, a, has_d, b, x = step_features(step, padded)
     p, d = profile.prefill.params, profile.decode.params
     if has_p and has_d and profile.mixed_step == "one_fixed_cost":
         has_d = 0.0
-    return has_p * p["a"] + n * p["b"] + a * p["c"] + has_d * d["a"] + b * d["b"] + x * d["c"]
+    calls = profile.call_step_s if step.get("call_events", 0) else 0.0
+    return has_p * p["a"] + n * p["b"] + a * p["c"] + has_d * d["a"] + b * d["b"] + x * d["c"] + calls
 
 
 def fit_engine_steps(steps: list[dict[str, float]], gpu: str, model: str, engine: str, source: str,
                      data: list[str] | None = None) -> EngineProfile:
     """Fit an engine profile to logged engine steps (``InferenceWorker.record_steps``), pure and
-    mixed alike: step = [prefill] (a_p + b_p·N + c_p·A) + [decode] (a_d + b_d·B + c_d·X), so a
-    step that both prefills and decodes pays both fixed costs (the torch engine runs them as
-    separate forwards and then merges the new rows in). Non-negative least squares (absolute
+    mixed alike: step = [prefill] (a_p + b_p·N + c_p·A) + [decode] (a_d + b_d·B + c_d·X) + [calls] g,
+    so a step that both prefills and decodes pays both fixed costs (the torch engine runs them as
+    separate forwards and then merges the new rows in). [calls]: generate calls arrived at or
+    returned from the worker during the step (``call_events``, when every step has it). Their
+    Python runs on the actor's event loop and takes the GIL from the engine thread for about a
+    switch interval, however many calls it handles at once, so a step pays ``g`` (``call_step_s``)
+    once. Non-negative least squares (absolute
     errors: the fit is the expected step time); MAPE on held-out steps. ``data``: the files of
     measured rows that ``calibrate show --plot`` draws (default ``[source]``)."""
     if len(steps) < 12:
         raise EngineFitError(f"{source}: {len(steps)} engine steps; at least 12 are needed to fit and hold some out")
     padded = all("decode_padded" in s for s in steps)  # the engine reports its padded KV
-    X = np.array([step_features(s, padded) for s in steps])
+    calls = all("call_events" in s for s in steps)
+    X = np.array([step_features(s, padded) + ([1.0 if s["call_events"] else 0.0] if calls else []) for s in steps])
     y = np.array([float(s["seconds"]) for s in steps])
     if np.any(y <= 0):
         raise EngineFitError(f"{source}: step times must be positive")
@@ -132,6 +139,7 @@ def fit_engine_steps(steps: list[dict[str, float]], gpu: str, model: str, engine
     decode = part(("a", "b", "c"), sol.x[3:], dec & ~pre, "a + b·B + c·X (decode-only steps)")
     return EngineProfile(
         gpu=gpu, model=model, engine=engine, prefill=prefill, decode=decode, mixed_step="both_fixed_costs",
+        call_step_s=float(f"{sol.x[6]:.6g}") if calls else 0.0,
         kv_layout="padded" if padded else "paged",
         fit_error=PhaseError(prefill_mape_heldout=prefill.mape_heldout, decode_mape_heldout=decode.mape_heldout,
                              note=f"held-out engine steps ({int(heldout.sum())} of {len(y)}); 'prefill' = steps "

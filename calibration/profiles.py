@@ -76,6 +76,12 @@ class EngineProfile(BaseModel):
     # Time a generate call spends outside the engine's steps (RPC to the worker, its command
     # loop, the reply): added once per request. 0 when only the engine was measured.
     request_overhead_s: float = Field(0.0, ge=0)
+    # Engine time of a step during which the worker's event loop handled generate calls (their
+    # arrival or the return of their result): that Python runs in the engine's process and takes
+    # the GIL from the engine thread for about a switch interval, for one call or several. It
+    # delays every request in the batch, unlike request_overhead_s. 0 for engines in their own
+    # process or when not measured.
+    call_step_s: float = Field(0.0, ge=0)
     # How a step that both prefills and decodes is priced: one fixed cost (one fused forward,
     # as vLLM runs it) or both (separate forwards, as the torch engine runs them).
     mixed_step: Literal["one_fixed_cost", "both_fixed_costs"] = "one_fixed_cost"

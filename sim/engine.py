@@ -11,6 +11,9 @@ Model:
 * admission is bounded by ``max_num_seqs`` and by KV capacity (a request reserves its final
   footprint, context + response, so no preemption is needed);
 * a new request's prefill runs in one mixed iteration with a decode step of the running batch;
+* measured CPU profiles have ``call_step_s``: the first iteration after calls arrived or requests
+  returned pays it once (the worker's event loop handles them in the engine's process and takes
+  the GIL from the engine for about a switch interval, for one call or several);
 * the prefix cache keeps each trajectory's conversation after its turn (LRU in free KV), so
   the next turn only prefills the new observation — a weight update invalidates it;
 * a weight update pauses the engine for the swap, then recomputes the KV of every running
@@ -55,6 +58,8 @@ class GenerationEngine:
         self.pool = pool
         self.cost = cost
         self.request_overhead_s = float(getattr(cost, "request_overhead_s", 0.0))  # outside the engine's steps
+        self.call_step_s = float(getattr(cost, "call_step_s", 0.0))  # inside them: calls handled in-process
+        self._calls_handled = False  # calls arrived or returned since the last iteration began
         self.padded_kv = getattr(cost, "kv_layout", "paged") == "padded"  # decode reads rows × longest row
         self.capacity = cost.kv_capacity_tokens
         self.max_num_seqs = max_num_seqs
@@ -88,6 +93,7 @@ class GenerationEngine:
     def add(self, traj_id: int, context: int, decode_tokens: int, prefilled: bool = False) -> Request:
         req = Request(traj_id, context, max(1, decode_tokens), self.env.event(), prefilled)
         self.waiting.append(req)
+        self._calls_handled = True
         self._command()
         return req
 
@@ -168,6 +174,9 @@ class GenerationEngine:
             return
         lead, self._carry = self._carry, 0.0
         admitted = self._admit()
+        if self._calls_handled and (admitted or self.running):
+            lead += self.call_step_s * getattr(self.cost, "factor", 1.0)
+        self._calls_handled = False
         if admitted:
             lead += self._start_prefill(admitted)
         if self.running:
@@ -329,6 +338,7 @@ class GenerationEngine:
                 self._cache_put(req.traj_id, ctx)
             if not req.aborted:
                 req.done.succeed(req.decode_tokens)
+                self._calls_handled = True  # its result goes back through the worker's event loop
 
     def _apply_aborts(self) -> None:
         for req in self._aborts:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 
+import pytest
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -121,6 +122,28 @@ def test_single_request_time_is_prefill_plus_decode() -> None:
     mixed = cost.mixed_step_time(500, 500 * 250, 32, 32 * 2000)
     apart = cost.prefill_time(500, 500 * 250) + cost.decode_line(32).total(32 * 2000, 32, 1)
     assert cost.prefill_time(500, 500 * 250) < mixed < apart
+
+
+def test_calls_handled_in_process_cost_the_next_iteration_once() -> None:
+    """``call_step_s``: the first iteration after calls arrived (or results returned) pays it
+    once, however many calls there were; an idle engine pays nothing for a last return."""
+
+    class CallCost(ToyCost):
+        call_step_s = 0.004
+
+    plain = simulate(ToyCost(), [(0.0, 100, 10)], 8)[0]
+    assert simulate(CallCost(), [(0.0, 100, 10)], 8)[0] == pytest.approx(plain + 0.004, abs=1e-12)
+    # four calls that arrive together share one hand-off
+    together = simulate(ToyCost(), [(0.0, 100, 10)] * 4, 8)
+    assert simulate(CallCost(), [(0.0, 100, 10)] * 4, 8) == pytest.approx([t + 0.004 for t in together], abs=1e-12)
+    # the first request's return lands in the second request's decode: that iteration pays it
+    env = simpy.Environment()
+    engine = GenerationEngine(env, 0, "p", CallCost(), 8, prefix_cache=False)
+    short, long = engine.add(0, 100, 2), engine.add(1, 100, 6)
+    env.run()
+    base = simulate(ToyCost(), [(0.0, 100, 2), (0.0, 100, 6)], 8)
+    assert short.done.triggered and long.done.triggered
+    assert env.now == pytest.approx(base[1] + 2 * 0.004, abs=1e-12)
 
 
 def test_prefix_cache_reuses_the_previous_turn() -> None:

@@ -143,6 +143,29 @@ def test_fit_engine_steps_prices_mixed_steps_with_both_fixed_costs() -> None:
     assert profile.fit_error.decode_mape_heldout < 1e-3
 
 
+def test_fit_engine_steps_prices_the_gil_hand_off_of_generate_calls() -> None:
+    """Steps during which generate calls arrived or returned (``call_events``) pay ``call_step_s``
+    once, whatever their number; the other coefficients are recovered as without calls."""
+    import random
+
+    from rollart.calibration.engine_fit import fit_engine_steps, predict_step
+
+    rnd = random.Random(1)
+    steps = []
+    for _ in range(400):
+        rows, calls = rnd.choice([1, 4, 8, 16]), rnd.choice([0, 0, 0, 1, 2, 5])
+        kv = rows * rnd.choice([20, 80, 200])
+        steps.append({"prefill_requests": 0, "prefill_tokens": 0, "decode_rows": rows, "decode_kv": kv,
+                      "call_events": calls, "seconds": 1.5e-3 + 8e-5 * rows + 2e-7 * kv + (4e-3 if calls else 0.0)})
+    profile = fit_engine_steps(steps, gpu="cpu", model="Qwen3-tiny", engine="torch", source="synthetic")
+    assert profile.call_step_s == pytest.approx(4e-3, rel=1e-3)
+    assert profile.decode.params["a"] == pytest.approx(1.5e-3, rel=1e-3)
+    assert predict_step(profile, steps[0]) == pytest.approx(steps[0]["seconds"], rel=1e-3)
+    # logs without the count (older runs, other engines) fit as before, with no call cost
+    bare = [{k: v for k, v in s.items() if k != "call_events"} for s in steps]
+    assert fit_engine_steps(bare, gpu="cpu", model="Qwen3-tiny", engine="torch", source="s").call_step_s == 0.0
+
+
 def _result(times: list[float], trajs: int = 8, backend: str = "sim", stale: int = 0) -> RunResult:
     steps, t = [], 0.0
     for i, dt in enumerate(times):
