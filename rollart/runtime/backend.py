@@ -76,6 +76,7 @@ class RuntimeCounters:
     env_overhead_s: dict[str, list[float]] = field(default_factory=lambda: {"reset": [], "step": []})
     train_metrics: list[dict[str, float]] = field(default_factory=list)
     host_cpu_s: float = 0.0      # CPU the driver and the env workers used during the run
+    host_idle_cores: float = 0.0  # the same processes' CPU rate with nothing to do (measured before it)
 
 
 class RuntimeBackend:
@@ -415,6 +416,8 @@ class RuntimeBackend:
     # ---- running ---------------------------------------------------------------------------
 
     async def _main(self) -> str | None:
+        if self.record_engine_steps:  # what the host processes burn idle (Ray's threads, polls)
+            self.counters.host_idle_cores = await self._idle_cores()
         self._t0 = time.monotonic()  # the run's clock starts once the cluster is up
         cpu0 = await self._host_cpu_s()
         driver = AsyncDriver({
@@ -435,6 +438,14 @@ class RuntimeBackend:
         await driver.cancel_all()
         self.counters.host_cpu_s = await self._host_cpu_s() - cpu0
         return error
+
+    async def _idle_cores(self, seconds: float = 0.5) -> float:
+        """Cores the driver and env workers use with nothing to do, over ``seconds`` of the same
+        50 ms poll the run's driver keeps up."""
+        cpu0, t0 = await self._host_cpu_s(), time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            await asyncio.sleep(0.05)
+        return max(0.0, (await self._host_cpu_s() - cpu0) / (time.monotonic() - t0))
 
     async def _host_cpu_s(self) -> float:
         """CPU seconds used so far by this driver process and the env worker processes: the
@@ -470,6 +481,7 @@ class RuntimeBackend:
             try:
                 st = ray.get(w.stats.remote(), timeout=30)
                 if self.record_engine_steps:
+                    st["request_log"] = ray.get(w.request_log.remote(), timeout=30)
                     st["step_log"] = ray.get(w.record_steps.remote(False), timeout=30)
                 out.append(st)
             except Exception:  # noqa: BLE001 - a worker that died at the very end has no stats
@@ -541,7 +553,10 @@ class RuntimeOutcome:
             "wall_s": self.elapsed_s,
             "effects": effects,
             "env_call_overhead_s": {k: sum(v) / len(v) if v else 0.0 for k, v in b.counters.env_overhead_s.items()},
-            "host_cpu_per_effect_s": b.counters.host_cpu_s / effects if effects else 0.0,
+            # per effect, beyond what the same processes burn idle (measured when recording steps)
+            "host_cpu_per_effect_s": max(0.0, b.counters.host_cpu_s - b.counters.host_idle_cores * self.elapsed_s)
+                                     / effects if effects else 0.0,
+            "host_idle_cores": b.counters.host_idle_cores,
             "engine_steps": [{"worker": w.id, "pool": w.pool, "steps": st.get("steps", 0),
                               "busy_s": st.get("busy_seconds", 0.0)}
                              for w, st in zip(ctl.proxy.workers, self.worker_stats)],
