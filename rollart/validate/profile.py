@@ -8,7 +8,8 @@ on a bare forward pass:
 * engine: prefill and decode *steps* timed inside the run's inference workers (sampling, KV
   bookkeeping and the worker's own threads included), all workers at once, over batch sizes ×
   prompt lengths → an engine profile
-  (``prefill(N, A) = a + b·N + c·A``, ``decode(B, X) = a + b·B + c·X``);
+  (``prefill(N, A) = a + b·N + c·A``, ``decode(B, X) = a + b·B + c·X``, plus ``call_step_s`` for
+  a step during which generate calls arrived or returned: their Python takes the GIL);
 * request overhead: a generate call's round trip minus the engine time it caused;
 * trainer: ``train_step`` round trips over batch sizes × sequence lengths → a train profile
   (``step = a + b·T + c·Σs²``);
@@ -167,7 +168,11 @@ class LocalProfiler:
         weights.update(self._run_weights)  # in-run figures where the reference run measured them
         train_path = self._write_train_profile(train_rows, weights, model, out_dir)
         self._write_host_profile(env_overheads, out_dir)
-        return LocalProfile(engine_path, train_path, {"request_overhead_s": overhead, **weights,
+        from rollart.calibration.profiles import load_profile
+
+        call_step_s = load_profile(engine_path).call_step_s
+        return LocalProfile(engine_path, train_path, {"request_overhead_s": overhead, "call_step_s": call_step_s,
+                                                      **weights,
                                                       "idle_weights": idle_weights,
                                                       "env_reset_overhead_s": self._run_env_overhead["reset"],
                                                       "env_step_overhead_s": self._run_env_overhead["step"],
@@ -370,10 +375,12 @@ class LocalProfiler:
             f"plus every step of a {REFERENCE_STEPS}-step reference run of the plan (another seed)",
             "a prefill of several context lengths is one forward per length in the engine, one fixed cost here",
             "request_overhead_s: generate round trip through the inference worker actor minus its engine time",
+            "call_step_s: engine time of a step during which generate calls arrived or returned (their Python on "
+            "the actor's event loop takes the GIL from the engine thread), fitted with the steps",
             "host_parallelism: engines decoding at full speed at once on this host (1-4 copies of one decode "
             "workload started together); the simulator slows engines and the trainer down beyond it",
-            "effect_cpu_s: CPU of the driver and the env workers over the reference run, per effect of the core "
-            "(the simulator counts it as load at the effect rate it runs at)",
+            "effect_cpu_s: CPU of the driver and the env workers over the reference run beyond their idle rate, "
+            "per effect of the core (the simulator counts it as load at the effect rate it runs at)",
         ]
         path = out_dir / "engine.yaml"
         save_profile(profile, path, header=f"{gpu} / {model.name}: measured by `rollart validate` on this machine "
