@@ -44,8 +44,13 @@ def figures_table(v) -> Table:  # noqa: ANN001
                           ("error", "right")):
         table.add_column(name, justify=justify, no_wrap=True)
     for f in v.figures:
-        table.add_row(f"[bold]{f.name}[/]" if f.headline else f.name, f.unit, _fmt(f.real, f.unit),
-                      _fmt(f.sim, f.unit), _err(f))
+        sim = _fmt(f.sim, f.unit)
+        if f.sim_range is not None and f.headline:
+            sim += f" [dim]({_fmt(f.sim_range[0], f.unit)}–{_fmt(f.sim_range[1], f.unit)})[/]"
+        table.add_row(f"[bold]{f.name}[/]" if f.headline else f.name, f.unit, _fmt(f.real, f.unit), sim, _err(f))
+    if len(v.sim_seeds) > 1:
+        table.caption = (f"sim: mean over seeds {v.sim_seeds[0]}–{v.sim_seeds[-1]} (range in brackets); "
+                         f"sim.json and its trace: seed {v.sim_seeds[0]}")
     return table
 
 
@@ -64,7 +69,8 @@ def summary_markdown(runs: list) -> str:  # noqa: ANN001
                           if x.name.startswith("busy fraction"))
         ab = " · ".join(f"{x.name.split(': ')[1]} {x.real:.0f}/{x.sim:.0f}" for x in v.figures
                         if x.name.startswith("aborted") and (x.real or x.sim)) or "0/0"
-        lines.append(f"| {v.plan.name} | {v.real.mode} | {st.real:.2f} / {st.sim:.2f} | {st.error:+.1%} | "
+        spread = f" ({st.sim_range[0]:.2f}–{st.sim_range[1]:.2f})" if st.sim_range else ""
+        lines.append(f"| {v.plan.name} | {v.real.mode} | {st.real:.2f} / {st.sim:.2f}{spread} | {st.error:+.1%} | "
                      f"{p90.real:.2f} / {p90.sim:.2f} | {tp.real:.2f} / {tp.sim:.2f} | {tp.error:+.1%} | {busy} | {ab} |")
     return "\n".join(lines) + "\n"
 
@@ -82,6 +88,9 @@ def validate(
     reprofile: bool = typer.Option(False, "--reprofile", help="measure again even if a fresh profile exists"),
     max_profile_age_h: float = typer.Option(24.0, "--max-profile-age", help="hours a profile stays fresh"),
     warmup: int = typer.Option(1, "--warmup-steps", min=0, help="first steps left out of the comparison"),
+    sim_seeds: int = typer.Option(4, "--sim-seeds", min=1,
+                                  help="simulate this many seeds (the plan's and the next ones) and compare the "
+                                       "real run with their mean; the simulator is cheap, one real run is not"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
 ) -> None:
     """Run a plan for real, simulate it calibrated on this machine, and compare the two."""
@@ -102,8 +111,8 @@ def validate(
     failed = False
     for i, plan in enumerate(plans):
         folder = out if len(plans) == 1 else out / plan.name
-        v = _validate_one(plan, folder, mode, profile_dir, reprofile and i == 0, max_profile_age_h, warmup, quiet,
-                          f"[{i + 1}/{len(plans)}] " if len(plans) > 1 else "")
+        v = _validate_one(plan, folder, mode, profile_dir, reprofile and i == 0, max_profile_age_h, warmup, sim_seeds,
+                          quiet, f"[{i + 1}/{len(plans)}] " if len(plans) > 1 else "")
         runs.append(v)
         failed |= bool(v.real.error or v.sim.error)
     if len(plans) > 1:
@@ -116,7 +125,7 @@ def validate(
 
 
 def _validate_one(plan, out: Path, mode, profile_dir, reprofile: bool, max_profile_age_h: float,  # noqa: ANN001
-                  warmup: int, quiet: bool, prefix: str):  # noqa: ANN202
+                  warmup: int, sim_seeds: int, quiet: bool, prefix: str):  # noqa: ANN202
     from rollart.cli import _fail
     from rollart.plan import PlanError
     from rollart.validate.main import validate as run_validation
@@ -126,7 +135,7 @@ def _validate_one(plan, out: Path, mode, profile_dir, reprofile: bool, max_profi
         task = bar.add_task(f"{prefix}{plan.name}: profiling this machine", total=plan.algorithm.steps)
         try:
             v = run_validation(plan, out, mode=mode, profile_dir=profile_dir, reprofile=reprofile,
-                               max_profile_age_h=max_profile_age_h, warmup=warmup,
+                               max_profile_age_h=max_profile_age_h, warmup=warmup, sim_seeds=sim_seeds,
                                progress=lambda msg: bar.update(task, description=f"{prefix}{plan.name}: {msg}"),
                                on_step=lambda rec: bar.update(task, advance=1))
         except PlanError as exc:
@@ -140,7 +149,8 @@ def _validate_one(plan, out: Path, mode, profile_dir, reprofile: bool, max_profi
     p = v.profile
     reused = "reused" if p.get("reused") else "measured"
     console.print(f"[dim]profile {reused}: {p['dir']}"
-                  + (f" · generate call overhead {p['request_overhead_s'] * 1e3:.1f} ms · publish+pull "
+                  + (f" · generate call overhead {p['request_overhead_s'] * 1e3:.1f} ms"
+                     f" · engine step with calls +{p.get('call_step_s', 0.0) * 1e3:.1f} ms · publish+pull "
                      f"{p['publish_pull_s']:.2f} s · swap {p['swap_s']:.3f} s" if not p.get("reused") else "")
                   + f"[/]", highlight=False)
     console.print(f"[dim]wrote {out}/: {', '.join(v.files.values())}[/]", highlight=False)

@@ -187,6 +187,20 @@ def test_compare_skips_warmup_and_signs_errors() -> None:
     assert Figure("x", 0.0, 0.0).error == 0.0 and Figure("x", 0.0, 1.0).error is None
 
 
+def test_compare_seeds_takes_the_mean_of_the_simulated_seeds_and_keeps_their_range() -> None:
+    from rollart.validate.compare import compare_seeds
+
+    real = _result([9.0, 2.0, 2.0, 2.0], stale=1)
+    sims = [_result([1.0, 1.8, 1.8, 1.8]), _result([1.0, 2.4, 2.4, 2.4], stale=3)]
+    figs = {f.name: f for f in compare_seeds(real, sims, warmup=1)}
+    assert figs["step time, mean"].sim == pytest.approx(2.1)
+    assert figs["step time, mean"].sim_range == pytest.approx((1.8, 2.4))
+    assert figs["step time, mean"].error == pytest.approx(0.05)
+    assert figs["aborted: stale"].sim == pytest.approx(1.5)
+    one = {f.name: f for f in compare_seeds(real, sims[:1], warmup=1)}
+    assert one["step time, mean"].sim_range is None and one["step time, mean"].sim == pytest.approx(1.8)
+
+
 def test_validate_rejects_a_warmup_that_leaves_nothing() -> None:
     proc = subprocess.run([ROLLART, "validate", "local/validate-rollart", "--steps", "2", "--warmup-steps", "2"],
                           capture_output=True, text=True, timeout=120)
@@ -209,7 +223,10 @@ def test_validate_end_to_end_within_the_ci_bound(tmp_path: Path) -> None:
         assert (out / name).is_file(), name
     summary = json.loads((out / "validation.json").read_text())
     errors = {f["name"]: f["error"] for f in summary["figures"]}
-    assert summary["profile"]["reused"] is False
+    assert summary["profile"]["reused"] is False and summary["profile"]["call_step_s"] >= 0
+    assert len(summary["sim_seeds"]) == 4  # the default: the real run against four simulated seeds
+    headline = next(f for f in summary["figures"] if f["name"] == "step time, mean")
+    assert headline["sim_range"][0] <= headline["sim"] <= headline["sim_range"][1]
     assert abs(errors["step time, mean"]) <= CI_BOUND, summary["figures"]
     assert abs(errors["trajectories/s"]) <= CI_BOUND, summary["figures"]
     real = json.loads((out / "real.json").read_text())

@@ -22,6 +22,7 @@ class Figure:
     unit: str = "s"
     kind: str = "relative"   # "relative": (sim − real) / real; "absolute": sim − real (counts)
     headline: bool = False   # one of the figures the acceptance bound applies to
+    sim_range: tuple[float, float] | None = None  # lowest and highest over the simulated seeds
 
     @property
     def error(self) -> float | None:
@@ -67,6 +68,20 @@ def compare(real: RunResult, sim: RunResult, warmup: int = 1) -> list[Figure]:
     for key, label in (("aborted_stale", "aborted: stale"), ("aborted_redundant", "aborted: redundant"),
                        ("env_failures", "env failures")):
         figs.append(Figure(label, float(rs.get(key, 0)), float(ss.get(key, 0)), unit="trajs", kind="absolute"))
+    return figs
+
+
+def compare_seeds(real: RunResult, sims: list[RunResult], warmup: int = 1) -> list[Figure]:
+    """``compare`` against several simulated seeds of the plan: each figure's ``sim`` is the mean
+    over the seeds and ``sim_range`` their spread. A plan whose α window makes groups race one
+    another has run-to-run swings that one seed cannot average out; the mean is the estimate."""
+    per_seed = [compare(real, sim, warmup) for sim in sims]
+    figs = per_seed[0]
+    if len(sims) > 1:
+        for i, f in enumerate(figs):
+            values = [seed_figs[i].sim for seed_figs in per_seed]
+            f.sim = sum(values) / len(values)
+            f.sim_range = (min(values), max(values))
     return figs
 
 

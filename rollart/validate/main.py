@@ -23,7 +23,7 @@ from rollart.calibration.profiles import EngineProfile, TrainProfile, load_profi
 from rollart.plan import Plan
 from rollart.plan.loader import plan_from_dict
 from rollart.report import RunResult
-from rollart.validate.compare import Figure, compare, engine_in_run
+from rollart.validate.compare import Figure, compare_seeds, engine_in_run
 
 Progress = Callable[[str], None]
 
@@ -72,17 +72,23 @@ class Validation:
     profile: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     warmup: int = 1
+    sim_seeds: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"scenario": self.plan.name, "mode": self.real.mode, "seed": self.real.seed,
-                "steps": len(self.real.steps), "warmup_steps": self.warmup, "profile": self.profile,
+                "steps": len(self.real.steps), "warmup_steps": self.warmup, "sim_seeds": self.sim_seeds,
+                "profile": self.profile,
                 "figures": [f.to_dict() for f in self.figures], "files": self.files,
                 "real_error": self.real.error, "sim_error": self.sim.error}
 
 
 def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: Optional[Path] = None,
-             reprofile: bool = False, max_profile_age_h: float = 24.0, warmup: int = 1,
+             reprofile: bool = False, max_profile_age_h: float = 24.0, warmup: int = 1, sim_seeds: int = 1,
              progress: Optional[Progress] = None, on_step: Optional[Callable[[Any], None]] = None) -> Validation:
+    """Profile (or reuse a fresh profile), run ``plan`` for real, simulate it calibrated, compare,
+    and write everything under ``out``. ``sim_seeds``: simulate the plan's seed and the
+    ``sim_seeds − 1`` next ones and compare the real run with their mean (``sim.json`` and its
+    trace are the plan's own seed)."""
     import ray
 
     from rollart.core.modes import mode_config
@@ -120,7 +126,9 @@ def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: 
     sim_plan = calibrated_plan(plan, engine_yaml, train_yaml, profile_dir / "host.yaml")
     sim_tracer = Tracer()
     sim = simulate_plan(sim_plan, mode_config(sim_plan, mode), sim_plan.algorithm.seed, sim_tracer).to_result()
-    figures = compare(real, sim, warmup) if real.steps and sim.steps else []
+    seeds = [sim_plan.algorithm.seed + k for k in range(max(1, sim_seeds))]
+    sims = [sim] + [simulate_plan(sim_plan, mode_config(sim_plan, mode), k).to_result() for k in seeds[1:]]
+    figures = compare_seeds(real, sims, warmup) if real.steps and all(s.steps for s in sims) else []
     if figures and step_log:
         figures.append(engine_in_run(step_log, load_profile(engine_yaml)))
     files = {"real_json": "real.json", "sim_json": "sim.json", "real_trace": "real.trace.json",
@@ -135,7 +143,7 @@ def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: 
     for name in ("engine.yaml", "train.yaml", "host.yaml", "engine.csv"):
         if (profile_dir / name).is_file():
             (out / f"profile-{name}").write_text((profile_dir / name).read_text())
-    result = Validation(plan, real, sim, figures, profile_info, files, warmup)
+    result = Validation(plan, real, sim, figures, profile_info, files, warmup, seeds)
     if figures:
         from rollart.validate.plots import plot_validation
 
