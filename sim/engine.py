@@ -11,9 +11,10 @@ Model:
 * admission is bounded by ``max_num_seqs`` and by KV capacity (a request reserves its final
   footprint, context + response, so no preemption is needed);
 * a new request's prefill runs in one mixed iteration with a decode step of the running batch;
-* measured CPU profiles have ``call_step_s``: the first iteration after calls arrived or requests
-  returned pays it once (the worker's event loop handles them in the engine's process and takes
-  the GIL from the engine for about a switch interval, for one call or several);
+* measured CPU profiles have ``call_step_s``: the worker's event loop handles generate calls in
+  the engine's process and takes the GIL from the engine for about a switch interval, for one
+  call or several. The first iteration after a call arrived at a busy engine, or a result (or an
+  abort) went back, pays it once; calls during the iteration that pays it share it;
 * the prefix cache keeps each trajectory's conversation after its turn (LRU in free KV), so
   the next turn only prefills the new observation — a weight update invalidates it;
 * a weight update pauses the engine for the swap, then recomputes the KV of every running
@@ -60,6 +61,7 @@ class GenerationEngine:
         self.request_overhead_s = float(getattr(cost, "request_overhead_s", 0.0))  # outside the engine's steps
         self.call_step_s = float(getattr(cost, "call_step_s", 0.0))  # inside them: calls handled in-process
         self._calls_handled = False  # calls arrived or returned since the last iteration began
+        self._charged_until = 0.0    # end of the iteration that last paid call_step_s
         self.padded_kv = getattr(cost, "kv_layout", "paged") == "padded"  # decode reads rows × longest row
         self.capacity = cost.kv_capacity_tokens
         self.max_num_seqs = max_num_seqs
@@ -93,7 +95,8 @@ class GenerationEngine:
     def add(self, traj_id: int, context: int, decode_tokens: int, prefilled: bool = False) -> Request:
         req = Request(traj_id, context, max(1, decode_tokens), self.env.event(), prefilled)
         self.waiting.append(req)
-        self._calls_handled = True
+        if self._plan is not None or self._updating:  # an idle engine loses nothing to the call
+            self._note_calls()
         self._command()
         return req
 
@@ -101,6 +104,7 @@ class GenerationEngine:
         if req.aborted or req.done.triggered:
             return
         req.aborted = True
+        self._note_calls()  # the call returns (as aborted) through the worker's event loop
         if req.running:
             self._aborts.append(req)
             self._command()
@@ -174,11 +178,14 @@ class GenerationEngine:
             return
         lead, self._carry = self._carry, 0.0
         admitted = self._admit()
-        if self._calls_handled and (admitted or self.running):
-            lead += self.call_step_s * getattr(self.cost, "factor", 1.0)
+        charge = self._calls_handled and bool(admitted or self.running)
         self._calls_handled = False
+        if charge:
+            lead += self.call_step_s * getattr(self.cost, "factor", 1.0)
         if admitted:
             lead += self._start_prefill(admitted)
+        if charge:
+            self._charged_until = self.env.now + lead
         if self.running:
             self._begin(lead, max(0, self._next_finish() - self.it))
         elif lead > 0:
@@ -186,6 +193,12 @@ class GenerationEngine:
         else:
             self._plan = None
             self._set_busy(False)
+
+    def _note_calls(self) -> None:
+        """A call arrived or returned: the next iteration pays ``call_step_s``, unless the one in
+        progress already pays it (the event loop handles them together)."""
+        if self.call_step_s and self.env.now >= self._charged_until:
+            self._calls_handled = True
 
     def _set_busy(self, busy: bool) -> None:
         if busy != self.busy:
@@ -338,7 +351,7 @@ class GenerationEngine:
                 self._cache_put(req.traj_id, ctx)
             if not req.aborted:
                 req.done.succeed(req.decode_tokens)
-                self._calls_handled = True  # its result goes back through the worker's event loop
+                self._note_calls()  # its result goes back through the worker's event loop
 
     def _apply_aborts(self) -> None:
         for req in self._aborts:

@@ -125,25 +125,24 @@ def test_single_request_time_is_prefill_plus_decode() -> None:
 
 
 def test_calls_handled_in_process_cost_the_next_iteration_once() -> None:
-    """``call_step_s``: the first iteration after calls arrived (or results returned) pays it
-    once, however many calls there were; an idle engine pays nothing for a last return."""
+    """``call_step_s``: the first iteration after a call arrived at a busy engine, or a result
+    went back, pays it once; an idle engine loses nothing to a call."""
 
     class CallCost(ToyCost):
         call_step_s = 0.004
 
-    plain = simulate(ToyCost(), [(0.0, 100, 10)], 8)[0]
-    assert simulate(CallCost(), [(0.0, 100, 10)], 8)[0] == pytest.approx(plain + 0.004, abs=1e-12)
-    # four calls that arrive together share one hand-off
-    together = simulate(ToyCost(), [(0.0, 100, 10)] * 4, 8)
-    assert simulate(CallCost(), [(0.0, 100, 10)] * 4, 8) == pytest.approx([t + 0.004 for t in together], abs=1e-12)
-    # the first request's return lands in the second request's decode: that iteration pays it
-    env = simpy.Environment()
-    engine = GenerationEngine(env, 0, "p", CallCost(), 8, prefix_cache=False)
-    short, long = engine.add(0, 100, 2), engine.add(1, 100, 6)
-    env.run()
+    g = CallCost.call_step_s
+    # arrivals at an idle engine and the last return cost nothing
+    assert simulate(CallCost(), [(0.0, 100, 10)] * 4, 8) == pytest.approx(simulate(ToyCost(), [(0.0, 100, 10)] * 4, 8))
+    # the short request's return lands in the long one's next decode step: that step pays it
     base = simulate(ToyCost(), [(0.0, 100, 2), (0.0, 100, 6)], 8)
-    assert short.done.triggered and long.done.triggered
-    assert env.now == pytest.approx(base[1] + 2 * 0.004, abs=1e-12)
+    got = simulate(CallCost(), [(0.0, 100, 2), (0.0, 100, 6)], 8)
+    assert got == pytest.approx([base[0], base[1] + g], abs=1e-12)
+    # a call arriving while the engine decodes: its admission step pays, then its return does
+    base = simulate(ToyCost(), [(0.0, 100, 40), (0.01, 100, 2)], 8)
+    got = simulate(CallCost(), [(0.0, 100, 40), (0.01, 100, 2)], 8)
+    assert got[1] == pytest.approx(base[1] + g, abs=1e-9)
+    assert got[0] == pytest.approx(base[0] + 2 * g, abs=1e-9)
 
 
 def test_prefix_cache_reuses_the_previous_turn() -> None:
