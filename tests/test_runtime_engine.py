@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+import threading
 import time
 
 import pytest
@@ -306,21 +307,56 @@ def test_worker_applies_commands_in_order_between_steps(tok) -> None:
     asyncio.run(scenario())
 
 
-def test_worker_records_steps_requests_and_the_calls_each_step_saw(tok) -> None:
+class _GatedEngine:
+    """A stand-in engine whose first step waits for a gate: calls made meanwhile land in it."""
+
+    name = "gated"
+
+    def __init__(self):
+        self.entered, self.gate = threading.Event(), threading.Event()
+        self.queue: list[tuple[str, int]] = []
+        self.last_step: dict[str, float] = {}
+
+    def add(self, rid, prompt, max_new, temperature, seed):
+        self.queue.append((rid, max_new))
+
+    def abort(self, rid):
+        return False
+
+    def has_work(self):
+        return bool(self.queue)
+
+    def step(self):
+        self.entered.set()
+        assert self.gate.wait(10)
+        rid, _ = self.queue.pop(0)
+        self.last_step = {"prefill_requests": 1, "prefill_tokens": 4, "decode_rows": 0, "decode_kv": 0,
+                          "decode_padded": 0, "finished": 1, "seconds": 0.0}
+        return [Completion(rid, [5], "x", [-1.0], "length")]
+
+
+def test_worker_records_steps_requests_and_the_calls_each_step_saw() -> None:
     async def scenario():
-        w = InferenceWorker(engine_factory=lambda: make_engine(tok, stop_token_ids=[]), name="w")
-        p = prompts(2)
+        engine = _GatedEngine()
+        w = InferenceWorker(engine_factory=lambda: engine, name="w")
         assert await w.record_steps(True) == []
-        await asyncio.gather(w.generate("a", p[0], 6, 1.0, 1), w.generate("b", p[1], 4, 1.0, 2))
+        first = asyncio.ensure_future(w.generate("a", [1, 2, 3, 4], 1))
+        while not engine.entered.is_set():  # the engine is inside step 1, holding "a"
+            await asyncio.sleep(0.005)
+        second = asyncio.ensure_future(w.generate("b", [1, 2, 3, 4], 1))
+        await asyncio.sleep(0.05)           # "b" arrives during step 1
+        engine.gate.set()
+        await asyncio.gather(first, second)
         requests = await w.request_log()
         steps = await w.record_steps(False)
         assert await w.request_log() == []  # recording stopped
+        # step 1 saw b arrive (a's own arrival came before it); a's return races step 2
+        assert steps[0]["call_events"] == 1 and steps[1]["call_events"] <= 1
+        assert steps[0]["started"] <= steps[1]["started"]
         assert sorted(r["request"] for r in requests) == ["a", "b"]
         for r in requests:
-            assert r["called"] <= r["added"] <= r["done"] <= r["returned"]
-        assert len(steps) == 6 and all(s["call_events"] >= 0 for s in steps)
-        assert [s["started"] for s in steps] == sorted(s["started"] for s in steps)
-        assert sum(s["finished"] for s in steps) == 2
+            assert r["called"] <= r["added"] <= r["done"] <= r["returned"] and r["finish_reason"] == "length"
+        assert w._request_times == {}       # nothing left behind
         await w.shutdown()
 
     asyncio.run(scenario())

@@ -120,17 +120,23 @@ class InferenceWorker(SettlesHeap):
         rid = str(request_id)
         called = time.monotonic()
         self._call_events += 1
+        times: Optional[dict[str, float]] = None
+        if self._request_log is not None and rid not in self._request_times:
+            times = self._request_times[rid] = {}  # only this coroutine adds and removes it
         self._submit(ADD, (rid, list(prompt_ids), int(max_new_tokens), float(temperature), seed, loop, fut), None)
         try:
             out = await fut
         except asyncio.CancelledError:
-            self._request_times.pop(rid, None)
             self._submit(ABORT, rid, None)
             raise
+        finally:
+            if times is not None:
+                self._request_times.pop(rid, None)
         self._call_events += 1
-        if self._request_log is not None:
-            self._request_log.append({"request": rid, "called": called, "returned": time.monotonic(),
-                                      **self._request_times.pop(rid, {})})
+        log = self._request_log
+        if times is not None and log is not None:
+            log.append({"request": rid, "finish_reason": out.finish_reason, "called": called,
+                        "returned": time.monotonic(), **times})
         return out
 
     async def abort(self, request_id: str) -> bool:
@@ -186,10 +192,11 @@ class InferenceWorker(SettlesHeap):
             self._request_log = deque(maxlen=100_000) if on else None
         return log
 
-    async def request_log(self) -> list[dict[str, float]]:
-        """While recording: each served request's times (``time.monotonic``): ``called`` (the
-        ``generate`` call began), ``added`` (the loop put it in the engine), ``done`` (the engine
-        finished it), ``returned`` (its call resumed)."""
+    async def request_log(self) -> list[dict[str, Any]]:
+        """While recording: each request whose call returned, with its ``finish_reason`` and its
+        times (``time.monotonic``): ``called`` (the ``generate`` call began), ``added`` (the loop
+        put it in the engine), ``done`` (the engine finished or aborted it), ``returned`` (its
+        call resumed)."""
         return list(self._request_log or [])
 
     async def version(self) -> int:
@@ -238,7 +245,7 @@ class InferenceWorker(SettlesHeap):
     def _finish(self, completion: Completion) -> None:
         target = self._pending.pop(completion.request_id, None)
         times = self._request_times.get(completion.request_id)
-        if times is not None:
+        if times is not None:  # recording (the engine thread fills in, the call's coroutine owns it)
             times["done"] = time.monotonic()
         if completion.finish_reason == "abort":
             self._stats["requests_aborted"] += 1
@@ -266,8 +273,9 @@ class InferenceWorker(SettlesHeap):
                     return True
                 self._pending[rid] = (loop, fut)
                 self._stats["requests_added"] += 1
-                if self._request_log is not None:
-                    self._request_times[rid] = {"added": time.monotonic()}
+                times = self._request_times.get(rid)
+                if times is not None:
+                    times["added"] = time.monotonic()
             elif kind == ABORT:
                 rid = payload
                 completion = self._abort_completion(rid)
@@ -340,10 +348,11 @@ class InferenceWorker(SettlesHeap):
             self._stats["busy_seconds"] += time.perf_counter() - t0
             self._stats["steps"] += 1
             last = getattr(engine, "last_step", None)
-            if last and self._step_log is not None:
+            log = self._step_log  # read once: record_steps may swap it from the event loop
+            if last and log is not None:
                 last["started"] = started
                 last["call_events"] = self._call_events - calls
-                self._step_log.append(last)  # a fresh dict every step
+                log.append(last)  # a fresh dict every step
             for c in done:
                 self._stats["tokens_generated"] += len(c.token_ids)
                 self._finish(c)
