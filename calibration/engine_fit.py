@@ -114,8 +114,11 @@ def fit_engine_steps(steps: list[dict[str, float]], gpu: str, model: str, engine
     if len(steps) < 12:
         raise EngineFitError(f"{source}: {len(steps)} engine steps; at least 12 are needed to fit and hold some out")
     padded = all("decode_padded" in s for s in steps)  # the engine reports its padded KV
-    calls = all("call_events" in s for s in steps)
-    X = np.array([step_features(s, padded) + ([1.0 if s["call_events"] else 0.0] if calls else []) for s in steps])
+    with_calls = [1.0 if s.get("call_events") else 0.0 for s in steps]
+    # the call term needs the count on every step, and steps both with and without calls (a column
+    # of all ones would be one more fixed cost and split arbitrarily with the others)
+    calls = all("call_events" in s for s in steps) and 0.0 < sum(with_calls) < len(steps)
+    X = np.array([step_features(s, padded) + ([c] if calls else []) for s, c in zip(steps, with_calls)])
     y = np.array([float(s["seconds"]) for s in steps])
     if np.any(y <= 0):
         raise EngineFitError(f"{source}: step times must be positive")
@@ -136,7 +139,7 @@ def fit_engine_steps(steps: list[dict[str, float]], gpu: str, model: str, engine
                             mape_heldout=round(mape(pred[ho], y[ho]), 4) if ho.any() else None)
 
     prefill = part(("a", "b", "c"), sol.x[:3], pre, "a + b·N + c·A (steps that prefill; decode part added)")
-    decode = part(("a", "b", "c"), sol.x[3:], dec & ~pre, "a + b·B + c·X (decode-only steps)")
+    decode = part(("a", "b", "c"), sol.x[3:6], dec & ~pre, "a + b·B + c·X (decode-only steps)")
     return EngineProfile(
         gpu=gpu, model=model, engine=engine, prefill=prefill, decode=decode, mixed_step="both_fixed_costs",
         call_step_s=float(f"{sol.x[6]:.6g}") if calls else 0.0,

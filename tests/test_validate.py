@@ -164,6 +164,9 @@ def test_fit_engine_steps_prices_the_gil_hand_off_of_generate_calls() -> None:
     # logs without the count (older runs, other engines) fit as before, with no call cost
     bare = [{k: v for k, v in s.items() if k != "call_events"} for s in steps]
     assert fit_engine_steps(bare, gpu="cpu", model="Qwen3-tiny", engine="torch", source="s").call_step_s == 0.0
+    # calls in every step: indistinguishable from a fixed cost, so not split off as one
+    busy = [{**s, "call_events": 1} for s in steps]
+    assert fit_engine_steps(busy, gpu="cpu", model="Qwen3-tiny", engine="torch", source="s").call_step_s == 0.0
 
 
 def _result(times: list[float], trajs: int = 8, backend: str = "sim", stale: int = 0) -> RunResult:

@@ -76,6 +76,7 @@ class RuntimeCounters:
     env_overhead_s: dict[str, list[float]] = field(default_factory=lambda: {"reset": [], "step": []})
     train_metrics: list[dict[str, float]] = field(default_factory=list)
     host_cpu_s: float = 0.0      # CPU the driver and the env workers used during the run
+    host_cpu_wall_s: float = 0.0  # the wall time host_cpu_s was measured over
     host_idle_cores: float = 0.0  # the same processes' CPU rate with nothing to do (measured before it)
 
 
@@ -420,6 +421,7 @@ class RuntimeBackend:
             self.counters.host_idle_cores = await self._idle_cores()
         self._t0 = time.monotonic()  # the run's clock starts once the cluster is up
         cpu0 = await self._host_cpu_s()
+        cpu_t0 = time.monotonic()
         driver = AsyncDriver({
             EnvReset: self._env_reset, EnvStep: self._env_step, EnvClose: self._env_close_keep,
             Generate: self._generate, ComputeReward: self._reward, TrainStep: self._train,
@@ -437,6 +439,7 @@ class RuntimeBackend:
             error = _describe(main.exception())
         await driver.cancel_all()
         self.counters.host_cpu_s = await self._host_cpu_s() - cpu0
+        self.counters.host_cpu_wall_s = time.monotonic() - cpu_t0
         return error
 
     async def _idle_cores(self, seconds: float = 0.5) -> float:
@@ -553,8 +556,10 @@ class RuntimeOutcome:
             "wall_s": self.elapsed_s,
             "effects": effects,
             "env_call_overhead_s": {k: sum(v) / len(v) if v else 0.0 for k, v in b.counters.env_overhead_s.items()},
-            # per effect, beyond what the same processes burn idle (measured when recording steps)
-            "host_cpu_per_effect_s": max(0.0, b.counters.host_cpu_s - b.counters.host_idle_cores * self.elapsed_s)
+            # per effect, beyond what the same processes burn idle (the idle rate is measured only
+            # when engine steps are recorded, as rollart validate does; otherwise it counts all CPU)
+            "host_cpu_per_effect_s": max(0.0, b.counters.host_cpu_s
+                                         - b.counters.host_idle_cores * b.counters.host_cpu_wall_s)
                                      / effects if effects else 0.0,
             "host_idle_cores": b.counters.host_idle_cores,
             "engine_steps": [{"worker": w.id, "pool": w.pool, "steps": st.get("steps", 0),
