@@ -75,11 +75,12 @@ def compare_seeds(real: RunResult, sims: list[RunResult], warmup: int = 1) -> li
     """``compare`` against several simulated seeds of the plan: each figure's ``sim`` is the mean
     over the seeds and ``sim_range`` their spread. A plan whose α window makes groups race one
     another has run-to-run swings that one seed cannot average out; the mean is the estimate."""
-    per_seed = [compare(real, sim, warmup) for sim in sims]
-    figs = per_seed[0]
+    per_seed = [{f.name: f for f in compare(real, sim, warmup)} for sim in sims]
+    figs = list(per_seed[0].values())
     if len(sims) > 1:
-        for i, f in enumerate(figs):
-            values = [seed_figs[i].sim for seed_figs in per_seed]
+        for f in figs:
+            # a busy fraction of a pool one seed never used is absent there: it counts as 0
+            values = [seed[f.name].sim if f.name in seed else 0.0 for seed in per_seed]
             f.sim = sum(values) / len(values)
             f.sim_range = (min(values), max(values))
     return figs

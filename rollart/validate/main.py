@@ -83,7 +83,7 @@ class Validation:
 
 
 def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: Optional[Path] = None,
-             reprofile: bool = False, max_profile_age_h: float = 24.0, warmup: int = 1, sim_seeds: int = 1,
+             reprofile: bool = False, max_profile_age_h: float = 24.0, warmup: int = 1, sim_seeds: int = 4,
              progress: Optional[Progress] = None, on_step: Optional[Callable[[Any], None]] = None) -> Validation:
     """Profile (or reuse a fresh profile), run ``plan`` for real, simulate it calibrated, compare,
     and write everything under ``out``. ``sim_seeds``: simulate the plan's seed and the
@@ -119,6 +119,7 @@ def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: 
                                  record_engine_steps=True).run()
         real = outcome.to_result()
         step_log = [st for w in outcome.worker_stats for st in w.get("step_log", [])]
+        request_log = [{"worker": i, **r} for i, w in enumerate(outcome.worker_stats) for r in w.get("request_log", [])]
     finally:
         if started:
             ray.shutdown()
@@ -128,7 +129,12 @@ def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: 
     sim = simulate_plan(sim_plan, mode_config(sim_plan, mode), sim_plan.algorithm.seed, sim_tracer).to_result()
     seeds = [sim_plan.algorithm.seed + k for k in range(max(1, sim_seeds))]
     sims = [sim] + [simulate_plan(sim_plan, mode_config(sim_plan, mode), k).to_result() for k in seeds[1:]]
-    figures = compare_seeds(real, sims, warmup) if real.steps and all(s.steps for s in sims) else []
+    for k, other in zip(seeds[1:], sims[1:]):
+        if not other.steps:  # the plan's own seed stands; a failed extra seed is reported, not averaged
+            say(f"simulated seed {k} stopped without steps: {other.error}")
+    seeds = [k for k, s in zip(seeds, sims) if s.steps or k == seeds[0]]
+    sims = [s for s in sims if s.steps or s is sim]
+    figures = compare_seeds(real, sims, warmup) if real.steps and sim.steps else []
     if figures and step_log:
         figures.append(engine_in_run(step_log, load_profile(engine_yaml)))
     files = {"real_json": "real.json", "sim_json": "sim.json", "real_trace": "real.trace.json",
@@ -137,6 +143,9 @@ def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: 
     if step_log:
         files["engine_steps"] = "real.engine-steps.json"
         (out / files["engine_steps"]).write_text(json.dumps(step_log) + "\n")
+    if request_log:
+        files["engine_requests"] = "real.engine-requests.json"
+        (out / files["engine_requests"]).write_text(json.dumps(request_log) + "\n")
     sim.write_json(out / files["sim_json"])
     real_tracer.write(out / files["real_trace"])
     sim_tracer.write(out / files["sim_trace"])
