@@ -204,6 +204,23 @@ def test_compare_seeds_takes_the_mean_of_the_simulated_seeds_and_keeps_their_ran
     assert one["step time, mean"].sim_range is None and one["step time, mean"].sim == pytest.approx(1.8)
 
 
+def test_in_run_parallelism_reads_how_much_engines_slow_each_other_down() -> None:
+    from rollart.validate.profile import busy_engines, in_run_parallelism
+
+    def logs(shared_s: float) -> list[list[dict[str, float]]]:
+        alone = [{"started": i * 0.01, "seconds": 0.01} for i in range(10)]
+        both = [{"started": 0.1 + j * shared_s, "seconds": shared_s} for j in range(10)]
+        return [alone + both, [dict(st) for st in both]]
+
+    assert busy_engines(logs(0.0125)) == [[1] * 10 + [2] * 10, [2] * 10]
+    predict = lambda st: 0.01  # noqa: E731 - every step is the same work
+    # 25 % slower side by side: slowdown(2) / slowdown(1) = 2 / P = 1.25
+    assert in_run_parallelism(logs(0.0125), predict, probe=2.1) == pytest.approx(1.6)
+    assert in_run_parallelism(logs(0.0125), predict, probe=1.5) == 1.5   # never above the probe
+    assert in_run_parallelism(logs(0.01), predict, probe=2.1) == 2.1     # no interference seen
+    assert in_run_parallelism([logs(0.01)[0]], predict, probe=2.1) == 2.1  # one engine: cannot tell
+
+
 def test_validate_rejects_a_warmup_that_leaves_nothing() -> None:
     proc = subprocess.run([ROLLART, "validate", "local/validate-rollart", "--steps", "2", "--warmup-steps", "2"],
                           capture_output=True, text=True, timeout=120)
@@ -227,7 +244,7 @@ def test_validate_end_to_end_within_the_ci_bound(tmp_path: Path) -> None:
     summary = json.loads((out / "validation.json").read_text())
     errors = {f["name"]: f["error"] for f in summary["figures"]}
     assert summary["profile"]["reused"] is False and summary["profile"]["call_step_s"] >= 0
-    assert len(summary["sim_seeds"]) == 4  # the default: the real run against four simulated seeds
+    assert len(summary["sim_seeds"]) == 8  # the default: the real run against eight simulated seeds
     headline = next(f for f in summary["figures"] if f["name"] == "step time, mean")
     assert headline["sim_range"][0] <= headline["sim"] <= headline["sim_range"][1]
     assert abs(errors["step time, mean"]) <= CI_BOUND, summary["figures"]

@@ -18,10 +18,12 @@ on a bare forward pass:
 
 from __future__ import annotations
 
+import bisect
 import csv
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -85,6 +87,50 @@ def parallelism_from_slowdowns(slowdowns: dict[int, float]) -> float:
     if not slowed:
         return float(max(slowdowns))
     return max(1.0, statistics.mean(slowed))
+
+
+def busy_engines(worker_logs: list[list[dict[str, float]]]) -> list[list[int]]:
+    """For every logged step of every worker: how many engines (itself included) were inside a
+    step at its midpoint. Steps carry ``started`` and ``seconds``; each log is in step order."""
+    spans = [([s["started"] for s in log], [s["started"] + s["seconds"] for s in log]) for log in worker_logs]
+    out = []
+    for i, log in enumerate(worker_logs):
+        counts = []
+        for s in log:
+            mid = s["started"] + s["seconds"] / 2
+            k = 1
+            for j, (starts, ends) in enumerate(spans):
+                if j != i:
+                    at = bisect.bisect_right(starts, mid) - 1
+                    k += at >= 0 and ends[at] > mid
+            counts.append(k)
+        out.append(counts)
+    return out
+
+
+def in_run_parallelism(worker_logs: list[list[dict[str, float]]], predict: Callable[[dict[str, float]], float],
+                       probe: float) -> float:
+    """The host parallelism the run itself shows. With ``R`` = (Σ measured / Σ predicted over
+    steps that ran while other engines stepped) / (the same over steps that ran alone) and k̄
+    the mean number of engines busy in the first group, ``slowdown(k) = max(1, k / P)`` gives
+    ``P = k̄ / R``. In a run, engines share the host with the driver, the env workers and Ray's
+    own threads, so they can interfere more than the probe's bare copies did: the result is at
+    most ``probe``, and ``probe`` itself when the run shows no interference (or cannot tell)."""
+    sums = {False: [0.0, 0.0], True: [0.0, 0.0]}
+    ks: list[int] = []
+    for log, counts in zip(worker_logs, busy_engines(worker_logs)):
+        for s, k in zip(log, counts):
+            shared = k > 1
+            sums[shared][0] += s["seconds"]
+            sums[shared][1] += predict(s)
+            if shared:
+                ks.append(k)
+    if not ks or min(sums[False][1], sums[True][1]) <= 0 or sums[False][0] <= 0:
+        return probe
+    ratio = (sums[True][0] / sums[True][1]) / (sums[False][0] / sums[False][1])
+    if ratio <= 1.0:
+        return probe
+    return round(max(1.0, min(probe, statistics.mean(ks) / ratio)), 3)
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
@@ -177,7 +223,8 @@ class LocalProfiler:
                                                       "env_reset_overhead_s": self._run_env_overhead["reset"],
                                                       "env_step_overhead_s": self._run_env_overhead["step"],
                                                       "idle_env_overhead_s": list(env_overheads),
-                                                      "host_parallelism": parallelism,
+                                                      "host_parallelism": self._parallelism["run"],
+                                                      "host_parallelism_probe": parallelism,
                                                       "effect_cpu_s": self._run_effect_cpu_s,
                                                       "slowdowns": {str(k): v for k, v in slowdowns.items()},
                                                       "engine_rows": len(rows), "train_rows": len(train_rows)})
@@ -231,7 +278,8 @@ class LocalProfiler:
             _kill_actors(backend)
         if outcome.error:
             raise RuntimeError(f"profile: the reference run failed: {outcome.error}")
-        log = [st for w in outcome.worker_stats for st in w.get("step_log", [])]
+        self._run_logs = [w.get("step_log", []) for w in outcome.worker_stats]  # per worker, in step order
+        log = [st for steps in self._run_logs for st in steps]
         summary = outcome.to_result().summary
         self._run_env_overhead = summary["env_call_overhead_s"]
         self._run_effect_cpu_s = summary["host_cpu_per_effect_s"]
@@ -359,15 +407,29 @@ class LocalProfiler:
     def _write_engine_profile(self, csv_path: Path, grid_log: list[dict[str, float]],
                               run_log: list[dict[str, float]], model: ModelSpec, overhead: float, out_dir: Path,
                               parallelism: float, side_by_side: int) -> Path:
-        from rollart.calibration.engine_fit import fit_engine_steps
+        from rollart.calibration.engine_fit import fit_engine_steps, predict_step
         from rollart.calibration.profiles import save_profile
 
         gpu = self._device_type()
-        profile = fit_engine_steps(grid_log + run_log, gpu=gpu, model=model.name, engine="torch",
-                                   source=f"{csv_path} (grid) + {len(run_log)} steps of a reference run",
-                                   data=[str(csv_path)])
+
+        def fit(run_steps: list[dict[str, float]]) -> Any:
+            return fit_engine_steps(grid_log + run_steps, gpu=gpu, model=model.name, engine="torch",
+                                    source=f"{csv_path} (grid) + {len(run_steps)} steps of a reference run",
+                                    data=[str(csv_path)])
+
+        profile = fit(run_log)
+        # The grid drives every engine at once; the run's engines also step alone, and faster.
+        # Measure how much (host_parallelism as the run shows it), then bring the run's steps to
+        # the grid's condition and fit again, so the profile is "all engines busy" throughout.
+        run_parallelism = in_run_parallelism(self._run_logs, partial(predict_step, profile), parallelism)
+        self._parallelism = {"probe": parallelism, "run": run_parallelism}
+        if run_parallelism < parallelism:
+            ref = max(1.0, side_by_side / run_parallelism)
+            profile = fit([dict(st, seconds=st["seconds"] * ref / max(1.0, k / run_parallelism))
+                           for steps, ks in zip(self._run_logs, busy_engines(self._run_logs))
+                           for st, k in zip(steps, ks)])
         profile.request_overhead_s = round(overhead, 6)
-        profile.host_parallelism, profile.side_by_side = parallelism, max(1, side_by_side)
+        profile.host_parallelism, profile.side_by_side = run_parallelism, max(1, side_by_side)
         profile.effect_cpu_s = round(self._run_effect_cpu_s, 7)
         profile.assumptions = [
             "engine steps timed inside the run's own inference workers (sampling, KV bookkeeping, the "
@@ -377,8 +439,9 @@ class LocalProfiler:
             "request_overhead_s: generate round trip through the inference worker actor minus its engine time",
             "call_step_s: engine time of a step during which generate calls arrived or returned (their Python on "
             "the actor's event loop takes the GIL from the engine thread), fitted with the steps",
-            "host_parallelism: engines decoding at full speed at once on this host (1-4 copies of one decode "
-            "workload started together); the simulator slows engines and the trainer down beyond it",
+            "host_parallelism: engines at full speed at once on this host: 1-4 copies of one decode workload "
+            f"started together (P = {parallelism}), or less when the reference run's engines slowed each other "
+            "down more than that; the simulator slows engines and the trainer down beyond it",
             "effect_cpu_s: CPU of the driver and the env workers over the reference run beyond their idle rate, "
             "per effect of the core (the simulator counts it as load at the effect rate it runs at)",
         ]
