@@ -67,6 +67,12 @@ class ScaledGeneration:
         return self.inner.mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context) * self.factor
 
 
+def slowdown(k: float, parallelism: float) -> float:
+    """``max(1, k / P)``: how much slower each of ``k`` busy actors runs on a host that runs
+    ``P`` of them at full speed."""
+    return max(1.0, k / max(1.0, parallelism))
+
+
 REPLAN_STEP = 0.02  # re-plan engines when the background load moves their slowdown by 2 %
 
 
@@ -82,7 +88,7 @@ class HostContention:
         self._applied = 1.0                    # the engine slowdown the engines last planned with
 
     def _load(self, k: float) -> float:
-        return max(1.0, k / self.parallelism)
+        return slowdown(k, self.parallelism)
 
     def _rate_now(self) -> float:
         return self._rate * math.exp(-(self.clock() - self._rate_at) / self.tau_s)

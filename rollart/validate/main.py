@@ -126,14 +126,16 @@ def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: 
     say("simulation")
     sim_plan = calibrated_plan(plan, engine_yaml, train_yaml, profile_dir / "host.yaml")
     sim_tracer = Tracer()
-    sim = simulate_plan(sim_plan, mode_config(sim_plan, mode), sim_plan.algorithm.seed, sim_tracer).to_result()
-    seeds = [sim_plan.algorithm.seed + k for k in range(max(1, sim_seeds))]
-    sims = [sim] + [simulate_plan(sim_plan, mode_config(sim_plan, mode), k).to_result() for k in seeds[1:]]
-    for k, other in zip(seeds[1:], sims[1:]):
-        if not other.steps:  # the plan's own seed stands; a failed extra seed is reported, not averaged
+    sim_mode = mode_config(sim_plan, mode)
+    sim = simulate_plan(sim_plan, sim_mode, sim_plan.algorithm.seed, sim_tracer).to_result()
+    seeds, sims = [sim_plan.algorithm.seed], [sim]
+    for k in range(sim_plan.algorithm.seed + 1, sim_plan.algorithm.seed + max(1, sim_seeds)):
+        other = simulate_plan(sim_plan, sim_mode, k).to_result()
+        if other.steps:
+            seeds.append(k)
+            sims.append(other)
+        else:  # the plan's own seed stands; a failed extra seed is reported, not averaged
             say(f"simulated seed {k} stopped without steps: {other.error}")
-    seeds = [k for k, s in zip(seeds, sims) if s.steps or k == seeds[0]]
-    sims = [s for s in sims if s.steps or s is sim]
     figures = compare_seeds(real, sims, warmup) if real.steps and sim.steps else []
     if figures and step_log:
         figures.append(engine_in_run(step_log, load_profile(engine_yaml)))

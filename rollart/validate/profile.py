@@ -214,10 +214,8 @@ class LocalProfiler:
         weights.update(self._run_weights)  # in-run figures where the reference run measured them
         train_path = self._write_train_profile(train_rows, weights, model, out_dir)
         self._write_host_profile(env_overheads, out_dir)
-        from rollart.calibration.profiles import load_profile
-
-        call_step_s = load_profile(engine_path).call_step_s
-        return LocalProfile(engine_path, train_path, {"request_overhead_s": overhead, "call_step_s": call_step_s,
+        return LocalProfile(engine_path, train_path, {"request_overhead_s": overhead,
+                                                      "call_step_s": self._call_step_s,
                                                       **weights,
                                                       "idle_weights": idle_weights,
                                                       "env_reset_overhead_s": self._run_env_overhead["reset"],
@@ -409,6 +407,7 @@ class LocalProfiler:
                               parallelism: float, side_by_side: int) -> Path:
         from rollart.calibration.engine_fit import fit_engine_steps, predict_step
         from rollart.calibration.profiles import save_profile
+        from rollart.sim.contention import slowdown
 
         gpu = self._device_type()
 
@@ -424,10 +423,11 @@ class LocalProfiler:
         run_parallelism = in_run_parallelism(self._run_logs, partial(predict_step, profile), parallelism)
         self._parallelism = {"probe": parallelism, "run": run_parallelism}
         if run_parallelism < parallelism:
-            ref = max(1.0, side_by_side / run_parallelism)
-            profile = fit([dict(st, seconds=st["seconds"] * ref / max(1.0, k / run_parallelism))
+            ref = slowdown(side_by_side, run_parallelism)
+            profile = fit([dict(st, seconds=st["seconds"] * ref / slowdown(k, run_parallelism))
                            for steps, ks in zip(self._run_logs, busy_engines(self._run_logs))
                            for st, k in zip(steps, ks)])
+        self._call_step_s = profile.call_step_s
         profile.request_overhead_s = round(overhead, 6)
         profile.host_parallelism, profile.side_by_side = run_parallelism, max(1, side_by_side)
         profile.effect_cpu_s = round(self._run_effect_cpu_s, 7)
