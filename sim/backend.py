@@ -288,11 +288,22 @@ class SimBackend:
 
     def _broadcast(self, eff: BroadcastWeights) -> SimGen:
         t = self.transfer.broadcast_s()
-        yield self.env.timeout(t)
+        yield from self._host_transfer(t)
         self.trainer_busy_s += t  # trainer GPUs drive the broadcast
 
     def _publish(self, eff: PublishWeights) -> SimGen:
-        yield self.env.timeout(self.transfer.publish_pull_s())
+        yield from self._host_transfer(self.transfer.publish_pull_s())
+
+    def _host_transfer(self, t: float) -> SimGen:
+        """A weight transfer of ``t`` seconds (measured in a run, contention included). On a shared
+        host it is compute too: the trainer serialises and copies the tensors while the workers'
+        threads pull and deserialise them, so the engines slow down as while training."""
+        shared = self.contention is not None and self.trainer_shares_host
+        if shared:
+            self.contention.set_trainer_busy(True)
+        yield self.env.timeout(t)
+        if shared:
+            self.contention.set_trainer_busy(False)
 
     def _update(self, eff: UpdateWeights) -> SimGen:
         events = []
