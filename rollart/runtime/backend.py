@@ -74,6 +74,8 @@ class RuntimeCounters:
     broadcast_s: float = 0.0
     update_s: list[float] = field(default_factory=list)      # UpdateWeights round trips (all workers)
     env_overhead_s: dict[str, list[float]] = field(default_factory=lambda: {"reset": [], "step": []})
+    # each generate call's round trip as the driver saw it, by request id (record_engine_steps only)
+    generate_round_trips: dict[str, float] = field(default_factory=dict)
     train_metrics: list[dict[str, float]] = field(default_factory=list)
     host_cpu_s: float = 0.0      # CPU the driver and the env workers used during the run
     host_cpu_wall_s: float = 0.0  # the wall time host_cpu_s was measured over
@@ -292,6 +294,8 @@ class RuntimeBackend:
         t1 = self.now()
         self.counters.generate_calls += 1
         self.counters.generate_seconds += t1 - t0
+        if self.record_engine_steps:  # matched with the worker's request log by `rollart validate`
+            self.counters.generate_round_trips[f"{request_id}.{attempt}"] = t1 - t0
         self.tracer.worker_span(self.ctl.proxy.workers[eff.worker].pool, eff.worker, f"generate traj {traj.id}", t0, t1)
         conv.ids += list(out.token_ids)
         conv.loss_mask += [1] * len(out.token_ids)

@@ -10,7 +10,8 @@ on a bare forward pass:
   prompt lengths → an engine profile
   (``prefill(N, A) = a + b·N + c·A``, ``decode(B, X) = a + b·B + c·X``, plus ``call_step_s`` for
   a step during which generate calls arrived or returned: their Python takes the GIL);
-* request overhead: a generate call's round trip minus the engine time it caused;
+* request overhead: a generate call's round trip beyond the worker's time for it, in the reference run
+  (idle: round trip minus the engine time it caused);
 * trainer: ``train_step`` round trips over batch sizes × sequence lengths → a train profile
   (``step = a + b·T + c·Σs²``);
 * weights: bucketed publish + pull, the swap into the engine, and the synchronous hand-off.
@@ -37,7 +38,9 @@ ENGINE_PROMPTS = (16, 64, 192, 448)
 DECODE_STEPS = 6
 TRAIN_BATCHES = (4, 8, 16, 32)
 TRAIN_LENGTHS = (32, 128, 384)
-REFERENCE_STEPS = 4
+REFERENCE_STEPS = 8  # past the start-up transient (the first batches start together): the steady state's
+                     # staggered arrivals are what the in-run fit and overheads must see
+MIN_MATCHED_CALLS = 20
 
 Progress = Callable[[str], None]
 
@@ -133,6 +136,20 @@ def in_run_parallelism(worker_logs: list[list[dict[str, float]]], predict: Calla
     return round(max(1.0, min(probe, statistics.mean(ks) / ratio)), 3)
 
 
+def in_run_request_overhead(round_trips: dict[str, float], request_logs: list[list[dict[str, Any]]]) -> Optional[float]:
+    """Mean time a generate call of a run spent outside what the simulated engine models:
+    the driver's round trip minus the worker's time from the call's arrival to the engine
+    finishing it (the wait for the next step boundary and the steps themselves are the
+    engine's). What remains is Ray's transport both ways, the worker's reply and the driver's
+    event loop, under the run's own load. None when fewer than ``MIN_MATCHED_CALLS`` calls of
+    the worker logs have a round trip (aborted calls are left out: they return early)."""
+    spans = [rt - (r["done"] - r["called"]) for log in request_logs for r in log
+             if r.get("finish_reason") != "abort" and "done" in r and (rt := round_trips.get(r["request"])) is not None]
+    if len(spans) < MIN_MATCHED_CALLS:
+        return None
+    return max(0.0, statistics.mean(spans))
+
+
 def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["phase", "batch_size", "kv_len", "new_tokens", "latency_us"])
@@ -214,7 +231,9 @@ class LocalProfiler:
         weights.update(self._run_weights)  # in-run figures where the reference run measured them
         train_path = self._write_train_profile(train_rows, weights, model, out_dir)
         self._write_host_profile(env_overheads, out_dir)
-        return LocalProfile(engine_path, train_path, {"request_overhead_s": overhead,
+        in_run = self._run_request_overhead
+        return LocalProfile(engine_path, train_path, {"request_overhead_s": in_run if in_run is not None else overhead,
+                                                      "idle_request_overhead_s": overhead,
                                                       "call_step_s": self._call_step_s,
                                                       **weights,
                                                       "idle_weights": idle_weights,
@@ -277,6 +296,8 @@ class LocalProfiler:
         if outcome.error:
             raise RuntimeError(f"profile: the reference run failed: {outcome.error}")
         self._run_logs = [w.get("step_log", []) for w in outcome.worker_stats]  # per worker, in step order
+        self._run_request_overhead = in_run_request_overhead(
+            backend.counters.generate_round_trips, [w.get("request_log", []) for w in outcome.worker_stats])
         log = [st for steps in self._run_logs for st in steps]
         summary = outcome.to_result().summary
         self._run_env_overhead = summary["env_call_overhead_s"]
@@ -428,7 +449,8 @@ class LocalProfiler:
                            for steps, ks in zip(self._run_logs, busy_engines(self._run_logs))
                            for st, k in zip(steps, ks)])
         self._call_step_s = profile.call_step_s
-        profile.request_overhead_s = round(overhead, 6)
+        in_run = self._run_request_overhead
+        profile.request_overhead_s = round(in_run if in_run is not None else overhead, 6)
         profile.host_parallelism, profile.side_by_side = run_parallelism, max(1, side_by_side)
         profile.effect_cpu_s = round(self._run_effect_cpu_s, 7)
         profile.assumptions = [
@@ -436,7 +458,9 @@ class LocalProfiler:
             "worker's threads included), one torch thread each: a grid with all workers driven at once, "
             f"plus every step of a {REFERENCE_STEPS}-step reference run of the plan (another seed)",
             "a prefill of several context lengths is one forward per length in the engine, one fixed cost here",
-            "request_overhead_s: generate round trip through the inference worker actor minus its engine time",
+            "request_overhead_s: a generate call's round trip in the reference run minus the worker's time from its "
+            "arrival to the engine finishing it (Ray both ways and the driver's loop, under the run's load); the idle "
+            "figure (round trip minus engine time, one call at a time) when the run matched too few calls",
             "call_step_s: engine time of a step during which generate calls arrived or returned (their Python on "
             "the actor's event loop takes the GIL from the engine thread), fitted with the steps",
             "host_parallelism: engines at full speed at once on this host: 1-4 copies of one decode workload "
