@@ -88,7 +88,7 @@ def validate(
     reprofile: bool = typer.Option(False, "--reprofile", help="measure again even if a fresh profile exists"),
     max_profile_age_h: float = typer.Option(24.0, "--max-profile-age", help="hours a profile stays fresh"),
     warmup: int = typer.Option(1, "--warmup-steps", min=0, help="first steps left out of the comparison"),
-    sim_seeds: int = typer.Option(8, "--sim-seeds", min=1,
+    sim_seeds: int = typer.Option(16, "--sim-seeds", min=1,
                                   help="simulate this many seeds (the plan's and the next ones) and compare the "
                                        "real run with their mean; the simulator is cheap, one real run is not"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),

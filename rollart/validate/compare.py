@@ -74,14 +74,21 @@ def compare(real: RunResult, sim: RunResult, warmup: int = 1) -> list[Figure]:
 def compare_seeds(real: RunResult, sims: list[RunResult], warmup: int = 1) -> list[Figure]:
     """``compare`` against several simulated seeds of the plan: each figure's ``sim`` is the mean
     over the seeds and ``sim_range`` their spread. A plan whose α window makes groups race one
-    another has run-to-run swings that one seed cannot average out; the mean is the estimate."""
+    another has run-to-run swings that one seed cannot average out; the mean is the estimate.
+    Rates (unit ``1/s``) take the harmonic mean: every seed runs the same steps, so that is the
+    rate of all the seeds' work over all their time, the rate of one long run; the plain mean
+    of rates would lean towards the fast seeds (1/E[T] ≤ E[1/T]) and disagree with the mean
+    step time."""
     per_seed = [{f.name: f for f in compare(real, sim, warmup)} for sim in sims]
     figs = list(per_seed[0].values())
     if len(sims) > 1:
         for f in figs:
             # a busy fraction of a pool one seed never used is absent there: it counts as 0
             values = [seed[f.name].sim if f.name in seed else 0.0 for seed in per_seed]
-            f.sim = sum(values) / len(values)
+            if f.unit == "1/s" and min(values) > 0:
+                f.sim = len(values) / sum(1.0 / v for v in values)
+            else:
+                f.sim = sum(values) / len(values)
             f.sim_range = (min(values), max(values))
     return figs
 

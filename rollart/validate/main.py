@@ -83,7 +83,7 @@ class Validation:
 
 
 def validate(plan: Plan, out: Path, *, mode: Optional[str] = None, profile_dir: Optional[Path] = None,
-             reprofile: bool = False, max_profile_age_h: float = 24.0, warmup: int = 1, sim_seeds: int = 8,
+             reprofile: bool = False, max_profile_age_h: float = 24.0, warmup: int = 1, sim_seeds: int = 16,
              progress: Optional[Progress] = None, on_step: Optional[Callable[[Any], None]] = None) -> Validation:
     """Profile (or reuse a fresh profile), run ``plan`` for real, simulate it calibrated, compare,
     and write everything under ``out``. ``sim_seeds``: simulate the plan's seed and the
