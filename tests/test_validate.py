@@ -200,6 +200,10 @@ def test_compare_seeds_takes_the_mean_of_the_simulated_seeds_and_keeps_their_ran
     assert figs["step time, mean"].sim_range == pytest.approx((1.8, 2.4))
     assert figs["step time, mean"].error == pytest.approx(0.05)
     assert figs["aborted: stale"].sim == pytest.approx(1.5)
+    # the rate of both seeds' work over both their times (8 trajectories in 1.8 s and in 2.4 s),
+    # which agrees with the mean step time; the mean of the two rates would say 3.89/s
+    assert figs["trajectories/s"].sim == pytest.approx(8 / 2.1)
+    assert figs["trajectories/s"].error == pytest.approx(2.0 / 2.1 - 1)
     one = {f.name: f for f in compare_seeds(real, sims[:1], warmup=1)}
     assert one["step time, mean"].sim_range is None and one["step time, mean"].sim == pytest.approx(1.8)
 
@@ -219,6 +223,26 @@ def test_in_run_parallelism_reads_how_much_engines_slow_each_other_down() -> Non
     assert in_run_parallelism(logs(0.0125), predict, probe=1.5) == 1.5   # never above the probe
     assert in_run_parallelism(logs(0.01), predict, probe=2.1) == 2.1     # no interference seen
     assert in_run_parallelism([logs(0.01)[0]], predict, probe=2.1) == 2.1  # one engine: cannot tell
+
+
+def test_in_run_request_overhead_is_the_round_trip_beyond_the_workers_time() -> None:
+    from rollart.validate.profile import MIN_MATCHED_CALLS, in_run_request_overhead
+
+    def entry(i: int, reason: str = "length") -> dict:
+        # 3 ms waiting for the step boundary + 100 ms of steps (the engine's) + 1 ms replying
+        return {"request": f"{i}-0.0", "finish_reason": reason, "called": 10.0 + i, "added": 10.003 + i,
+                "done": 10.103 + i, "returned": 10.104 + i}
+
+    n = MIN_MATCHED_CALLS
+    logs = [[entry(i) for i in range(n // 2)], [entry(i) for i in range(n // 2, n)]]
+    trips = {f"{i}-0.0": 0.103 + 0.007 for i in range(n)}  # the driver sees 7 ms more than the engine's part
+    assert in_run_request_overhead(trips, logs) == pytest.approx(0.007)
+    # aborted calls return early and say nothing about the overhead; unmatched ones are skipped
+    logs[0].append(entry(n, "abort"))
+    trips[f"{n}-0.0"] = 0.5
+    trips["unmatched-0.0"] = 0.5
+    assert in_run_request_overhead(trips, logs) == pytest.approx(0.007)
+    assert in_run_request_overhead(trips, [logs[0]]) is None  # too few calls to tell
 
 
 def test_validate_rejects_a_warmup_that_leaves_nothing() -> None:
@@ -244,7 +268,9 @@ def test_validate_end_to_end_within_the_ci_bound(tmp_path: Path) -> None:
     summary = json.loads((out / "validation.json").read_text())
     errors = {f["name"]: f["error"] for f in summary["figures"]}
     assert summary["profile"]["reused"] is False and summary["profile"]["call_step_s"] >= 0
-    assert len(summary["sim_seeds"]) == 8  # the default: the real run against eight simulated seeds
+    # the generate call overhead comes from the reference run, the idle figure stays beside it
+    assert summary["profile"]["request_overhead_s"] > 0 and summary["profile"]["idle_request_overhead_s"] > 0
+    assert len(summary["sim_seeds"]) == 16  # the default: the real run against sixteen simulated seeds
     headline = next(f for f in summary["figures"] if f["name"] == "step time, mean")
     assert headline["sim_range"][0] <= headline["sim"] <= headline["sim_range"][1]
     assert abs(errors["step time, mean"]) <= CI_BOUND, summary["figures"]
@@ -305,6 +331,35 @@ def test_engines_sharing_a_host_slow_down_with_the_measured_parallelism(tmp_path
             assert out.backend.contention is not None
     # one core for two engines that decode at the same time: their busy time about doubles
     assert 1.6 < gen[1.0] / gen[None] <= 2.0 + 1e-9
+
+
+def test_a_weight_transfer_on_a_shared_host_slows_the_engines_down_as_training_does(tmp_path: Path) -> None:
+    """In a CPU run the publish, the workers' pulls and the broadcast are CPU work on the
+    engines' host: engines step 35–55 % slower during them, as during a training step."""
+    from rollart.calibration.engine_fit import fit_engine_csv
+    from rollart.core import mode_config
+    from rollart.sim import SimBackend
+
+    profile = fit_engine_csv(_engine_csv(tmp_path), gpu="cpu", model="Qwen3-tiny")
+    profile.host_parallelism, profile.side_by_side = 1.0, 1
+    engine = tmp_path / "engine.yaml"
+    save_profile(profile, engine)
+    sets = [f"cluster.gpu_pools.{p}.profile={engine}" for p in ("pool_a", "pool_b")]
+    plan = load_plan(resolve("local/validate-rollart"), [*sets, f"placement.trainer.profile={_train_profile(tmp_path)}"])
+    backend = SimBackend(plan, mode_config(plan, None), 0)
+    hc, env = backend.contention, backend.env
+    backend.engines[0].busy = True  # one engine decoding on a host that runs one actor at full speed
+    seen = []
+
+    def watch():  # noqa: ANN202 - a SimPy process
+        for t in (0.1, 0.3):
+            yield env.timeout(t - env.now)
+            seen.append((hc.trainer_busy, hc.engine_factor()))
+
+    env.process(backend._host_transfer(0.2))
+    env.process(watch())
+    env.run(until=0.5)
+    assert seen == [(True, 2.0), (False, 1.0)]
 
 
 def test_calibrate_show_reads_train_and_step_fitted_engine_profiles(tmp_path: Path) -> None:
