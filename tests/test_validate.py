@@ -345,7 +345,8 @@ def test_a_weight_transfer_on_a_shared_host_slows_the_engines_down_as_training_d
     engine = tmp_path / "engine.yaml"
     save_profile(profile, engine)
     sets = [f"cluster.gpu_pools.{p}.profile={engine}" for p in ("pool_a", "pool_b")]
-    plan = load_plan(resolve("local/validate-rollart"), [*sets, f"placement.trainer.profile={_train_profile(tmp_path)}"])
+    train = _train_profile(tmp_path)
+    plan = load_plan(resolve("local/validate-rollart"), [*sets, f"placement.trainer.profile={train}"])
     backend = SimBackend(plan, mode_config(plan, None), 0)
     hc, env = backend.contention, backend.env
     backend.engines[0].busy = True  # one engine decoding on a host that runs one actor at full speed

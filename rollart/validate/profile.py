@@ -224,15 +224,17 @@ class LocalProfiler:
             backend.close()
         self.progress(f"reference run ({REFERENCE_STEPS} steps of {self.plan.name}, another seed)")
         run_log, run_train = self._reference_run()
-        engine_path = self._write_engine_profile(csv_path, grid_log, run_log, model, overhead, out_dir, parallelism,
-                                                 n_workers)
+        # the generate call as the run pays it; the idle figure when the run matched too few calls
+        in_run = self._run_request_overhead
+        request_overhead = in_run if in_run is not None else overhead
+        engine_path = self._write_engine_profile(csv_path, grid_log, run_log, model, request_overhead, out_dir,
+                                                 parallelism, n_workers)
         train_rows += run_train
         idle_weights = dict(weights)
         weights.update(self._run_weights)  # in-run figures where the reference run measured them
         train_path = self._write_train_profile(train_rows, weights, model, out_dir)
         self._write_host_profile(env_overheads, out_dir)
-        in_run = self._run_request_overhead
-        return LocalProfile(engine_path, train_path, {"request_overhead_s": in_run if in_run is not None else overhead,
+        return LocalProfile(engine_path, train_path, {"request_overhead_s": request_overhead,
                                                       "idle_request_overhead_s": overhead,
                                                       "call_step_s": self._call_step_s,
                                                       **weights,
@@ -424,7 +426,7 @@ class LocalProfiler:
     # ---- writing the profiles ---------------------------------------------------------------
 
     def _write_engine_profile(self, csv_path: Path, grid_log: list[dict[str, float]],
-                              run_log: list[dict[str, float]], model: ModelSpec, overhead: float, out_dir: Path,
+                              run_log: list[dict[str, float]], model: ModelSpec, request_overhead: float, out_dir: Path,
                               parallelism: float, side_by_side: int) -> Path:
         from rollart.calibration.engine_fit import fit_engine_steps, predict_step
         from rollart.calibration.profiles import save_profile
@@ -449,8 +451,7 @@ class LocalProfiler:
                            for steps, ks in zip(self._run_logs, busy_engines(self._run_logs))
                            for st, k in zip(steps, ks)])
         self._call_step_s = profile.call_step_s
-        in_run = self._run_request_overhead
-        profile.request_overhead_s = round(in_run if in_run is not None else overhead, 6)
+        profile.request_overhead_s = round(request_overhead, 6)
         profile.host_parallelism, profile.side_by_side = run_parallelism, max(1, side_by_side)
         profile.effect_cpu_s = round(self._run_effect_cpu_s, 7)
         profile.assumptions = [
