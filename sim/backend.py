@@ -280,10 +280,10 @@ class SimBackend:
         shared = self.contention is not None and self.trainer_shares_host
         if shared:
             t *= self.contention.trainer_factor()
-            self.contention.set_trainer_busy(True)
+            self.contention.trainer_job(started=True)
         yield self.env.timeout(t)
         if shared:
-            self.contention.set_trainer_busy(False)
+            self.contention.trainer_job(started=False)
         self.trainer_busy_s += t
 
     def _broadcast(self, eff: BroadcastWeights) -> SimGen:
@@ -300,10 +300,10 @@ class SimBackend:
         threads pull and deserialise them, so the engines slow down as while training."""
         shared = self.contention is not None and self.trainer_shares_host
         if shared:
-            self.contention.set_trainer_busy(True)
+            self.contention.trainer_job(started=True)
         yield self.env.timeout(t)
         if shared:
-            self.contention.set_trainer_busy(False)
+            self.contention.trainer_job(started=False)
 
     def _update(self, eff: UpdateWeights) -> SimGen:
         events = []

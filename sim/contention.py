@@ -82,7 +82,10 @@ class HostContention:
         self.parallelism = max(1.0, float(parallelism))
         self.engine_ref, self.trainer_ref = engine_ref, trainer_ref
         self.engines: list["GenerationEngine"] = []
-        self.trainer_busy = False
+        # the trainer's jobs on this host (a training step, a weight transfer): each one counts as a
+        # busy actor, and in the simulator they may overlap (a publish still running when the next
+        # step starts)
+        self.trainer_jobs = 0
         self.effect_cpu_s, self.tau_s, self.clock = float(effect_cpu_s), float(tau_s), clock
         self._rate, self._rate_at = 0.0, 0.0  # effects per second, as of time _rate_at
         self._applied = 1.0                    # the engine slowdown the engines last planned with
@@ -98,14 +101,14 @@ class HostContention:
         return self.effect_cpu_s * self._rate_now() if self.effect_cpu_s > 0 else 0.0
 
     def _busy(self) -> int:
-        return sum(1 for e in self.engines if e.busy) + int(self.trainer_busy)
+        return sum(1 for e in self.engines if e.busy) + self.trainer_jobs
 
     def engine_factor(self) -> float:
         return self._load(self._busy() + self.background_cores()) / self._load(self.engine_ref)
 
     def trainer_factor(self) -> float:
         """The slowdown a training step starting now runs at (the trainer counted as busy)."""
-        k = sum(1 for e in self.engines if e.busy) + 1 + self.background_cores()
+        k = self._busy() + 1 + self.background_cores()
         return self._load(k) / self._load(self.trainer_ref)
 
     def note_effect(self) -> None:
@@ -127,7 +130,7 @@ class HostContention:
             else:
                 e.set_slowdown(f)
 
-    def set_trainer_busy(self, busy: bool) -> None:
-        if busy != self.trainer_busy:
-            self.trainer_busy = busy
-            self.changed()
+    def trainer_job(self, started: bool) -> None:
+        """A training step or a weight transfer started (``True``) or ended on this host."""
+        self.trainer_jobs += 1 if started else -1
+        self.changed()

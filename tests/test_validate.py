@@ -287,9 +287,27 @@ def test_host_contention_formula() -> None:
     hc = HostContention(parallelism=2.0, engine_ref=2)
     assert hc._load(1) == 1.0 and hc._load(2) == 1.0 and hc._load(4) == 2.0
     assert hc.trainer_factor() == 1.0          # no engine busy: the trainer alone
-    hc.trainer_busy = True
+    hc.trainer_jobs = 1
     assert hc.engine_factor() == 1.0           # 1 busy actor, the engines' profile had 2
     assert HostContention(1.0, engine_ref=1).trainer_factor() == 1.0
+
+
+def test_host_contention_counts_overlapping_trainer_jobs() -> None:
+    """A publish still running when the next training step starts: two jobs, and the end of one
+    leaves the other counted."""
+    from types import SimpleNamespace
+
+    from rollart.sim.contention import HostContention
+
+    seen: list[float] = []
+    hc = HostContention(parallelism=1.0, engine_ref=1)
+    hc.engines.append(SimpleNamespace(busy=True, set_slowdown=seen.append))
+    hc.trainer_job(started=True)
+    hc.trainer_job(started=True)
+    hc.trainer_job(started=False)
+    assert hc.trainer_jobs == 1 and seen == [2.0, 3.0, 2.0]  # the engine plus one or two jobs on one core
+    hc.trainer_job(started=False)
+    assert hc.trainer_jobs == 0 and seen[-1] == 1.0
 
 
 def test_host_contention_counts_the_driver_load_at_the_effect_rate() -> None:
@@ -299,7 +317,6 @@ def test_host_contention_counts_the_driver_load_at_the_effect_rate() -> None:
 
     clock = {"t": 0.0}
     hc = HostContention(parallelism=2.0, engine_ref=1, effect_cpu_s=0.002, tau_s=0.1, clock=lambda: clock["t"])
-    hc.trainer_busy = True
     for i in range(200):                       # 1 000 effects/s for 0.2 s: the moving average nears 1 000/s
         clock["t"] = i * 0.001
         hc.note_effect()
@@ -355,12 +372,12 @@ def test_a_weight_transfer_on_a_shared_host_slows_the_engines_down_as_training_d
     def watch():  # noqa: ANN202 - a SimPy process
         for t in (0.1, 0.3):
             yield env.timeout(t - env.now)
-            seen.append((hc.trainer_busy, hc.engine_factor()))
+            seen.append((hc.trainer_jobs, hc.engine_factor()))
 
     env.process(backend._host_transfer(0.2))
     env.process(watch())
     env.run(until=0.5)
-    assert seen == [(True, 2.0), (False, 1.0)]
+    assert seen == [(1, 2.0), (0, 1.0)]
 
 
 def test_calibrate_show_reads_train_and_step_fitted_engine_profiles(tmp_path: Path) -> None:
