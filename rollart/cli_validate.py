@@ -49,7 +49,8 @@ def figures_table(v) -> Table:  # noqa: ANN001
             sim += f" [dim]({_fmt(f.sim_range[0], f.unit)}–{_fmt(f.sim_range[1], f.unit)})[/]"
         table.add_row(f"[bold]{f.name}[/]" if f.headline else f.name, f.unit, _fmt(f.real, f.unit), sim, _err(f))
     if len(v.sim_seeds) > 1:
-        table.caption = (f"sim: mean over seeds {v.sim_seeds[0]}–{v.sim_seeds[-1]} (range in brackets); "
+        table.caption = (f"sim: mean over seeds {v.sim_seeds[0]}–{v.sim_seeds[-1]}, rates pooled over their time "
+                         "(range in brackets); "
                          f"sim.json and its trace: seed {v.sim_seeds[0]}")
     return table
 
@@ -90,7 +91,8 @@ def validate(
     warmup: int = typer.Option(1, "--warmup-steps", min=0, help="first steps left out of the comparison"),
     sim_seeds: int = typer.Option(16, "--sim-seeds", min=1,
                                   help="simulate this many seeds (the plan's and the next ones) and compare the "
-                                       "real run with their mean; the simulator is cheap, one real run is not"),
+                                       "real run with their mean (rates: all their work over all their time); "
+                                       "the simulator is cheap, one real run is not"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
 ) -> None:
     """Run a plan for real, simulate it calibrated on this machine, and compare the two."""
@@ -148,10 +150,13 @@ def _validate_one(plan, out: Path, mode, profile_dir, reprofile: bool, max_profi
             err_console.print(f"[bold red]{side} stopped:[/] {error}", highlight=False)
     p = v.profile
     reused = "reused" if p.get("reused") else "measured"
-    console.print(f"[dim]profile {reused}: {p['dir']}"
-                  + (f" · generate call overhead {p['request_overhead_s'] * 1e3:.1f} ms"
-                     f" · engine step with calls +{p.get('call_step_s', 0.0) * 1e3:.1f} ms · publish+pull "
-                     f"{p['publish_pull_s']:.2f} s · swap {p['swap_s']:.3f} s" if not p.get("reused") else "")
-                  + f"[/]", highlight=False)
+    line = f"[dim]profile {reused}: {p['dir']}"
+    if not p.get("reused"):
+        calls = p.get("request_overhead_calls")
+        source = f"in the reference run, {calls} calls" if calls else "idle: the reference run matched too few calls"
+        line += (f" · generate call overhead {p['request_overhead_s'] * 1e3:.1f} ms ({source})"
+                 f" · engine step with calls +{p.get('call_step_s', 0.0) * 1e3:.1f} ms · publish+pull "
+                 f"{p['publish_pull_s']:.2f} s · swap {p['swap_s']:.3f} s")
+    console.print(line + "[/]", highlight=False)
     console.print(f"[dim]wrote {out}/: {', '.join(v.files.values())}[/]", highlight=False)
     return v

@@ -281,9 +281,11 @@ class SimBackend:
         if shared:
             t *= self.contention.trainer_factor()
             self.contention.trainer_job(started=True)
-        yield self.env.timeout(t)
-        if shared:
-            self.contention.trainer_job(started=False)
+        try:
+            yield self.env.timeout(t)
+        finally:
+            if shared:
+                self.contention.trainer_job(started=False)
         self.trainer_busy_s += t
 
     def _broadcast(self, eff: BroadcastWeights) -> SimGen:
@@ -295,15 +297,18 @@ class SimBackend:
         yield from self._host_transfer(self.transfer.publish_pull_s())
 
     def _host_transfer(self, t: float) -> SimGen:
-        """A weight transfer of ``t`` seconds (measured in a run, contention included). On a shared
-        host it is compute too: the trainer serialises and copies the tensors while the workers'
-        threads pull and deserialise them, so the engines slow down as while training."""
+        """A weight transfer of ``t`` seconds (the profile's figure: from the reference run where
+        it exercised this transport, else measured on idle workers). On a shared host it is
+        compute too: the trainer serialises and copies the tensors while the workers' threads
+        pull and deserialise them, so it counts as a busy actor, like a training step."""
         shared = self.contention is not None and self.trainer_shares_host
         if shared:
             self.contention.trainer_job(started=True)
-        yield self.env.timeout(t)
-        if shared:
-            self.contention.trainer_job(started=False)
+        try:
+            yield self.env.timeout(t)
+        finally:
+            if shared:
+                self.contention.trainer_job(started=False)
 
     def _update(self, eff: UpdateWeights) -> SimGen:
         events = []

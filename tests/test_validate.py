@@ -204,6 +204,10 @@ def test_compare_seeds_takes_the_mean_of_the_simulated_seeds_and_keeps_their_ran
     # which agrees with the mean step time; the mean of the two rates would say 3.89/s
     assert figs["trajectories/s"].sim == pytest.approx(8 / 2.1)
     assert figs["trajectories/s"].error == pytest.approx(2.0 / 2.1 - 1)
+    # pooled over the seeds' whole runs (6.4 s and 8.2 s): a seed that generated nothing counts
+    sims[1].summary["tokens_per_s"] = 10.0
+    pooled = {f.name: f for f in compare_seeds(real, sims, warmup=1)}["generated tokens/s"]
+    assert pooled.sim == pytest.approx(10.0 * 8.2 / (6.4 + 8.2)) and pooled.sim_range == (0.0, 10.0)
     one = {f.name: f for f in compare_seeds(real, sims[:1], warmup=1)}
     assert one["step time, mean"].sim_range is None and one["step time, mean"].sim == pytest.approx(1.8)
 
@@ -236,13 +240,14 @@ def test_in_run_request_overhead_is_the_round_trip_beyond_the_workers_time() -> 
     n = MIN_MATCHED_CALLS
     logs = [[entry(i) for i in range(n // 2)], [entry(i) for i in range(n // 2, n)]]
     trips = {f"{i}-0.0": 0.103 + 0.007 for i in range(n)}  # the driver sees 7 ms more than the engine's part
-    assert in_run_request_overhead(trips, logs) == pytest.approx(0.007)
-    # aborted calls return early and say nothing about the overhead; unmatched ones are skipped
+    assert in_run_request_overhead(trips, logs) == (pytest.approx(0.007), n)
+    # aborted calls return early and say nothing about the overhead; calls the driver has no
+    # round trip for (a reissued one, say) are skipped
     logs[0].append(entry(n, "abort"))
     trips[f"{n}-0.0"] = 0.5
-    trips["unmatched-0.0"] = 0.5
-    assert in_run_request_overhead(trips, logs) == pytest.approx(0.007)
-    assert in_run_request_overhead(trips, [logs[0]]) is None  # too few calls to tell
+    logs[1].append(entry(n + 1))
+    assert in_run_request_overhead(trips, logs) == (pytest.approx(0.007), n)
+    assert in_run_request_overhead(trips, [logs[0]]) == (None, n // 2)  # too few calls to tell
 
 
 def test_validate_rejects_a_warmup_that_leaves_nothing() -> None:
@@ -270,6 +275,7 @@ def test_validate_end_to_end_within_the_ci_bound(tmp_path: Path) -> None:
     assert summary["profile"]["reused"] is False and summary["profile"]["call_step_s"] >= 0
     # the generate call overhead comes from the reference run, the idle figure stays beside it
     assert summary["profile"]["request_overhead_s"] > 0 and summary["profile"]["idle_request_overhead_s"] > 0
+    assert summary["profile"]["request_overhead_calls"] >= 20  # measured in the run, not the idle fallback
     assert len(summary["sim_seeds"]) == 16  # the default: the real run against sixteen simulated seeds
     headline = next(f for f in summary["figures"] if f["name"] == "step time, mean")
     assert headline["sim_range"][0] <= headline["sim"] <= headline["sim_range"][1]
@@ -350,11 +356,13 @@ def test_engines_sharing_a_host_slow_down_with_the_measured_parallelism(tmp_path
     assert 1.6 < gen[1.0] / gen[None] <= 2.0 + 1e-9
 
 
-def test_a_weight_transfer_on_a_shared_host_slows_the_engines_down_as_training_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["publish", "broadcast"])
+def test_a_weight_transfer_on_a_shared_host_slows_the_engines_down_as_training_does(tmp_path: Path, kind: str) -> None:
     """In a CPU run the publish, the workers' pulls and the broadcast are CPU work on the
-    engines' host: engines step 35–55 % slower during them, as during a training step."""
+    engines' host: engines step 35–55 % slower during a publish + pull, as during a training step."""
     from rollart.calibration.engine_fit import fit_engine_csv
     from rollart.core import mode_config
+    from rollart.core.effects import BroadcastWeights, PublishWeights
     from rollart.sim import SimBackend
 
     profile = fit_engine_csv(_engine_csv(tmp_path), gpu="cpu", model="Qwen3-tiny")
@@ -362,7 +370,7 @@ def test_a_weight_transfer_on_a_shared_host_slows_the_engines_down_as_training_d
     engine = tmp_path / "engine.yaml"
     save_profile(profile, engine)
     sets = [f"cluster.gpu_pools.{p}.profile={engine}" for p in ("pool_a", "pool_b")]
-    train = _train_profile(tmp_path)
+    train = _train_profile(tmp_path)  # publish + pull 0.25 s, broadcast 0.5 s
     plan = load_plan(resolve("local/validate-rollart"), [*sets, f"placement.trainer.profile={train}"])
     backend = SimBackend(plan, mode_config(plan, None), 0)
     hc, env = backend.contention, backend.env
@@ -370,13 +378,16 @@ def test_a_weight_transfer_on_a_shared_host_slows_the_engines_down_as_training_d
     seen = []
 
     def watch():  # noqa: ANN202 - a SimPy process
-        for t in (0.1, 0.3):
+        for t in (0.05, 1.0):  # during the transfer, after it
             yield env.timeout(t - env.now)
             seen.append((hc.trainer_jobs, hc.engine_factor()))
 
-    env.process(backend._host_transfer(0.2))
+    workers = backend.ctl.proxy.worker_ids
+    transfer = backend._publish(PublishWeights(1, workers)) if kind == "publish" else \
+        backend._broadcast(BroadcastWeights(1, workers))
+    env.process(transfer)
     env.process(watch())
-    env.run(until=0.5)
+    env.run(until=1.5)
     assert seen == [(1, 2.0), (0, 1.0)]
 
 

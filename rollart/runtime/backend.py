@@ -294,8 +294,8 @@ class RuntimeBackend:
         t1 = self.now()
         self.counters.generate_calls += 1
         self.counters.generate_seconds += t1 - t0
-        if self.record_engine_steps:  # matched with the worker's request log by `rollart validate`
-            self.counters.generate_round_trips[f"{request_id}.{attempt}"] = t1 - t0
+        if self.record_engine_steps and attempt == 0:  # matched with the worker's request log (rollart validate);
+            self.counters.generate_round_trips[f"{request_id}.{attempt}"] = t1 - t0  # a reissue's includes the revive
         self.tracer.worker_span(self.ctl.proxy.workers[eff.worker].pool, eff.worker, f"generate traj {traj.id}", t0, t1)
         conv.ids += list(out.token_ids)
         conv.loss_mask += [1] * len(out.token_ids)

@@ -136,18 +136,20 @@ def in_run_parallelism(worker_logs: list[list[dict[str, float]]], predict: Calla
     return round(max(1.0, min(probe, statistics.mean(ks) / ratio)), 3)
 
 
-def in_run_request_overhead(round_trips: dict[str, float], request_logs: list[list[dict[str, Any]]]) -> Optional[float]:
-    """Mean time a generate call of a run spent outside what the simulated engine models:
-    the driver's round trip minus the worker's time from the call's arrival to the engine
-    finishing it (the wait for the next step boundary and the steps themselves are the
-    engine's). What remains is Ray's transport both ways, the worker's reply and the driver's
-    event loop, under the run's own load. None when fewer than ``MIN_MATCHED_CALLS`` calls of
-    the worker logs have a round trip (aborted calls are left out: they return early)."""
+def in_run_request_overhead(round_trips: dict[str, float],
+                            request_logs: list[list[dict[str, Any]]]) -> tuple[Optional[float], int]:
+    """Mean time a generate call of a run spent outside what the simulated engine models, and
+    how many calls it is the mean of: the driver's round trip minus the worker's time from the
+    call's arrival to the engine finishing it (the wait for the next step boundary and the
+    steps themselves are the engine's). What remains is Ray's transport both ways, the worker's
+    reply and the driver's event loop, under the run's own load. Aborted calls are left out
+    (they return early), and so are calls the driver has no round trip for. The mean is None
+    below ``MIN_MATCHED_CALLS`` calls."""
     spans = [rt - (r["done"] - r["called"]) for log in request_logs for r in log
              if r.get("finish_reason") != "abort" and "done" in r and (rt := round_trips.get(r["request"])) is not None]
     if len(spans) < MIN_MATCHED_CALLS:
-        return None
-    return max(0.0, statistics.mean(spans))
+        return None, len(spans)
+    return max(0.0, statistics.mean(spans)), len(spans)
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
@@ -227,6 +229,7 @@ class LocalProfiler:
         # the generate call as the run pays it; the idle figure when the run matched too few calls
         in_run = self._run_request_overhead
         request_overhead = in_run if in_run is not None else overhead
+        calls = self._run_request_calls if in_run is not None else 0  # 0: the idle figure
         engine_path = self._write_engine_profile(csv_path, grid_log, run_log, model, request_overhead, out_dir,
                                                  parallelism, n_workers)
         train_rows += run_train
@@ -236,6 +239,7 @@ class LocalProfiler:
         self._write_host_profile(env_overheads, out_dir)
         return LocalProfile(engine_path, train_path, {"request_overhead_s": request_overhead,
                                                       "idle_request_overhead_s": overhead,
+                                                      "request_overhead_calls": calls,
                                                       "call_step_s": self._call_step_s,
                                                       **weights,
                                                       "idle_weights": idle_weights,
@@ -298,7 +302,7 @@ class LocalProfiler:
         if outcome.error:
             raise RuntimeError(f"profile: the reference run failed: {outcome.error}")
         self._run_logs = [w.get("step_log", []) for w in outcome.worker_stats]  # per worker, in step order
-        self._run_request_overhead = in_run_request_overhead(
+        self._run_request_overhead, self._run_request_calls = in_run_request_overhead(
             backend.counters.generate_round_trips, [w.get("request_log", []) for w in outcome.worker_stats])
         log = [st for steps in self._run_logs for st in steps]
         summary = outcome.to_result().summary
