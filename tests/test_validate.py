@@ -250,6 +250,25 @@ def test_in_run_request_overhead_is_the_round_trip_beyond_the_workers_time() -> 
     assert in_run_request_overhead(trips, [logs[0]]) == (None, n // 2)  # too few calls to tell
 
 
+def test_a_profile_is_reused_only_when_fresh_and_of_this_format(tmp_path: Path) -> None:
+    import yaml
+
+    from rollart.calibration.engine_fit import fit_engine_csv
+    from rollart.validate.main import fresh_profile
+    from rollart.validate.profile import PROFILE_FORMAT
+
+    save_profile(fit_engine_csv(_engine_csv(tmp_path), gpu="cpu", model="Qwen3-tiny"), tmp_path / "engine.yaml")
+    _train_profile(tmp_path)
+    host = tmp_path / "host.yaml"
+    plan = load_plan(resolve("local/validate-rollart"))
+    host.write_text(yaml.safe_dump({"env_reset_overhead_s": 0.01, "env_step_overhead_s": 0.005,
+                                    "format": PROFILE_FORMAT}))
+    assert fresh_profile(tmp_path, plan, max_age_h=24)
+    assert not fresh_profile(tmp_path, plan, max_age_h=0)  # too old
+    host.write_text(yaml.safe_dump({"env_reset_overhead_s": 0.01, "env_step_overhead_s": 0.005}))
+    assert not fresh_profile(tmp_path, plan, max_age_h=24)  # measured by an earlier version
+
+
 def test_validate_rejects_a_warmup_that_leaves_nothing() -> None:
     proc = subprocess.run([ROLLART, "validate", "local/validate-rollart", "--steps", "2", "--warmup-steps", "2"],
                           capture_output=True, text=True, timeout=120)

@@ -33,7 +33,10 @@ def default_profile_dir(plan: Plan) -> Path:
 
 
 def fresh_profile(directory: Path, plan: Plan, max_age_h: float) -> bool:
-    """An earlier profile can be reused: both files there, for this model, younger than ``max_age_h``."""
+    """An earlier profile can be reused: all three files there, for this model, younger than
+    ``max_age_h``, and measured the way this version measures (``PROFILE_FORMAT``)."""
+    from rollart.validate.profile import PROFILE_FORMAT
+
     engine, train, host = directory / "engine.yaml", directory / "train.yaml", directory / "host.yaml"
     if not (engine.is_file() and train.is_file() and host.is_file()):
         return False
@@ -41,7 +44,10 @@ def fresh_profile(directory: Path, plan: Plan, max_age_h: float) -> bool:
         return False
     try:
         e, t = load_profile(engine), load_profile(train)
-    except (OSError, ValueError):
+        measured = yaml.safe_load(host.read_text()) or {}
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    if not isinstance(measured, dict) or measured.get("format") != PROFILE_FORMAT:
         return False
     model = (plan.runtime.model or plan.model).name.lower()
     return (isinstance(e, EngineProfile) and isinstance(t, TrainProfile)

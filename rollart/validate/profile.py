@@ -41,6 +41,9 @@ TRAIN_LENGTHS = (32, 128, 384)
 REFERENCE_STEPS = 8  # past the start-up transient (the first batches start together): the steady state's
                      # staggered arrivals are what the in-run fit and overheads must see
 MIN_MATCHED_CALLS = 20
+# What a profile directory holds and how it was measured; ``rollart validate`` reuses only a
+# profile of this format (2: the in-run generate overhead and an 8-step reference run).
+PROFILE_FORMAT = 2
 
 Progress = Callable[[str], None]
 
@@ -509,7 +512,7 @@ class LocalProfiler:
         run_env = self._run_env_overhead
         host = {"env_reset_overhead_s": round(run_env["reset"], 6), "env_step_overhead_s": round(run_env["step"], 6),
                 "idle_env_reset_overhead_s": round(idle_env[0], 6), "idle_env_step_overhead_s": round(idle_env[1], 6),
-                "measured": time.strftime("%Y-%m-%d %H:%M"),
+                "measured": time.strftime("%Y-%m-%d %H:%M"), "format": PROFILE_FORMAT,
                 "note": "env call round trip minus the injected latency, mean over the reference run's calls "
                         "(idle_*: the same through an idle env worker, for comparison)"}
         path = out_dir / "host.yaml"
