@@ -277,31 +277,30 @@ class SimBackend:
 
     def _train(self, eff: TrainStep) -> SimGen:
         t = self.train_cost.step_time([tr.context_tokens for tr in eff.batch])
-        shared = self.contention is not None and self.trainer_shares_host
-        if shared:
-            t *= self.contention.trainer_factor()
-            self.contention.trainer_job(started=True)
-        try:
-            yield self.env.timeout(t)
-        finally:
-            if shared:
-                self.contention.trainer_job(started=False)
+        if self._trainer_shares_contention:
+            t *= self.contention.trainer_factor()  # the slowdown of the step's start
+        yield from self._trainer_job(t)
         self.trainer_busy_s += t
 
     def _broadcast(self, eff: BroadcastWeights) -> SimGen:
         t = self.transfer.broadcast_s()
-        yield from self._host_transfer(t)
+        yield from self._trainer_job(t)
         self.trainer_busy_s += t  # trainer GPUs drive the broadcast
 
     def _publish(self, eff: PublishWeights) -> SimGen:
-        yield from self._host_transfer(self.transfer.publish_pull_s())
+        yield from self._trainer_job(self.transfer.publish_pull_s())
 
-    def _host_transfer(self, t: float) -> SimGen:
-        """A weight transfer of ``t`` seconds (the profile's figure: from the reference run where
-        it exercised this transport, else measured on idle workers). On a shared host it is
-        compute too: the trainer serialises and copies the tensors while the workers' threads
-        pull and deserialise them, so it counts as a busy actor, like a training step."""
-        shared = self.contention is not None and self.trainer_shares_host
+    @property
+    def _trainer_shares_contention(self) -> bool:
+        return self.contention is not None and self.trainer_shares_host
+
+    def _trainer_job(self, t: float) -> SimGen:
+        """``t`` seconds of the trainer's work: a training step, or a weight transfer (the
+        profile's figure: from the reference run where it exercised this transport, else
+        measured on idle workers). On a shared host a transfer is compute too, the trainer
+        serialising and copying the tensors while the workers' threads pull and deserialise
+        them, so each job counts as a busy actor in the host's contention while it runs."""
+        shared = self._trainer_shares_contention
         if shared:
             self.contention.trainer_job(started=True)
         try:
