@@ -294,8 +294,10 @@ class RuntimeBackend:
         t1 = self.now()
         self.counters.generate_calls += 1
         self.counters.generate_seconds += t1 - t0
-        if self.record_engine_steps and attempt == 0:  # matched with the worker's request log (rollart validate);
-            self.counters.generate_round_trips[f"{request_id}.{attempt}"] = t1 - t0  # a reissue's includes the revive
+        # matched with the worker's request log by `rollart validate`; a reissued call's time
+        # includes the revive, so only first attempts are kept
+        if self.record_engine_steps and attempt == 0:
+            self.counters.generate_round_trips[f"{request_id}.{attempt}"] = t1 - t0
         self.tracer.worker_span(self.ctl.proxy.workers[eff.worker].pool, eff.worker, f"generate traj {traj.id}", t0, t1)
         conv.ids += list(out.token_ids)
         conv.loss_mask += [1] * len(out.token_ids)

@@ -22,7 +22,8 @@ COLORS = {"generation": "#4C72B0", "env_reset": "#DD8452", "env_step": "#55A868"
 
 def plot_validation(v: "Validation", path: Path, warmup: int = 1) -> None:
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [3, 2]})
-    sim_label = f"simulated (seed {v.sim.seed})" if len(v.sim_seeds) > 1 else "simulated"
+    seed = f"seed {v.sim.seed}" if len(v.sim_seeds) > 1 else ""  # the one drawn of several
+    sim_label = f"simulated ({seed})" if seed else "simulated"
     for result, style, label in ((v.real, "-o", "real (rollart run)"), (v.sim, "--s", sim_label)):
         ax_t.plot([s.step for s in result.steps], [s.time_s for s in result.steps], style, ms=4, label=label)
     if warmup:
@@ -35,7 +36,7 @@ def plot_validation(v: "Validation", path: Path, warmup: int = 1) -> None:
     ax_t.grid(alpha=0.3)
 
     sides = [("real", step_figures(v.real, warmup)),
-             (f"sim\nseed {v.sim.seed}" if len(v.sim_seeds) > 1 else "sim", step_figures(v.sim, warmup))]
+             (f"sim\n{seed}" if seed else "sim", step_figures(v.sim, warmup))]
     for i, (name, figs) in enumerate(sides):
         bottom = 0.0
         for key in BREAKDOWN_KEYS:

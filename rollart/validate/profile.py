@@ -228,12 +228,12 @@ class LocalProfiler:
             _kill_actors(backend)
             backend.close()
         self.progress(f"reference run ({REFERENCE_STEPS} steps of {self.plan.name}, another seed)")
-        run_log, run_train = self._reference_run()
+        run_train = self._reference_run()
         # the generate call as the run pays it; the idle figure when the run matched too few calls
         in_run = self._run_request_overhead
         request_overhead = in_run if in_run is not None else overhead
         calls = self._run_request_calls if in_run is not None else 0  # 0: the idle figure
-        engine_path = self._write_engine_profile(csv_path, grid_log, run_log, model, request_overhead, out_dir,
+        engine_path = self._write_engine_profile(csv_path, grid_log, model, request_overhead, out_dir,
                                                  parallelism, n_workers)
         train_rows += run_train
         idle_weights = dict(weights)
@@ -288,10 +288,11 @@ class LocalProfiler:
         self._grid_log = [st for log in logs for st in log]
         return rows_from_step_log(self._grid_log)
 
-    def _reference_run(self) -> tuple[list[dict[str, float]], list[tuple[int, int, float]]]:
-        """A short real run of the plan with another seed: the engine steps and train steps it
-        logged, in the conditions no grid reproduces (staggered arrivals, steps that prefill
-        and decode, padded KV after merges, the driver and envs running alongside)."""
+    def _reference_run(self) -> list[tuple[int, int, float]]:
+        """A short real run of the plan with another seed, in the conditions no grid reproduces
+        (staggered arrivals, steps that prefill and decode, padded KV after merges, the driver and
+        envs running alongside): keeps every worker's logged engine steps (``_run_logs``) and the
+        in-run overheads, returns the train steps as profile rows."""
         from rollart.core.modes import mode_config
         from rollart.runtime.backend import RuntimeBackend
 
@@ -307,7 +308,6 @@ class LocalProfiler:
         self._run_logs = [w.get("step_log", []) for w in outcome.worker_stats]  # per worker, in step order
         self._run_request_overhead, self._run_request_calls = in_run_request_overhead(
             backend.counters.generate_round_trips, [w.get("request_log", []) for w in outcome.worker_stats])
-        log = [st for steps in self._run_logs for st in steps]
         summary = outcome.to_result().summary
         self._run_env_overhead = summary["env_call_overhead_s"]
         self._run_effect_cpu_s = summary["host_cpu_per_effect_s"]
@@ -321,7 +321,7 @@ class LocalProfiler:
                 self._run_weights = {"broadcast_s": mean(c.weight_publish_s) + mean(c.update_s)}
         train = [(sum(m["context_tokens"]), sum(s * s for s in m["context_tokens"]), m["round_trip_s"])
                  for m in backend.counters.train_metrics[1:]]  # the first step warms the trainer up
-        return log, train
+        return train
 
     def _env_overheads(self, calls: int = 30) -> tuple[float, float]:
         """Mean reset and step round trips through an env worker actor of the plan's first task
@@ -433,7 +433,7 @@ class LocalProfiler:
     # ---- writing the profiles ---------------------------------------------------------------
 
     def _write_engine_profile(self, csv_path: Path, grid_log: list[dict[str, float]],
-                              run_log: list[dict[str, float]], model: ModelSpec, request_overhead: float, out_dir: Path,
+                              model: ModelSpec, request_overhead: float, out_dir: Path,
                               parallelism: float, side_by_side: int) -> Path:
         from rollart.calibration.engine_fit import fit_engine_steps, predict_step
         from rollart.calibration.profiles import save_profile
@@ -446,7 +446,7 @@ class LocalProfiler:
                                     source=f"{csv_path} (grid) + {len(run_steps)} steps of a reference run",
                                     data=[str(csv_path)])
 
-        profile = fit(run_log)
+        profile = fit([st for steps in self._run_logs for st in steps])
         # The grid drives every engine at once; the run's engines also step alone, and faster.
         # Measure how much (host_parallelism as the run shows it), then bring the run's steps to
         # the grid's condition and fit again, so the profile is "all engines busy" throughout.

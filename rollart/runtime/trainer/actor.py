@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from rollart.runtime.trainer.grpo import Sample
 from rollart.runtime.heap import SettlesHeap
+from rollart.runtime.trainer.grpo import Sample
 
 
 class TrainerWorker(SettlesHeap):
