@@ -15,10 +15,31 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NonNeg = Annotated[float, Field(ge=0)]
+# Spread parameters are bounded so that means stay representable (e^(σ²/2) with σ = 10 is
+# 5·10^21) and so a typo (sigma: 1000) is an error naming the field, not an overflow.
+Sigma = Annotated[float, Field(ge=0, le=10)]
+
+# Every draw is finite and at most this (seconds, tokens or turns: far beyond any timeout,
+# context length or episode), whatever parameters the schema admits; see :func:`_safe`.
+SAMPLE_MAX = 1e12
+_LOG_SAMPLE_MAX = math.log(SAMPLE_MAX)
+
+
+def _safe(x: float) -> float:
+    """A draw clipped to [0, SAMPLE_MAX]; NaN (inf − inf in a user's extreme parameters) maps
+    to the ceiling, so a consumer never sees a non-finite number."""
+    if not x < SAMPLE_MAX:  # also catches NaN
+        return SAMPLE_MAX
+    return x if x > 0 else 0.0
+
+
+def _exp_safe(log_x: float) -> float:
+    """exp(log_x) clipped to [0, SAMPLE_MAX] without overflowing."""
+    return SAMPLE_MAX if not log_x < _LOG_SAMPLE_MAX else math.exp(log_x)
 
 
 class _Dist(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     def sample(self, rng: np.random.Generator) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -34,7 +55,7 @@ class Constant(_Dist):
     value: NonNeg
 
     def sample(self, rng: np.random.Generator) -> float:
-        return self.value
+        return _safe(self.value)
 
     def mean(self) -> float:
         return self.value
@@ -45,12 +66,12 @@ class LogNormal(_Dist):
 
     kind: Literal["lognormal"] = "lognormal"
     median: Annotated[float, Field(gt=0)]
-    sigma: NonNeg
+    sigma: Sigma
     max: Annotated[float, Field(gt=0)] | None = None
 
     def sample(self, rng: np.random.Generator) -> float:
-        x = self.median * math.exp(self.sigma * rng.standard_normal())
-        return min(x, self.max) if self.max is not None else x
+        x = _exp_safe(math.log(self.median) + self.sigma * rng.standard_normal())
+        return _safe(min(x, self.max) if self.max is not None else x)
 
     def mean(self) -> float:
         """E[min(X, max)] = m·e^{σ²/2}·Φ((ln(c/m) − σ²)/σ) + c·(1 − Φ(ln(c/m)/σ))."""
@@ -59,7 +80,7 @@ class LogNormal(_Dist):
             return full
         if self.sigma == 0:
             return min(self.median, self.max)
-        z = math.log(self.max / self.median) / self.sigma
+        z = (math.log(self.max) - math.log(self.median)) / self.sigma  # no ratio to overflow
         return full * _Phi(z - self.sigma) + self.max * (1 - _Phi(z))
 
 
@@ -71,10 +92,10 @@ class Gaussian(_Dist):
     std: NonNeg
     min: NonNeg = 0.0
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
     def sample(self, rng: np.random.Generator) -> float:
-        return max(self.min, self.mean_ + self.std * rng.standard_normal())
+        return _safe(max(self.min, self.mean_ + self.std * rng.standard_normal()))
 
     def mean(self) -> float:
         """E[max(X, c)] = c·Φ(z) + μ·(1 − Φ(z)) + σ·φ(z), z = (c − μ)/σ."""
@@ -98,10 +119,10 @@ class Uniform(_Dist):
         return self
 
     def sample(self, rng: np.random.Generator) -> float:
-        return self.low + (self.high - self.low) * rng.random()
+        return _safe(self.low + (self.high - self.low) * rng.random())
 
     def mean(self) -> float:
-        return (self.low + self.high) / 2
+        return self.low / 2 + self.high / 2  # (low + high) / 2 overflows near the float maximum
 
 
 class Pareto(_Dist):
@@ -109,12 +130,14 @@ class Pareto(_Dist):
 
     kind: Literal["pareto"] = "pareto"
     scale: Annotated[float, Field(gt=0)]
-    shape: Annotated[float, Field(gt=0)]
+    # below 0.01 a draw is 1e200 times the scale at the 1e-2 tail: no latency looks like that
+    shape: Annotated[float, Field(ge=0.01, le=1000)]
     max: Annotated[float, Field(gt=0)] | None = None
 
     def sample(self, rng: np.random.Generator) -> float:
-        x = self.scale * (1.0 - rng.random()) ** (-1.0 / self.shape)
-        return min(x, self.max) if self.max is not None else x
+        # in log space: (1 − u)^(−1/shape) overflows a float for small shapes
+        x = _exp_safe(math.log(self.scale) - math.log1p(-rng.random()) / self.shape)
+        return _safe(min(x, self.max) if self.max is not None else x)
 
     def mean(self) -> float:
         """E[min(X, c)] = x + x^a·(c^{1−a} − x^{1−a})/(1 − a)  (x·(1 + ln(c/x)) for a = 1)."""
@@ -124,8 +147,13 @@ class Pareto(_Dist):
         if c <= x:
             return c
         if a == 1:
-            return x * (1 + math.log(c / x))
-        return x + x**a * (c ** (1 - a) - x ** (1 - a)) / (1 - a)
+            return min(c, x * (1 + math.log(c) - math.log(x)))
+        # x + x^a·(c^{1−a} − x^{1−a})/(1 − a), written as x·(1 + ((c/x)^{1−a} − 1)/(1 − a)) so
+        # that no power of a large scale overflows; never above the cap
+        try:
+            return min(c, x * (1 + math.expm1((1 - a) * (math.log(c) - math.log(x))) / (1 - a)))
+        except OverflowError:
+            return c
 
 
 class Empirical(_Dist):
@@ -149,12 +177,12 @@ class Empirical(_Dist):
 
     def sample(self, rng: np.random.Generator) -> float:
         ps = list(self.quantiles)
-        return float(np.interp(rng.random(), ps, list(self.quantiles.values())))
+        return _safe(float(np.interp(rng.random(), ps, list(self.quantiles.values()))))
 
     def mean(self) -> float:
         ps = list(self.quantiles)
         vs = list(self.quantiles.values())
-        return sum((p1 - p0) * (v0 + v1) / 2 for p0, p1, v0, v1 in zip(ps, ps[1:], vs, vs[1:]))
+        return sum((p1 - p0) * (v0 / 2 + v1 / 2) for p0, p1, v0, v1 in zip(ps, ps[1:], vs, vs[1:]))
 
 
 class Spliced(_Dist):
@@ -180,16 +208,16 @@ class Spliced(_Dist):
 
     kind: Literal["spliced"] = "spliced"
     median: Annotated[float, Field(gt=0)]
-    sigma: Annotated[float, Field(gt=0)]
+    sigma: Annotated[float, Field(gt=0, le=10)]
     threshold: Annotated[float, Field(gt=0)]
     tail_prob: Annotated[float, Field(ge=0, lt=1)]
-    tail_shape: Annotated[float, Field(lt=1)]
+    tail_shape: Annotated[float, Field(ge=-1000, lt=1)]
     tail_scale: Annotated[float, Field(gt=0)]
     max: Annotated[float, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
     def _body_below_threshold(self) -> "Spliced":
-        z_u = math.log(self.threshold / self.median) / self.sigma
+        z_u = (math.log(self.threshold) - math.log(self.median)) / self.sigma
         if z_u < -8:
             raise ValueError(f"threshold ({self.threshold:g}) is {-z_u:.0f} sigmas below the body's median "
                              f"({self.median:g}): the lognormal body has no mass below it")
@@ -199,7 +227,7 @@ class Spliced(_Dist):
     def _body_mass(self) -> float:
         """Φ(z(u)): the untruncated body's mass below u (computed, not stored, so that
         ``model_copy(update=...)`` stays consistent)."""
-        return _Phi(math.log(self.threshold / self.median) / self.sigma)
+        return _Phi((math.log(self.threshold) - math.log(self.median)) / self.sigma)
 
     def _quantile(self, q: float) -> float:
         """Inverse CDF at q ∈ [0, 1), before the cap."""
@@ -209,12 +237,18 @@ class Spliced(_Dist):
             return min(self.median * math.exp(self.sigma * _NORMAL.inv_cdf(r)), self.threshold)
         r = (q - (1 - p)) / p  # in [0, 1)
         xi, beta = self.tail_shape, self.tail_scale
-        y = -beta * math.log1p(-r) if xi == 0 else beta / xi * ((1 - r) ** -xi - 1)
+        if abs(xi) < 1e-12:  # the exponential limit; beta / xi would overflow
+            y = -beta * math.log1p(-r)
+        else:
+            try:
+                y = beta / xi * math.expm1(-xi * math.log1p(-r))
+            except OverflowError:
+                y = math.inf
         return self.threshold + y
 
     def sample(self, rng: np.random.Generator) -> float:
         x = self._quantile(rng.random())
-        return min(x, self.max) if self.max is not None else x
+        return _safe(min(x, self.max) if self.max is not None else x)
 
     def ppf(self, q: npt.ArrayLike) -> np.ndarray:
         """Inverse CDF (vectorised, capped at ``max``); q = 1 gives the support's upper end."""
@@ -250,10 +284,10 @@ class Spliced(_Dist):
     def mean(self) -> float:
         p, u, xi, beta, c = self.tail_prob, self.threshold, self.tail_shape, self.tail_scale, self.max
         m, s, mass = self.median, self.sigma, self._body_mass
-        z_u = math.log(u / m) / s
+        z_u = (math.log(u) - math.log(m)) / s
         full = m * math.exp(s * s / 2)
         if c is not None and c <= u:
-            z_c = math.log(c / m) / s
+            z_c = (math.log(c) - math.log(m)) / s
             body = (full * _Phi(z_c - s) + c * (mass - _Phi(z_c))) / mass
             return (1 - p) * body + p * c
         body = full * _Phi(z_u - s) / mass
@@ -270,8 +304,8 @@ class Spliced(_Dist):
 
 
 class Component(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    weight: Annotated[float, Field(gt=0)]
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    weight: Annotated[float, Field(gt=0, le=1e9)]
     dist: "Distribution"
 
 

@@ -8,6 +8,7 @@ Cross-field rules (pools that must exist, GPU budgets, divisibility) are checked
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from functools import cached_property
 from typing import Annotated, Any, Literal
@@ -27,8 +28,18 @@ MODES = ("sync", "sync+", "one-off", "areal", "rollart")
 Mode = Literal["sync", "sync+", "one-off", "areal", "rollart"]
 
 
+# Upper bounds on counts a user writes: far above any real cluster or run, low enough that a
+# typo (batch_size: 1000000) is an error naming the field instead of an hour-long simulation.
+Count = Annotated[int, Field(gt=0, le=1_000_000)]
+# A simulation that would handle more generation requests than this is refused with its
+# estimate (about an hour of wall time at the simulator's ~3-12 k requests/s on one core);
+# ROLLART_MAX_SIM_REQUESTS raises (or, in tests, lowers) it.
+MAX_SIM_REQUESTS = 20_000_000
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: .inf / .nan anywhere is "Input should be a finite number"
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- cluster
@@ -47,14 +58,14 @@ class GpuType(_Strict):
 
 class GpuPool(_Strict):
     gpu: str = Field(description="GPU type: a preset (H800, H20, H100, H200, A100) or a cluster.custom_gpus name")
-    count: PosInt
+    count: Count
     cluster: str = Field("inference", description="physical cluster the pool sits in (links between clusters are slow)")
     profile: str | None = Field(None, description="cost profile YAML (from `rollart calibrate fit`), or 'datasheet' "
                                                   "for the roofline; default: the shipped profile of the GPU type")
 
 
 class CpuPool(_Strict):
-    cores: PosInt
+    cores: Annotated[int, Field(gt=0, le=100_000_000)]
     # Time an env call spends outside the env itself (the RPC to the env worker, its thread
     # hand-off), added to every reset / step drawn from the task's distributions; `rollart
     # validate` measures it on the machine at hand.
@@ -67,7 +78,7 @@ class Serverless(_Strict):
 
     gpu: str = "H800"
     cold_start_s: NonNegFloat = 8.0
-    max_concurrency: PosInt = 64
+    max_concurrency: Count = 64
     per_call_overhead_s: NonNegFloat = 0.03
     scale_down_idle_s: NonNegFloat = 30.0
 
@@ -126,16 +137,16 @@ class ModelSpec(_Strict):
     """Transformer geometry; ``preset`` fills every field not given explicitly."""
 
     name: str = "custom"
-    layers: PosInt
-    hidden: PosInt
-    heads: PosInt
-    kv_heads: PosInt
-    head_dim: PosInt
-    intermediate: PosInt
-    vocab: PosInt
+    layers: Annotated[int, Field(gt=0, le=10_000)]
+    hidden: Annotated[int, Field(gt=0, le=1_000_000)]
+    heads: Annotated[int, Field(gt=0, le=100_000)]
+    kv_heads: Annotated[int, Field(gt=0, le=100_000)]
+    head_dim: Annotated[int, Field(gt=0, le=100_000)]
+    intermediate: Annotated[int, Field(gt=0, le=10_000_000)]
+    vocab: Annotated[int, Field(gt=0, le=100_000_000)]
     tied_embeddings: bool = False
-    moe_experts: NonNegInt = 0
-    moe_active_experts: NonNegInt = 0
+    moe_experts: Annotated[int, Field(ge=0, le=100_000)] = 0
+    moe_active_experts: Annotated[int, Field(ge=0, le=100_000)] = 0
 
     @model_validator(mode="before")
     @classmethod
@@ -200,7 +211,7 @@ class EnvSpec(_Strict):
     step: Distribution = Field(description="seconds per env.step")
     failure_prob: Probability = 0.0
     timeout_s: PosFloat = 600.0
-    max_retries: NonNegInt = 1
+    max_retries: Annotated[int, Field(ge=0, le=100)] = 1
     retry_backoff_s: NonNegFloat = 1.0
     cpu_cores: PosFloat = 1.0
     pool: str | None = Field(None, description="CPU pool; the first one when omitted")
@@ -221,7 +232,7 @@ class TaskSpec(_Strict):
     prompt_tokens: Distribution = Field(default_factory=lambda: Constant(value=512))
     obs_tokens: Distribution
     response_tokens: Distribution
-    max_context_tokens: PosInt = 32768
+    max_context_tokens: Annotated[int, Field(gt=0, le=10_000_000)] = 32768
     env: EnvSpec
     reward: Literal["rule", "llm_judge"] = "rule"
 
@@ -240,20 +251,20 @@ class TaskSpec(_Strict):
 
 class TrainerPlacement(_Strict):
     pool: str
-    gpus: PosInt
-    tp: PosInt = 1
-    pp: PosInt = 1
+    gpus: Count
+    tp: Count = 1
+    pp: Count = 1
     mfu: Annotated[float, Field(gt=0, le=1)] = 0.35
-    micro_batches: PosInt = 16
+    micro_batches: Count = 16
     profile: str | None = Field(None, description="measured train profile YAML (written by `rollart validate`): "
                                                   "step time and weight hand-off instead of the FLOPs/MFU model")
 
 
 class GenerationGroup(_Strict):
     pool: str
-    workers: PosInt
-    tp: PosInt = 1
-    max_num_seqs: PosInt = 256
+    workers: Count
+    tp: Count = 1
+    max_num_seqs: Count = 256
     role: Literal["both", "prefill", "decode"] = "both"
 
 
@@ -277,20 +288,20 @@ class Placement(_Strict):
 
 
 class Algorithm(_Strict):
-    batch_size: PosInt = Field(description="trajectories per training batch")
-    group_size: PosInt = 8
-    alpha: NonNegInt = 1
-    redundancy: NonNegFloat = 0.0
-    steps: PosInt = 5
+    batch_size: Count = Field(description="trajectories per training batch")
+    group_size: Annotated[int, Field(gt=0, le=10_000)] = 8
+    alpha: Annotated[int, Field(ge=0, le=1000)] = 1
+    redundancy: Annotated[float, Field(ge=0, le=16)] = 0.0
+    steps: Count = 5
     mode: Mode = "rollart"
-    seed: NonNegInt = 0
-    max_refills_per_group: NonNegInt = 16
-    max_sim_hours: PosFloat = 240.0
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+    max_refills_per_group: Annotated[int, Field(ge=0, le=1000)] = 16
+    max_sim_hours: Annotated[float, Field(gt=0, le=1e6)] = 240.0
 
 
 class WeightSync(_Strict):
     transport: Literal["nccl_broadcast", "bucketed_store"] = "bucketed_store"
-    bucket_mb: PosFloat = 1024.0
+    bucket_mb: Annotated[float, Field(ge=1e-3, le=1e7)] = 1024.0  # 1 KiB … 10 TiB
     link: str = "cross_cluster"
     h2d_gbps: PosFloat = Field(200.0, description="host-to-device copy when swapping pulled weights in")
 
@@ -376,6 +387,12 @@ class RuntimeSection(_Strict):
     reward_retries: NonNegInt = 2
     inject_env_latency: bool = True
     num_cpus: PosInt | None = None
+    max_reward_failure_rate: float = Field(0.2, ge=0.0, le=1.0, description=(
+        "stop the run when more than this share of a step's reward calls fail (a failed reward "
+        "fails its trajectory, which is refilled; it is never scored 0)"))
+    allow_external_listeners: bool = Field(False, description=(
+        "let services that cannot bind loopback listen on all interfaces: the Mooncake store's "
+        "transfer engine (unauthenticated). Off: weight_store=mooncake falls back to Ray's object store"))
 
 
 # ---------------------------------------------------------------- the plan
@@ -506,9 +523,38 @@ def _cross_problems(plan: Plan) -> list[str]:
             out.append(f"tasks.{t.name}.env.pool: unknown CPU pool '{t.env.pool}'; "
                        f"CPU pools are: {', '.join(cpu_pools)}")
         pool = t.env.pool or (cpu_pools[0] if cpu_pools else None)
-        if pool and t.env.cpu_cores > c.cpu_pools[pool].cores:
+        if pool in c.cpu_pools and t.env.cpu_cores > c.cpu_pools[pool].cores:
             out.append(f"tasks.{t.name}.env.cpu_cores: {t.env.cpu_cores} exceeds CPU pool '{pool}' "
                        f"({c.cpu_pools[pool].cores} cores)")
         if math.isinf(t.turns.mean()):
             out.append(f"tasks.{t.name}.turns: the distribution has no finite mean; cap it with 'max'")
+        for field in ("prompt_tokens", "obs_tokens", "response_tokens"):
+            m = getattr(t, field).mean()
+            if not m <= t.max_context_tokens:
+                out.append(f"tasks.{t.name}.{field}: mean {m:.4g} tokens exceeds the task's max_context_tokens "
+                           f"({t.max_context_tokens})")
+    if not out:
+        out.extend(_work_problems(plan))
     return out
+
+
+def sim_requests_estimate(plan: Plan) -> float:
+    """About how many generation requests simulating ``plan`` handles: the batches trained plus
+    the α batches started ahead, each member launched with its redundancy, times the mean turns."""
+    a = plan.algorithm
+    share = sum(t.share for t in plan.tasks)
+    turns = sum(t.share * max(1.0, t.turns.mean()) for t in plan.tasks) / share
+    members = math.ceil(a.group_size * (1 + a.redundancy)) / a.group_size
+    return (a.steps + a.alpha) * a.batch_size * members * turns
+
+
+def _work_problems(plan: Plan) -> list[str]:
+    limit = float(os.environ.get("ROLLART_MAX_SIM_REQUESTS", MAX_SIM_REQUESTS))
+    work = sim_requests_estimate(plan)
+    if work <= limit:
+        return []
+    a = plan.algorithm
+    return [f"algorithm: about {work:.3g} generation requests to simulate ((steps {a.steps} + alpha {a.alpha}) × "
+            f"batch_size {a.batch_size} × (1 + redundancy {a.redundancy:g}) × mean turns), over the "
+            f"{limit:.3g} limit (about an hour here); lower algorithm.steps, batch_size, alpha or redundancy, "
+            "or raise ROLLART_MAX_SIM_REQUESTS"]
