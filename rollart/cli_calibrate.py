@@ -97,7 +97,8 @@ def show(name: str = typer.Argument(..., help="a shipped GPU profile (h800, h20,
 
 
 @calibrate_app.command()
-def fit(csv_path: Path = typer.Argument(..., help="a CSV written by `rollart calibrate profile`"),
+def fit(csv_path: Path = typer.Argument(..., help="a CSV written by `rollart calibrate profile` (a folder: "
+                                                   "--engine kernels timings → a kernel profile)"),
         gpu: str = typer.Option(..., "--gpu", help="the device name the profile is for (e.g. cpu-local)"),
         model: str = typer.Option("Qwen3-tiny", "--model", help="the model that was profiled"),
         engine: str = typer.Option("torch", "--engine"),
@@ -106,6 +107,10 @@ def fit(csv_path: Path = typer.Argument(..., help="a CSV written by `rollart cal
     from rollart.calibration.engine_fit import EngineFitError, fit_engine_csv
     from rollart.calibration.profiles import save_profile
 
+    if csv_path.is_dir():  # a folder of kernel timings (`calibrate profile --engine kernels`)
+        from rollart.cli_profile import fit_kernels
+
+        return fit_kernels(csv_path, gpu, out)
     if not csv_path.is_file():
         _fail(f"{csv_path}: no such file")
     try:

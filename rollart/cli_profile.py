@@ -1,4 +1,5 @@
-"""``rollart calibrate profile``: measure a whole model's prefill and decode latency here.
+"""``rollart calibrate profile``: measure a whole model's prefill and decode latency here
+(``--engine torch|vllm``), or the kernels the cost model composes (``--engine kernels``).
 
 The command function is registered by ``rollart.cli``; torch, transformers and vLLM are
 imported only when it runs, so the rest of the CLI starts without them."""
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 console = Console()
 err_console = Console(stderr=True)
 
-ENGINES = ("torch", "vllm")
+ENGINES = ("torch", "vllm", "kernels")
 
 
 def _fail(message: str) -> None:
@@ -136,20 +137,30 @@ def calibrate_profile(
     engine: str = typer.Option("torch", "--engine", help=f"inference engine: {', '.join(ENGINES)}"),
     model: str = typer.Option("Qwen3-tiny", "--model",
                               help="preset name or a path to a config.json / model YAML"),
-    out: Path = typer.Option(..., "--out", help="CSV to write (phase,dtype,kv_dtype,batch_size,kv_len,new_tokens,latency_us,mfu)"),
+    out: Path = typer.Option(..., "--out", help="CSV to write (phase,dtype,kv_dtype,batch_size,kv_len,new_tokens,latency_us,mfu); "
+                                                      "a folder with --engine kernels"),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N] (the vllm engine always uses CUDA)"),
     repeats: int = typer.Option(5, "--repeats", min=1, help="timed repeats per point (the median is kept)"),
     peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", min=0.0,
                                                 help="peak TFLOP/s for MFU; measured with a matmul if omitted"),
     tp: int = typer.Option(1, "--tp", min=1, help="tensor parallel size (vllm)"),
+    shapes: Optional[str] = typer.Option(None, "--shapes",
+                                         help="kernels: 'full' (Qwen3-8B/14B/32B layers; default on CUDA) or "
+                                              "'tiny' (Qwen3-tiny; default on CPU)"),
 ) -> None:
-    """Measure prefill and decode latency of a whole model over a grid on this machine."""
+    """Measure prefill and decode latency of a whole model over a grid on this machine
+    (--engine kernels: time GEMMs, attention and a device copy into the folder --out)."""
     if engine not in ENGINES:
         _fail(f"--engine: unknown engine '{engine}'; engines are: {', '.join(ENGINES)}")
     if device != "cpu" and not device.startswith("cuda"):
         _fail(f"--device: '{device}' is not a device; use cpu or cuda[:N]")
     if peak_tflops is not None and peak_tflops <= 0:
         _fail("--peak-tflops: must be positive")
+    if engine == "kernels":
+        profile_kernels_cli(out, device, shapes, repeats, peak_tflops)
+        return
+    if shapes is not None:
+        _fail("--shapes: only for --engine kernels")
     try:
         spec, hf_path = resolve_model(model)
     except ValueError as exc:
@@ -204,4 +215,79 @@ def calibrate_profile(
     console.print(f"[dim]wrote {escape(str(out))}[/]", highlight=False)
 
 
-__all__ = ["calibrate_profile", "estimate_bytes", "resolve_model", "summary_tables"]
+def profile_kernels_cli(out: Path, device: str, shapes: Optional[str], repeats: int,
+                        peak_tflops: Optional[float]) -> None:
+    """``--engine kernels``: time the grid's kernels into the folder ``out`` (see
+    ``rollart.calibration.gpu_kernels``)."""
+    import shlex
+    import sys
+
+    from rollart.calibration import gpu_kernels as gk
+
+    shapes = shapes or ("full" if device.startswith("cuda") else "tiny")
+    if shapes not in gk.GRIDS:
+        _fail(f"--shapes: unknown shapes '{shapes}'; use one of {', '.join(gk.GRIDS)}")
+    if out.exists() and not out.is_dir():
+        _fail(f"--out: {out} is a file; --engine kernels writes a folder")
+    try:
+        import torch
+    except ImportError:
+        _fail("--engine kernels: torch is not installed")
+        return
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            _fail(f"--device: {device}: no CUDA GPU here (torch {torch.__version__}, cuda build "
+                  f"{torch.version.cuda or 'none'})")
+        try:
+            torch.device(device)
+            torch.cuda.get_device_properties(device)
+        except (RuntimeError, AssertionError, ValueError) as exc:
+            _fail(f"--device: cannot use '{device}': {str(exc).splitlines()[0]}")
+    grid = gk.GRIDS[shapes]
+    command = shlex.join(["rollart", "calibrate", "profile", *sys.argv[3:]]) if len(sys.argv) > 3 else ""
+    t0 = time.perf_counter()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task(f"timing kernels ({shapes}) on {device}", total=len(grid))
+        info = gk.profile_kernels(out, device, grid, repeats=repeats, peak_tflops=peak_tflops, command=command,
+                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
+    rows = info["rows"]
+    console.print(f"[dim]{sum(rows.values())} kernels in {time.perf_counter() - t0:.1f} s on {escape(info['gpu'])} "
+                  f"({info['dtype']}): " + ", ".join(f"{k} {v}" for k, v in rows.items())
+                  + f" · peak {info['peak_tflops']:,.4g} TFLOP/s ({info['peak_source'].split(' ')[0]}) · "
+                  f"copy {info['copy_tbps']:.4g} TB/s[/]", highlight=False)
+    console.print(f"[dim]wrote {escape(str(out))}/ ({', '.join([*gk.FILES.values(), gk.PROVENANCE])}); fit it with "
+                  f"`rollart calibrate fit {escape(str(out))} --gpu <name>`[/]", highlight=False)
+
+
+def fit_kernels(folder: Path, gpu: str, out: Optional[Path]) -> None:
+    """``rollart calibrate fit FOLDER``: a kernel profile from ``--engine kernels`` timings, its
+    held-out MAPE and the datasheet roofline's error per kernel family."""
+    from rollart.calibration import gpu_kernels as gk
+    from rollart.calibration.profiles import save_profile
+
+    try:
+        profile = gk.fit_profile(folder, gpu)
+        table = gk.compare_roofline(folder, gpu, profile)
+    except gk.KernelDataError as exc:
+        _fail(str(exc))
+        return
+    out = out or Path(f"{gpu.lower()}.yaml")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_profile(profile, out, header=f"{profile.gpu} kernel profile fitted from {folder} by `rollart calibrate fit`.\n"
+                                      "Measured kernel timings; see the folder's provenance.json.")
+    for label, c in (("gemm", profile.gemm), ("attn prefill", profile.attn_prefill),
+                     ("attn decode", profile.attn_decode)):
+        console.print(f"{label}: held-out MAPE {_pct(c.mape_heldout)} ({c.heldout_rows} of {c.rows + c.heldout_rows} rows)")
+    fe = profile.fit_error
+    console.print(f"held-out MAPE: prefill {_pct(fe.prefill_mape_heldout)} · decode {_pct(fe.decode_mape_heldout)}")
+    typer.echo(gk.format_table(table, f"datasheet roofline vs measured on {gpu}"))  # unwrapped: a Markdown table
+    console.print(f"wrote {escape(str(out))}; use it with cluster.gpu_pools.<pool>.profile: {escape(str(out))}")
+
+
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+__all__ = ["calibrate_profile", "estimate_bytes", "fit_kernels", "profile_kernels_cli", "resolve_model",
+           "summary_tables"]
