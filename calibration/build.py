@@ -23,18 +23,27 @@ SMS = {"H800": 132, "H20": 78, "H100": 132}
 PREFILL_TOKENS = 512  # GEMM rows with at least this many tokens count as prefill-like, the rest decode-like
 
 GEMM_FORMULA = "t0 + max(2mkn / (P·e_max·m/(m+m_half)), 2(mk+kn+mn) / (BW·e_mem))"
+GEMM_FP8_FORMULA = "t0 + max(2mkn / (2P·e_max·m/(m+m_half)), (mk+kn+2mn) / (BW·e_mem))"
+FP8_PEAK_RATIO = 2.0  # Hopper dense FP8 tensor-core peak = 2 × BF16 (H800 1979, H20 296 TFLOP/s)
 PREFILL_FORMULA = "t0 + 4·H·d·(S²/2) / (P·e_max·S/(S+s_half))"
 DECODE_FORMULA = ("t0 + t_seq·B + max(4·H·d·B·L / (P·e_c), 2·B·L·H_kv·d·2 / (BW·e_bw)) / occ; occ = 1 with "
                   "split-KV, min(1, B·H_kv / n_sm) for the geometries marked unsplit_<H>_<H_kv>_<d>")
 COLLECTIVE_FORMULA = "alpha_s + 2(n−1)/n · bytes / (beta_gbps·1e9/8)"
 
 
-def _component(fit: K.Fit, formula: str, files: list[str], derived: str | None = None) -> ComponentFit:
+def _component(fit: K.Fit, formula: str, files: list[str], derived: str | None = None,
+               dtype: str | None = None) -> ComponentFit:
     return ComponentFit(formula=formula, params={k: float(f"{v:.6g}") for k, v in fit.params.items()},
                         data=files, rows=fit.rows, heldout_rows=fit.heldout_rows,
                         mape_train=round(fit.mape_train, 4),
                         mape_heldout=None if np.isnan(fit.mape_heldout) else round(fit.mape_heldout, 4),
-                        derived=derived)
+                        derived=derived, dtype=dtype)
+
+
+def _fp8_rows(gpu: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """DeepGEMM FP8 timings as measured (the reader returns them × FP8_TO_BF16, its BF16 estimate)."""
+    X, y, files = D.infersim_gemm(gpu)
+    return X, y / D.FP8_TO_BF16, files
 
 
 def _heldout_ape(predict, X: np.ndarray, y: np.ndarray, params: dict[str, float],
@@ -52,57 +61,13 @@ def build(gpu: str) -> KernelProfile:
     assumptions = [f"iteration overhead {ITERATION_OVERHEAD_S * 1e3:.0f} ms per engine step (scheduling, sampling, "
                    "launch) is assumed: kernel timings do not contain it"]
     prefill_ape: list[np.ndarray] = []
-    gemm_scale: dict[str, float] = {}
     decode_ape: list[np.ndarray] = []
 
-    # GEMM ---------------------------------------------------------------------------
-    gemm_predict = lambda x, p: K.gemm_time(x, p, peak, bw)  # noqa: E731
-    if gpu == "h20":
-        X, y, files = D.infersim_gemm("h20")
-        fit = K.fit_gemm(X, y, peak, bw)
-        gemm = _component(fit, GEMM_FORMULA, files, derived="BF16 time = 2 × measured DeepGEMM FP8 time")
-        hx, hy, _ = D.vidur_h100_gemm()
-        h800_peak, h800_bw = GPU_PRESETS["H800"]["tflops_bf16"] * 1e12, GPU_PRESETS["H800"]["hbm_tbps"] * 1e12
-        h100 = K.fit_gemm(hx, hy, h800_peak, h800_bw)
-        ix, iy, _ = D.infersim_gemm("h800")
-        check = K.mape(K.gemm_time(ix, h100.params, h800_peak, h800_bw), iy)
-        # On H800 both exist: BF16 (H100 silicon, cuBLAS) and 2 × FP8 (DeepGEMM). Their fitted
-        # efficiencies differ; carry that ratio over to H20's FP8-derived fit (same architecture).
-        fp8 = K.fit_gemm(ix, iy, h800_peak, h800_bw)
-        gemm_scale = {k: round(h100.params[k] / fp8.params[k], 4) for k in ("e_max", "e_mem")}
-        assumptions.append(f"no BF16 GEMM timings for H20: fitted to 2 × FP8 (half the peak, twice the bytes). On "
-                           f"H800 that rule differs from H100 BF16 measurements by {check:.0%} MAPE, and BF16 "
-                           f"reaches e_max × {gemm_scale['e_max']:g} and e_mem × {gemm_scale['e_mem']:g} of the FP8 "
-                           "fit's efficiencies; the H20 composition applies those ratios")
-    else:
-        X, y, files = D.vidur_h100_gemm()
-        fit = K.fit_gemm(X, y, peak, bw)
-        gemm = _component(fit, GEMM_FORMULA, files,
-                          derived=None if gpu == "h100" else "H100 BF16 timings (same Hopper compute silicon and "
-                                                                "3.35 TB/s HBM3 as H800)")
-    prefill_ape.append(_heldout_ape(gemm_predict, X, y, fit.params, X[:, 0] >= PREFILL_TOKENS))
-    decode_ape.append(_heldout_ape(gemm_predict, X, y, fit.params, X[:, 0] < PREFILL_TOKENS))
-
-    # Prefill attention -----------------------------------------------------------------
-    X, y, files = D.infersim_prefill_attention("h20")
-    h20_peak = GPU_PRESETS["H20"]["tflops_bf16"] * 1e12
-    fit = K.fit_prefill_attention(X, y, h20_peak)
-    if gpu == "h20":
-        attn_prefill = _component(fit, PREFILL_FORMULA, files)
-        prefill_ape.append(_heldout_ape(lambda x, p: K.prefill_attention_time(x, p, peak), X, y, fit.params))
-    else:
-        params = dict(fit.params, e_max=min(fit.params["e_max"], FA3_H100_BF16_UTILISATION))
-        attn_prefill = ComponentFit(formula=PREFILL_FORMULA, params={k: float(f"{v:.6g}") for k, v in params.items()},
-                                    data=files, derived=f"no {key} prefill timings: H20's FlashAttention-3 efficiency "
-                                    f"curve with e_max capped at {FA3_H100_BF16_UTILISATION} (FA3's reported BF16 "
-                                    "utilisation on H100)")
-        assumptions.append(attn_prefill.derived or "")
-
-    # Decode attention: one model over every measured head geometry -------------------------
+    # Decode attention first: its bandwidth term is this GPU's measured streaming rate --------
     source = "h800" if gpu == "h100" else gpu
     X, y, files = D.infersim_decode_attention(source)
     fit = K.fit_decode_attention(X, y, peak, bw, SMS[key])
-    attn_decode = _component(fit, DECODE_FORMULA, files,
+    attn_decode = _component(fit, DECODE_FORMULA, files, dtype="bf16 (BF16 KV cache; FP8 KV reads 1 byte per element)",
                              derived="H800 FlashInfer timings (same HBM3 bandwidth)" if gpu == "h100" else None)
     decode_ape.append(_heldout_ape(lambda x, p: K.decode_attention_time(x, p, peak, bw), X, y, fit.params))
     unsplit = sorted(k[len(K.UNSPLIT):].replace("_", "-") for k, v in fit.params.items()
@@ -112,11 +77,72 @@ def build(gpu: str) -> KernelProfile:
                            f"without split-KV (flat in the batch until batch × KV heads fills the {SMS[key]} SMs); "
                            "the composition applies that occupancy to this geometry only, all others split")
 
+    # GEMM ---------------------------------------------------------------------------
+    # A weight-read-bound GEMM streams its weights at the rate the memory system sustains; the
+    # FP8 kernel's own small-m byte rate (DeepGEMM on H20 reads at ~0.48 of 4.0 TB/s, about the
+    # same ~24 GB/s per SM it reaches on H800) is a property of that kernel, not of HBM.
+    h800_peak, h800_bw = GPU_PRESETS["H800"]["tflops_bf16"] * 1e12, GPU_PRESETS["H800"]["hbm_tbps"] * 1e12
+    hx, hy, vidur_files = D.vidur_h100_gemm()
+    h100 = K.fit_gemm(hx, hy, h800_peak, h800_bw)  # measured BF16 GEMMs (H100 silicon = H800's)
+    fp8_gpu = "h800" if gpu == "h100" else gpu
+    fx, fy, fp8_files = _fp8_rows(fp8_gpu)
+    fp8 = K.fit_gemm(fx, fy, FP8_PEAK_RATIO * peak, bw, K.FP8_BYTES)
+    gemm_fp8 = _component(fp8, GEMM_FP8_FORMULA, fp8_files, dtype="fp8 (DeepGEMM, FP8 peak = 2 × BF16)",
+                          derived=("H800 DeepGEMM timings (same Hopper compute silicon)" if gpu == "h100" else None))
+    gemm_predict = lambda x, p: K.gemm_time(x, p, peak, bw)  # noqa: E731
+    if gpu == "h20":
+        # no BF16 GEMM timings for H20: compute from the FP8 fit times the BF16/FP8 efficiency ratio
+        # measured on H800 (both kinds exist there), weight reads at H20's memory-system rate
+        ix, iy, _ = _fp8_rows("h800")
+        h800_fp8 = K.fit_gemm(ix, iy, FP8_PEAK_RATIO * h800_peak, h800_bw, K.FP8_BYTES)
+        e_max_ratio = round(h100.params["e_max"] / h800_fp8.params["e_max"], 4)
+        h800_e_bw = K.fit_decode_attention(*D.infersim_decode_attention("h800")[:2], h800_peak, h800_bw,
+                                           SMS["H800"]).params["e_bw"]
+        stream_ratio = round(fit.params["e_bw"] / h800_e_bw, 4)
+        params = {"t0": fp8.params["t0"], "e_max": min(1.0, fp8.params["e_max"] * e_max_ratio),
+                  "m_half": fp8.params["m_half"], "e_mem": min(1.0, h100.params["e_mem"] * stream_ratio)}
+        gemm = ComponentFit(formula=GEMM_FORMULA, params={k: float(f"{v:.6g}") for k, v in params.items()},
+                            data=fp8_files + vidur_files + files, dtype="bf16",
+                            derived=(f"compute: H20 DeepGEMM FP8 fit (t0, m_half) with e_max × {e_max_ratio:g} (H800 "
+                                     f"BF16 ÷ FP8 fitted e_max); weight reads: H800 BF16 GEMM e_mem × {stream_ratio:g} "
+                                     f"(H20 ÷ H800 decode-attention streaming efficiency, "
+                                     f"{fit.params['e_bw']:.3g} ÷ {h800_e_bw:.3g})"))
+        assumptions.append(gemm.derived or "")
+        # held-out GEMM error: the measured FP8 rows the BF16 model derives from, as the FP8 fit predicts them
+        X, y, held_fit = fx, fy, fp8
+        gemm_predict = lambda x, p: K.gemm_time(x, p, FP8_PEAK_RATIO * peak, bw, K.FP8_BYTES)  # noqa: E731
+    else:
+        X, y, held_fit = hx, hy, h100
+        gemm = _component(h100, GEMM_FORMULA, vidur_files, dtype="bf16",
+                          derived=None if gpu == "h100" else "H100 BF16 timings (same Hopper compute silicon and "
+                                                                "3.35 TB/s HBM3 as H800)")
+    assumptions.append(f"FP8 weights: GEMM compute from the DeepGEMM FP8 fit (t0, e_max, m_half) at "
+                       f"{FP8_PEAK_RATIO:g} × the BF16 peak; weight reads at the BF16 GEMM's memory-system rate "
+                       f"(e_mem {gemm.params['e_mem']:.3g}) with 1 byte per weight, not at DeepGEMM's small-m rate "
+                       f"(e_mem {fp8.params['e_mem']:.3g})")
+    prefill_ape.append(_heldout_ape(gemm_predict, X, y, held_fit.params, X[:, 0] >= PREFILL_TOKENS))
+    decode_ape.append(_heldout_ape(gemm_predict, X, y, held_fit.params, X[:, 0] < PREFILL_TOKENS))
+
+    # Prefill attention -----------------------------------------------------------------
+    X, y, files = D.infersim_prefill_attention("h20")
+    h20_peak = GPU_PRESETS["H20"]["tflops_bf16"] * 1e12
+    fit = K.fit_prefill_attention(X, y, h20_peak)
+    if gpu == "h20":
+        attn_prefill = _component(fit, PREFILL_FORMULA, files, dtype="bf16")
+        prefill_ape.append(_heldout_ape(lambda x, p: K.prefill_attention_time(x, p, peak), X, y, fit.params))
+    else:
+        params = dict(fit.params, e_max=min(fit.params["e_max"], FA3_H100_BF16_UTILISATION))
+        attn_prefill = ComponentFit(formula=PREFILL_FORMULA, params={k: float(f"{v:.6g}") for k, v in params.items()},
+                                    data=files, dtype="bf16", derived=f"no {key} prefill timings: H20's FlashAttention-3 efficiency "
+                                    f"curve with e_max capped at {FA3_H100_BF16_UTILISATION} (FA3's reported BF16 "
+                                    "utilisation on H100)")
+        assumptions.append(attn_prefill.derived or "")
+
     # All-reduce (tensor parallel), from 8×H100 NVLink ------------------------------------
     X, y, files = D.vidur_collective("all_reduce", intra_node=True)
     fit = K.fit_collective(X, y)
     scale = sheet["nvlink_gbps"] / GPU_PRESETS["H100"]["nvlink_gbps"]
-    allreduce = _component(fit, COLLECTIVE_FORMULA, files)
+    allreduce = _component(fit, COLLECTIVE_FORMULA, files, dtype="bf16 activations")
     if scale != 1.0:
         allreduce.params["beta_gbps"] = float(f"{fit.params['beta_gbps'] * scale:.6g}")
         allreduce.derived = f"H100 NVLink fit with bandwidth × {scale:.3g} ({key} NVLink {sheet['nvlink_gbps']:.0f} GB/s)"
@@ -129,7 +155,8 @@ def build(gpu: str) -> KernelProfile:
             + f" for prefill; GEMMs with < {PREFILL_TOKENS} tokens and decode attention for decode")
     return KernelProfile(
         gpu=key, peak_tflops_bf16=sheet["tflops_bf16"], hbm_tbps=sheet["hbm_tbps"],
-        iteration_overhead_s=ITERATION_OVERHEAD_S, gemm=gemm, gemm_bf16_scale=gemm_scale,
+        peak_tflops_fp8=FP8_PEAK_RATIO * sheet["tflops_bf16"],
+        iteration_overhead_s=ITERATION_OVERHEAD_S, gemm=gemm, gemm_fp8=gemm_fp8,
         attn_prefill=attn_prefill, attn_decode=attn_decode,
         allreduce=allreduce,
         fit_error=PhaseError(prefill_mape_heldout=round(float(prefill.mean()), 4),

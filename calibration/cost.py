@@ -40,10 +40,9 @@ class KernelProfileGeneration:
         # (batch × KV heads) part of the GPU idles (kernels.decode_attention_time)
         d = profile.attn_decode.params
         self._decode_sms = d.get("n_sm", 0.0) if d.get(unsplit_key(heads, kv, model.head_dim)) else 0.0
-        # BF16 GEMM efficiencies: the fit, scaled when it was made on FP8 timings (profile says so)
+        # BF16 GEMM: compute efficiencies and the GPU's weight-read (memory-system) efficiency e_mem,
+        # as the profile derives them (profile.gemm.derived says how when not measured)
         self._gemm = dict(profile.gemm.params)
-        for key, factor in profile.gemm_bf16_scale.items():
-            self._gemm[key] = min(1.0, self._gemm[key] * factor)
 
     def _gemms(self, m: int, shapes: list[tuple[float, float]]) -> float:
         """Σ gemm_time(m, k, n) — the same formula as ``kernels.gemm_time``, in plain floats

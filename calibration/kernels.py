@@ -4,8 +4,10 @@ Each model is a closed form with a few parameters, fitted with ``scipy.optimize.
 on log-latency (so a 10 µs kernel and a 60 ms kernel weigh alike), and scored by the mean
 absolute percentage error (MAPE) on rows held out of the fit.
 
-* GEMM (m tokens × k → n):      t = t0 + max(2mkn / (P·e(m)), 2(mk + kn + mn) / (BW·e_mem)),
-                                e(m) = e_max · m / (m + m_half)
+* GEMM (m tokens × k → n):      t = t0 + max(2mkn / (P·e(m)), (b_a·mk + b_w·kn + b_o·mn) / (BW·e_mem)),
+                                e(m) = e_max · m / (m + m_half); b_a, b_w, b_o bytes per activation,
+                                weight and output element (BF16: 2, 2, 2; DeepGEMM FP8: 1, 1, 2, at
+                                the FP8 peak P = 2 × BF16)
 * prefill attention (causal):   t = t0 + 4·H·d·(S²/2) / (P·e(S)),  e(S) = e_max · S / (S + S_half)
 * decode attention (B seqs × L): t = t0 + t_seq·B
                                     + max(4·H·d·B·L / (P·e_c), B·L·2·H_kv·d·b_kv / (BW·e_bw)) / occ
@@ -71,17 +73,24 @@ def fit_model(predict: Callable[[np.ndarray, dict[str, float]], np.ndarray], X: 
 # ---------------------------------------------------------------- GEMM
 
 
-def gemm_time(X: np.ndarray, p: dict[str, float], peak_flops: float, bw: float) -> np.ndarray:
-    """X columns: m, k, n. BF16 operands (2 bytes)."""
+BF16_BYTES = (2.0, 2.0, 2.0)  # bytes per activation, weight, output element
+FP8_BYTES = (1.0, 1.0, 2.0)   # DeepGEMM: FP8 activations and weights, BF16 output
+
+
+def gemm_time(X: np.ndarray, p: dict[str, float], peak_flops: float, bw: float,
+              nbytes: tuple[float, float, float] = BF16_BYTES) -> np.ndarray:
+    """X columns: m, k, n; ``nbytes`` the operands' bytes per element (activation, weight, output)
+    and ``peak_flops`` the datasheet peak of that dtype."""
     m, k, n = X[:, 0], X[:, 1], X[:, 2]
     eff = p["e_max"] * m / (m + p["m_half"])
     compute = 2 * m * k * n / (peak_flops * eff)
-    memory = 2 * (m * k + k * n + m * n) / (bw * p["e_mem"])
+    memory = (nbytes[0] * m * k + nbytes[1] * k * n + nbytes[2] * m * n) / (bw * p["e_mem"])
     return p["t0"] + np.maximum(compute, memory)
 
 
-def fit_gemm(X: np.ndarray, y: np.ndarray, peak_flops: float, bw: float) -> Fit:
-    return fit_model(lambda x, p: gemm_time(x, p, peak_flops, bw), X, y,
+def fit_gemm(X: np.ndarray, y: np.ndarray, peak_flops: float, bw: float,
+             nbytes: tuple[float, float, float] = BF16_BYTES) -> Fit:
+    return fit_model(lambda x, p: gemm_time(x, p, peak_flops, bw, nbytes), X, y,
                      ["t0", "e_max", "m_half", "e_mem"], [5e-6, 0.7, 64, 0.7], [0, 0.05, 1, 0.05], [1e-3, 1, 1e5, 1])
 
 

@@ -33,9 +33,14 @@ def _panels(profile: Profile) -> list[tuple[str, np.ndarray, np.ndarray]]:
         return []
     gpu = profile.gpu.lower()
     peak, bw = profile.peak_tflops_bf16 * 1e12, profile.hbm_tbps * 1e12
-    gemm = D.infersim_gemm("h20") if gpu == "h20" else D.vidur_h100_gemm()
-    panels = [("GEMM" + (" (2 × FP8)" if gpu == "h20" else " (H100 BF16)"), gemm[1],
-               K.gemm_time(gemm[0], profile.gemm.params, peak, bw))]
+    if gpu == "h20" and profile.gemm_fp8 is not None:  # no BF16 GEMM timings: the FP8 ones it derives from
+        X, y, _ = D.infersim_gemm("h20")
+        y = y / D.FP8_TO_BF16
+        panels = [("GEMM (DeepGEMM FP8)", y, K.gemm_time(X, profile.gemm_fp8.params, (profile.peak_tflops_fp8 or 0) * 1e12,
+                                                         bw, K.FP8_BYTES))]
+    else:
+        X, y, _ = D.vidur_h100_gemm()
+        panels = [("GEMM (H100 BF16)", y, K.gemm_time(X, profile.gemm.params, peak, bw))]
     if profile.attn_prefill.derived is None:
         X, y, _ = D.infersim_prefill_attention(gpu)
         panels.append(("prefill attention", y, K.prefill_attention_time(X, profile.attn_prefill.params, peak)))

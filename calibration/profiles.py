@@ -35,6 +35,7 @@ class ComponentFit(BaseModel):
     mape_train: float | None = None
     mape_heldout: float | None = None
     derived: str | None = Field(None, description="set when not measured on this GPU: how it was derived")
+    dtype: str | None = Field(None, description="the operand dtype the term models (kernel profiles)")
 
 
 class PhaseError(BaseModel):
@@ -50,12 +51,13 @@ class KernelProfile(BaseModel):
     kind: Literal["kernel"] = "kernel"
     gpu: str
     peak_tflops_bf16: float
+    peak_tflops_fp8: float | None = None
     hbm_tbps: float
     iteration_overhead_s: float
-    gemm: ComponentFit
-    # Multipliers on the fitted GEMM efficiencies (e_max, e_mem) when the fit is to FP8 timings:
-    # the BF16/FP8 ratio measured on another Hopper GPU. Empty when BF16 was measured.
-    gemm_bf16_scale: dict[str, float] = Field(default_factory=dict)
+    gemm: ComponentFit  # BF16 weights; params["e_mem"] is the GPU's weight-read (memory-system) efficiency
+    # FP8 weights: the compute terms (t0, e_max, m_half) of measured FP8 GEMMs; their weight reads use
+    # gemm's e_mem (the byte rate is the memory system's, not the FP8 kernel's). None: not measured.
+    gemm_fp8: ComponentFit | None = None
     attn_prefill: ComponentFit
     attn_decode: ComponentFit
     allreduce: ComponentFit

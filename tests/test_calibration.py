@@ -38,7 +38,8 @@ def test_heldout_error_stays_under_the_reported_limit(built) -> None:
     prefill_limit, decode_limit = LIMITS[gpu]
     assert profile.fit_error.prefill_mape_heldout <= prefill_limit
     assert profile.fit_error.decode_mape_heldout <= decode_limit
-    assert profile.gemm.mape_heldout < 0.10 and profile.attn_decode.mape_heldout < 0.15
+    measured = profile.gemm if profile.gemm.mape_heldout is not None else profile.gemm_fp8  # H20: FP8 timings only
+    assert measured.mape_heldout < 0.10 and profile.attn_decode.mape_heldout < 0.15
 
 
 def test_shipped_profile_is_what_the_data_gives(built) -> None:
@@ -56,7 +57,10 @@ def test_derivations_are_written_into_the_profile() -> None:
     h800, h20 = build("h800"), build("h20")
     assert h800.attn_prefill.derived and h800.attn_prefill.mape_heldout is None  # no H800 prefill data
     assert "FP8" in (h20.gemm.derived or "")
-    assert any("2 × FP8" in a for a in h20.assumptions)
+    # H20's BF16 weight reads come from its memory system (decode-attention streaming), not DeepGEMM's FP8 rate
+    assert "streaming efficiency" in (h20.gemm.derived or "")
+    assert h20.gemm.params["e_mem"] > 1.5 * h20.gemm_fp8.params["e_mem"]
+    assert h20.gemm.dtype == "bf16" and (h20.gemm_fp8.dtype or "").startswith("fp8")
     # the measured shape of the hardware: H20 reaches ~3/4 of its datasheet KV bandwidth, H800 ~all
     assert 0.65 < h20.attn_decode.params["e_bw"] < 0.85
     assert 0.9 < h800.attn_decode.params["e_bw"] <= 1.05
