@@ -37,6 +37,7 @@ def run(
 
     _check_mode(mode)
     plan = _load(scenario, _overrides(set_, steps, seed))
+    __import__("rollart.preflight").preflight.require_runnable(plan, address)  # before Ray: GPUs, memory
     try:
         import ray  # noqa: F401
     except ImportError:

@@ -100,6 +100,10 @@ def validate(
 
     _check_mode(mode)
     plans = [_load(name, _overrides(set_, steps, seed)) for name in scenarios]
+    from rollart.preflight import require_runnable
+
+    for plan in plans:  # before Ray and torch: does each plan fit this machine?
+        require_runnable(plan)
     try:
         import ray  # noqa: F401
         import torch  # noqa: F401

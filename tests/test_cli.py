@@ -223,3 +223,42 @@ def test_trace_is_a_chrome_trace(tmp_path: Path):
     busy_pids = {e["pid"] for e in complete}
     assert pid_of["trainer"] in busy_pids
     assert any(pid_of[t] in busy_pids for t in tracks if t.startswith("env managers/"))
+
+
+# ---------------------------------------------------------------- run / validate preflight
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_gpu_plan_fails_fast_on_a_machine_without_them(tmp_path: Path, command: str):
+    import time
+
+    from rollart.preflight import Machine
+
+    if Machine.here().gpus >= 16:  # pragma: no cover - a GPU machine can run the default plan
+        pytest.skip("this machine has the GPUs the default plan asks for")
+    t0 = time.perf_counter()
+    proc = rollart(command, "default", "--steps", "1", cwd=tmp_path)
+    elapsed = time.perf_counter() - t0
+    line = assert_clean_usage_error(proc, "runtime.pools", "16 GPUs", "Qwen3-tiny", "--address")
+    assert "scenarios/local" in line
+    assert elapsed < 30, elapsed  # no Ray was started
+
+
+def test_preflight_memory_and_mapping():
+    from rollart.plan import load_plan
+    from rollart.preflight import Machine, problems
+    from rollart.scenarios_catalog import resolve
+
+    small = Machine(gpus=0, cpu_cores=2, memory_available_bytes=8 * 2**30)
+    plan = load_plan(DEFAULT_YAML, ["runtime.pools.h800.devices=cpu", "runtime.pools.h20.devices=cpu"])
+    (msg,) = problems(plan, machine=small)
+    assert msg.startswith("model: Qwen3-8B") and "GiB" in msg and "runtime.model" in msg
+    tiny = load_plan(DEFAULT_YAML, ["runtime.pools.h800.devices=cpu", "runtime.pools.h20.devices=cpu",
+                                    "runtime.model=Qwen3-tiny"])
+    assert problems(tiny, machine=small) == []
+    assert problems(load_plan(DEFAULT_YAML), address="10.0.0.1:6379", machine=small) == []  # the cluster's job
+    assert problems(load_plan(resolve("local/digits")), machine=small) == []
+    gpus = load_plan(DEFAULT_YAML, ["runtime.pools.h800.devices=gpu", "runtime.pools.h800.count=8",
+                                    "runtime.pools.h20.devices=gpu", "runtime.pools.h20.count=8"])
+    assert problems(gpus, machine=Machine(gpus=16, cpu_cores=64, memory_available_bytes=2**40)) == []
+    assert "16 GPUs" in problems(gpus, machine=Machine(gpus=8, cpu_cores=64, memory_available_bytes=2**40))[0]
