@@ -2,23 +2,22 @@
 
 ``reset(seed)`` poses problem ``seed % len(PROBLEMS)`` (a function to write, with examples).
 ``step(action)`` extracts the code (a fenced ```python block, else the text from the first
-``def``/``import``), runs it with the problem's unit tests in a fresh subprocess
-(``sys.executable -I``, own session, empty temp dir as cwd, stdin closed, stdout/stderr to
-files) under limits, and answers with pass/fail, the failing cases and the stderr tail.
-The episode ends after a pass or ``max_attempts`` attempts; reward 1 on a pass, else 0.
+``def``/``import``), runs it in the sandbox of :mod:`.sandbox_launcher` and answers with
+pass/fail, the failing cases and the stderr tail. The episode ends after a pass or
+``max_attempts`` attempts; reward 1 on a pass, else 0.
 
-Limits: ``RLIMIT_CPU`` (soft ``cpu_s``, hard ``cpu_s + 1``: SIGXCPU then SIGKILL),
-``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_FSIZE`` (``output_kb`` for the output files), and a
-wall-clock timeout (``wall_s``; the whole process group is SIGKILLed). By default the limits
-are set by the child's first statements, before the candidate code runs (hard limits are
-lowered too, so the code cannot raise them back). ``limits_in="preexec"`` sets them in
-``preexec_fn`` instead; Python documents ``preexec_fn`` as unsafe when the parent has threads
-(a Ray actor, the EnvWorker's timeout threads), which is why it is not the default.
+The sandbox (one per step, see :mod:`rollart.runtime.envs.sandbox_launcher`): an unprivileged
+uid with no groups and ``no_new_privs``; new network (no interface up), PID, mount, IPC and
+UTS namespaces; ``/`` read-only, a private size-limited ``/tmp``; rlimits on CPU
+(``cpu_s``: SIGXCPU then SIGKILL), address space (``memory_mb``), file size (``output_kb``),
+processes (``nproc``) and open files; a wall-clock limit (``wall_s``). When the step ends the
+whole namespace is killed (children that ``setsid`` too). It needs root (namespaces,
+``setuid``) on Linux; where it cannot be made, :class:`SandboxUnavailable` says why and the
+env refuses to start rather than run model output unconfined.
 
-Not a security sandbox: no network, filesystem or syscall isolation beyond the above. The
-pass verdict is a line with a per-run random token the harness prints after the tests; code
-that reads the harness file could forge it (fine for RL on toy problems, not for untrusted
-production code).
+Verdict: the sandbox receives the code and the test *inputs* and returns the function's
+return values as JSON on a private pipe; the expected outputs stay in this process, which
+compares them (exact types: ``1`` is not ``True``). Nothing the code prints counts.
 
 ``info``: ``passed``, ``status`` (passed | failed | error | no_code | cpu_limit | timeout |
 memory), ``tests_passed``, ``tests_total``, ``returncode``, ``elapsed_s``, ``attempt``.
@@ -26,15 +25,15 @@ memory), ``tests_passed``, ``tests_total``, ``returncode``, ``elapsed_s``, ``att
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
-import resource
-import secrets
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,37 +83,6 @@ PROBLEMS: tuple[Problem, ...] = (
 )
 
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
-_TOKEN_PREFIX = "__ROLLART_RESULT__"
-
-_HARNESS = '''\
-import resource as _r
-{limits}del _r
-import json as _json, sys as _sys
-_TESTS = _json.loads({tests!r})
-_res = {{"tests_total": len(_TESTS), "tests_passed": 0, "failures": []}}
-_ns = {{"__name__": "solution"}}
-with open({solution!r}, encoding="utf-8") as _f:
-    _src = _f.read()
-exec(compile(_src, "solution.py", "exec"), _ns)
-_fn = _ns.get({func!r})
-if not callable(_fn):
-    raise NameError("the code does not define a function named " + {func!r})
-for _args, _want in _TESTS:
-    _call = {func!r} + "(" + ", ".join(repr(a) for a in _args) + ")"
-    try:
-        _got = _fn(*_args)
-    except Exception as _e:
-        _res["failures"].append(_call + " raised " + type(_e).__name__ + ": " + str(_e)[:200])
-        continue
-    if _got == _want:
-        _res["tests_passed"] += 1
-    else:
-        _res["failures"].append(_call + " returned " + repr(_got)[:200] + ", expected " + repr(_want))
-_sys.stdout.flush()
-print("\\n" + {token!r} + _json.dumps(_res), flush=True)
-'''
-
-
 def extract_code(text: str, func: str | None = None) -> str | None:
     """The code in a model answer: the fenced block that defines ``func`` (else the last
     fenced python/untagged block); without fences, the text from the first ``def``/``import``."""
@@ -129,14 +97,6 @@ def extract_code(text: str, func: str | None = None) -> str | None:
         return blocks[-1][1]
     m = re.search(r"^(?:def |import |from |class )", text, re.MULTILINE)
     return text[m.start():] if m else None
-
-
-def _limit_lines(cpu_s: float, memory_mb: int, output_kb: int) -> list[tuple[int, int, int]]:
-    cpu = max(1, int(round(cpu_s)))
-    mem = memory_mb * 1024 * 1024
-    fsize = output_kb * 1024
-    return [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, mem, mem),
-            (resource.RLIMIT_FSIZE, fsize, fsize)]
 
 
 def _tail(path: Path, max_bytes: int) -> str:
@@ -162,73 +122,172 @@ class RunResult:
     stderr_tail: str
 
 
-def run_solution(code: str, problem: Problem, *, cpu_s: float = 2.0, memory_mb: int = 256, wall_s: float = 5.0,
-                 output_kb: int = 256, limits_in: str = "child", stderr_lines: int = 12) -> RunResult:
-    """Run ``code`` against ``problem``'s tests in a limited subprocess."""
-    token = f"{_TOKEN_PREFIX}{secrets.token_hex(8)}:"
-    limits = _limit_lines(cpu_s, memory_mb, output_kb)
-    with tempfile.TemporaryDirectory(prefix="rollart-code-") as tmp:
+LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
+UNAVAILABLE = 97  # the launcher's exit status when it cannot make the namespaces
+_uids = itertools.count()
+
+
+class SandboxUnavailable(RuntimeError):
+    """The code sandbox cannot be made here (no namespaces / not root / not Linux)."""
+
+
+def _sandbox_uid() -> int:
+    """A dedicated uid (and gid) per sandbox, outside the system's users: concurrent sandboxes
+    do not share an RLIMIT_NPROC budget, and none owns a file on the host."""
+    return 200_000 + (os.getpid() * 4096 + next(_uids)) % 100_000
+
+
+def _same(got: Any, want: Any) -> bool:
+    """Equal with the same JSON types all the way down (``1 == True`` does not pass)."""
+    if isinstance(want, (list, tuple)):
+        return isinstance(got, list) and len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))
+    if isinstance(want, dict):
+        return isinstance(got, dict) and got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
+    return type(got) is type(want) and got == want
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} in the sandbox's answer")
+
+
+def _read_capped(fd: int, box: dict, cap: int) -> None:
+    chunks, n = [], 0
+    with os.fdopen(fd, "rb") as f:
+        while True:
+            b = f.read(65536)
+            if not b:
+                break
+            if n < cap:
+                chunks.append(b[:cap - n])
+            n += len(b)
+    box["data"], box["truncated"] = b"".join(chunks), n > cap
+
+
+def _sandbox_config(cpu_s: float, memory_mb: int, output_kb: int, nproc: int, tmp_kb: int, result_fd: int) -> dict:
+    prefix = os.path.realpath(sys.base_prefix)
+    exe = os.path.realpath(sys.executable)
+    if not exe.startswith(prefix + os.sep):  # a venv's python links into its base installation
+        exe = os.path.realpath(os.path.join(prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}"))
+    uid = _sandbox_uid()
+    cpu = max(1, int(round(cpu_s)))
+    return {"caller": os.getpid(), "uid": uid, "gid": uid, "cpu_s": cpu, "memory": memory_mb * 2**20,
+            "fsize": output_kb * 1024, "nproc": nproc, "tmp_kb": tmp_kb, "python_prefix": prefix,
+            "python_rel": os.path.relpath(exe, prefix), "result_fd": result_fd}
+
+
+def run_in_sandbox(code: str, func: str, args: list[list[Any]], *, cpu_s: float = 2.0, memory_mb: int = 256,
+                   wall_s: float = 5.0, output_kb: int = 256, nproc: int = 16, tmp_kb: int = 4096,
+                   result_cap: int = 1 << 20) -> tuple[dict | None, int, bool, str, str, float]:
+    """Run ``func(*a)`` for each ``a`` of ``args`` on ``code`` in a fresh sandbox; returns
+    (parsed answer or None, exit status, timed out, stdout tail, stderr tail, seconds)."""
+    if not sys.platform.startswith("linux"):
+        raise SandboxUnavailable("the code sandbox needs Linux namespaces")
+    with tempfile.TemporaryDirectory(prefix="rollart-code-") as tmp:  # 0700, ours: the child's output files
         d = Path(tmp)
-        sol = d / "solution.py"
-        sol.write_text(code, encoding="utf-8")
-        limit_src = "".join(f"_r.setrlimit({res}, ({soft}, {hard}))\n" for res, soft, hard in limits) \
-            if limits_in == "child" else ""
-        harness = _HARNESS.format(limits=limit_src, tests=json.dumps(problem.tests), solution=str(sol),
-                                  func=problem.func, token=token)
-        (d / "harness.py").write_text(harness, encoding="utf-8")
         out_path, err_path = d / "stdout.txt", d / "stderr.txt"
-
-        preexec = None
-        if limits_in == "preexec":
-            def preexec() -> None:  # runs in the forked child before exec
-                for res, soft, hard in limits:
-                    resource.setrlimit(res, (soft, hard))
-        elif limits_in != "child":
-            raise ValueError(f"limits_in must be 'child' or 'preexec', not {limits_in!r}")
-
+        r, w = os.pipe()
+        cfg = _sandbox_config(cpu_s, memory_mb, output_kb, nproc, tmp_kb, w)
+        payload = json.dumps({"code": code, "func": func, "args": args}).encode()
+        box: dict[str, Any] = {}
         t0 = time.monotonic()
         timed_out = False
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-I", str(d / "harness.py")], cwd=d, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, start_new_session=True, preexec_fn=preexec,
-                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"})
-            try:
-                rc = proc.wait(timeout=wall_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                rc = proc.wait()
+        try:
+            with open(out_path, "wb") as out, open(err_path, "wb") as err:
+                proc = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(cfg)],
+                                        stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(w,),
+                                        start_new_session=True, env={"LC_ALL": "C.UTF-8"})
+        finally:
+            os.close(w)
+        reader = threading.Thread(target=_read_capped, args=(r, box, result_cap), daemon=True)
+        reader.start()
+        try:
+            proc.stdin.write(payload)  # type: ignore[union-attr]
+            proc.stdin.close()  # type: ignore[union-attr]
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            rc = proc.wait(timeout=wall_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.kill()  # the launcher's death kills the namespace's init, and with it everything in it
+            rc = proc.wait()
+        reader.join(timeout=5)
         elapsed = time.monotonic() - t0
-        stdout = _tail(out_path, 64 * 1024)
-        stderr = _tail(err_path, 16 * 1024)
+        stdout, stderr = _tail(out_path, 16 * 1024), _tail(err_path, 16 * 1024)
+    answer = None
+    data = box.get("data")
+    if data and not box.get("truncated"):
+        try:
+            answer = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            answer = None
+    return answer, rc, timed_out, stdout, stderr, elapsed
 
-    result: dict[str, Any] | None = None
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(token):
-            try:
-                result = json.loads(line[len(token):])
-            except ValueError:
-                result = None
-            break
-    stderr_tail = "\n".join(stderr.strip().splitlines()[-stderr_lines:])
+
+_CHECKED: tuple[bool, str] | None = None
+
+
+def sandbox_available() -> tuple[bool, str]:
+    """(True, "") when the sandbox runs here (one probe per process), else (False, why)."""
+    global _CHECKED
+    if _CHECKED is None:
+        try:
+            answer, rc, _, _, err, _ = run_in_sandbox("def f():\n    return 1\n", "f", [[]], wall_s=20)
+        except OSError as exc:
+            _CHECKED = (False, f"cannot start the sandbox launcher: {exc}")
+        else:
+            ok = rc == 0 and answer == {"results": [{"ok": True, "value": 1}]}
+            why = err.strip().splitlines()[-1] if err.strip() else f"the probe exited with status {rc}"
+            _CHECKED = (True, "") if ok else (False, why)
+    return _CHECKED
+
+
+def run_solution(code: str, problem: Problem, *, cpu_s: float = 2.0, memory_mb: int = 256, wall_s: float = 5.0,
+                 output_kb: int = 256, limits_in: str = "child", stderr_lines: int = 12, nproc: int = 16) -> RunResult:
+    """Run ``code`` against ``problem``'s tests in the sandbox; the verdict is decided here.
+    ``limits_in`` is kept for callers of the old harness: the sandbox always sets every limit
+    before the candidate code is loaded."""
+    if limits_in not in ("child", "preexec"):
+        raise ValueError(f"limits_in must be 'child' or 'preexec', not {limits_in!r}")
+    ok, why = sandbox_available()
+    if not ok:
+        raise SandboxUnavailable(f"code sandbox unavailable: {why}")
+    answer, rc, timed_out, _stdout, stderr, elapsed = run_in_sandbox(
+        code, problem.func, [list(a) for a, _ in problem.tests], cpu_s=cpu_s, memory_mb=memory_mb, wall_s=wall_s,
+        output_kb=output_kb, nproc=nproc)
     total = len(problem.tests)
+    passed, failures = 0, []
+    results = (answer or {}).get("results")
+    if isinstance(results, list) and len(results) == total:
+        for (args, want), res in zip(problem.tests, results):
+            call = f"{problem.func}({', '.join(repr(a) for a in args)})"
+            if not isinstance(res, dict) or not isinstance(res.get("ok"), bool):
+                failures.append(f"{call}: malformed result")
+            elif not res["ok"]:
+                failures.append(f"{call} raised {str(res.get('error'))[:200]}")
+            elif _same(res.get("value"), want):
+                passed += 1
+            else:
+                failures.append(f"{call} returned {repr(res.get('value'))[:200]}, expected {want!r}")
+    else:
+        results = None
+        if answer and "error" in answer:
+            failures.append(str(answer["error"])[:300])
+    stderr_tail = "\n".join(stderr.strip().splitlines()[-stderr_lines:])
     if timed_out:
         status = "timeout"
-    elif rc in (-signal.SIGXCPU, -signal.SIGKILL):
+    elif rc in (128 + signal.SIGXCPU, 128 + signal.SIGKILL):
         status = "cpu_limit"
-    elif "MemoryError" in stderr or any("MemoryError" in f for f in (result or {}).get("failures", [])):
+    elif "MemoryError" in stderr or any("MemoryError" in f for f in failures):
         status = "memory"
-    elif result is None or rc != 0:
+    elif results is None or rc != 0:
         status = "error"
     else:
-        status = "passed" if result["tests_passed"] == total else "failed"
-    res = result or {}
-    return RunResult(status=status, passed=status == "passed", tests_passed=int(res.get("tests_passed", 0)),
-                     tests_total=total, failures=list(res.get("failures", [])), returncode=rc,
-                     elapsed_s=elapsed, stderr_tail=stderr_tail)
+        status = "passed" if passed == total else "failed"
+    return RunResult(status=status, passed=status == "passed", tests_passed=passed if results is not None else 0,
+                     tests_total=total, failures=failures, returncode=rc, elapsed_s=elapsed, stderr_tail=stderr_tail)
 
 
 class CodeExecTextEnv:
@@ -236,6 +295,9 @@ class CodeExecTextEnv:
 
     def __init__(self, name: str = "CodeExec", *, max_attempts: int = 3, cpu_s: float = 2.0, memory_mb: int = 256,
                  wall_s: float = 5.0, limits_in: str = "child", problems: tuple[Problem, ...] = PROBLEMS):
+        ok, why = sandbox_available()
+        if not ok:  # never run model output unconfined
+            raise SandboxUnavailable(f"{name}: the code sandbox cannot run here ({why}); refusing to start")
         self.name = name
         self.max_attempts = max_attempts
         self.cpu_s, self.memory_mb, self.wall_s, self.limits_in = cpu_s, memory_mb, wall_s, limits_in
