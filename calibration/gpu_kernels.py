@@ -231,17 +231,24 @@ def copies_for(nbytes: int, device: str) -> int:
 
 
 def _randn(shape: Sequence[int], dtype: Any, device: str, gen: Any) -> Any:
+    """Random operands drawn on the device itself (``gen`` lives there): gigabytes of weights
+    would take seconds to draw on the host."""
     import torch
 
-    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    return torch.randn(*shape, generator=gen, device=device, dtype=dtype)
 
 
-def time_gemm(timer: Timer, m: int, k: int, n: int, dtype: Any, gen: Any) -> float:
+def gemm_weights(timer: Timer, k: int, n: int, dtype: Any, gen: Any) -> list[Any]:
+    """``W[n, k]`` copies to rotate over (drawn once per shape, reused for every token count)."""
+    return [_randn((n, k), dtype, timer.device, gen) for _ in range(copies_for(2 * k * n, timer.device))]
+
+
+def time_gemm(timer: Timer, m: int, weights: Sequence[Any], gen: Any) -> float:
     import torch
 
-    x = _randn((m, k), dtype, timer.device, gen)
-    weights = [_randn((n, k), dtype, timer.device, gen) for _ in range(copies_for(2 * k * n, timer.device))]
-    out = torch.empty((m, n), dtype=dtype, device=timer.device)
+    n, k = weights[0].shape
+    x = _randn((m, k), weights[0].dtype, timer.device, gen)
+    out = torch.empty((m, n), dtype=weights[0].dtype, device=timer.device)
     calls = [lambda w=w: torch.mm(x, w.t(), out=out) for w in weights]
     return timer.time(calls)
 
@@ -378,7 +385,7 @@ def profile_kernels(out_dir: str | Path, device: str = "cpu", grid: KernelGrid =
     short = _short(dt)
     timer = Timer(device=device, warmup=warmup if warmup is not None else (3 if cuda else 2),
                   repeats=repeats if repeats is not None else (7 if cuda else 5), min_block_s=1e-3 if cuda else 2e-3)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     threads = torch.get_num_threads()
     if not cuda:
         torch.set_num_threads(1)  # tiny CPU kernels: intra-op hand-offs on a shared host cost more than they save
@@ -411,10 +418,12 @@ def _profile(out_dir: str | Path, device: str, grid: KernelGrid, dt: Any, short:
     bytes_el = torch.finfo(dt).bits // 8
     with torch.inference_mode():
         for model, op, k, n in grid.gemm_shapes():
+            weights = gemm_weights(timer, k, n, dt, gen)
             for m in grid.gemm_tokens:
-                t = time_gemm(timer, m, k, n, dt, gen)
+                t = time_gemm(timer, m, weights, gen)
                 rows["gemm"].append([model, op, short, m, k, n, _us(t), _mfu(2.0 * m * k * n, t, peak)])
                 tick()
+            del weights
         for h, hkv, d in grid.geometries():
             for s in grid.prefill_lens:
                 t, backend = time_attention(timer, 1, s, s, h, hkv, d, dt, gen, causal=True)
@@ -755,3 +764,19 @@ def format_table(rows: Sequence[FamilyError], title: str = "") -> str:
     lines.append("error = (predicted − measured) / measured; roofline = the simulator's datasheet model for a GPU "
                  "without a profile (sim.costs.gpu.RooflineEfficiency defaults), kernel time only")
     return "\n".join(lines) + "\n"
+
+
+def preset_name(device: str) -> str:
+    """The GPU preset this device is (``NVIDIA H200`` → ``H200``), else a file-safe form of its
+    name; ``cpu-local`` for the CPU."""
+    import re
+
+    if not _cuda(device):
+        return "cpu-local"
+    import torch
+
+    name = torch.cuda.get_device_name(device)
+    for key in sorted(_presets(), key=len, reverse=True):
+        if re.search(rf"\b{re.escape(key)}\b", name, re.IGNORECASE):
+            return key
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "gpu"

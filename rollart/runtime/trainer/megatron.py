@@ -124,6 +124,56 @@ def mcore_to_hf(mc: Mapping[str, Any], spec: ModelSpec) -> dict[str, "torch.Tens
     return out
 
 
+# ---------------------------------------------------------------- checkpoint state without pickled objects
+
+OPAQUE = "__rollart_opaque__"  # marks an object a weights-only checkpoint cannot hold
+
+
+def to_weights_only(obj: Any, path: str = "state") -> Any:
+    """A copy of ``obj`` that ``torch.load(weights_only=True)`` reads back: tensors (detached,
+    on the CPU), numbers, strings, None, and dicts / lists / tuples of them. Any other object
+    (megatron's optimizer state carries its config objects in the param groups) becomes
+    ``{OPAQUE: its type name}``; :func:`from_weights_only` takes it back from the live
+    optimizer, which the same constructor arguments rebuilt. So loading a checkpoint never
+    runs code from the file."""
+    import numpy as np
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()  # a Parameter becomes a plain tensor
+    if obj is None or isinstance(obj, (bool, int, float, str, torch.dtype, torch.device)):
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: to_weights_only(v, f"{path}[{k!r}]") for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(to_weights_only(v, f"{path}[{i}]") for i, v in enumerate(obj))
+    return {OPAQUE: f"{type(obj).__module__}.{type(obj).__qualname__}"}
+
+
+_MISSING = object()
+
+
+def from_weights_only(saved: Any, live: Any, path: str = "state") -> Any:
+    """``saved`` (from :func:`to_weights_only`) with each opaque marker replaced by the object at
+    the same place in ``live`` (the freshly built optimizer's ``state_dict()``). A marker with no
+    counterpart raises ValueError naming its place."""
+    if isinstance(saved, dict):
+        if set(saved) == {OPAQUE}:
+            if live is _MISSING or (isinstance(live, dict) and set(live) == {OPAQUE}):
+                raise ValueError(f"checkpoint: {path} held a {saved[OPAQUE]}, which a weights-only checkpoint does "
+                                 "not store, and the live optimizer has none there to take its place")
+            return live
+        return {k: from_weights_only(v, live.get(k, _MISSING) if isinstance(live, dict) else _MISSING,
+                                     f"{path}[{k!r}]") for k, v in saved.items()}
+    if type(saved) in (list, tuple):
+        seq = live if isinstance(live, (list, tuple)) else ()
+        return type(saved)(from_weights_only(v, seq[i] if i < len(seq) else _MISSING, f"{path}[{i}]")
+                           for i, v in enumerate(saved))
+    return saved
+
+
 # ---------------------------------------------------------------- the trainer
 
 
@@ -322,8 +372,9 @@ class MegatronTrainer:
             weights = {k: v.detach().cpu() for k, v in self.module.state_dict().items()
                        if not k.endswith("_extra_state")}
             torch.save(weights, tmp / "model.pt")
-            torch.save(self.optimizer.state_dict(), tmp / "optim.pt")
-            torch.save({**capture_rng(), "megatron": get_cuda_rng_tracker().get_states()}, tmp / "rng.pt")
+            torch.save(to_weights_only(self.optimizer.state_dict()), tmp / "optim.pt")
+            torch.save(to_weights_only({**capture_rng(), "megatron": get_cuda_rng_tracker().get_states()}),
+                       tmp / "rng.pt")
 
         meta = {"format": CHECKPOINT_FORMAT, "trainer": self.name, "step": step, "version": version,
                 "seed": self.seed, "lr": self.lr, "spec": self.spec.model_dump(), "time": time.time()}
@@ -339,10 +390,12 @@ class MegatronTrainer:
             raise ValueError(f"{path}: not a {self.name} checkpoint of format {CHECKPOINT_FORMAT}")
         if as_spec(meta["spec"]) != self.spec:
             raise ValueError(f"{path}: checkpoint is for model {meta['spec'].get('name')}, trainer has {self.spec.name}")
+        # Weights-only loads: a checkpoint is data, never code. The optimizer's config objects
+        # were left out when it was saved and come back from the live optimizer.
         weights = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-        # megatron's optimizer state holds its own config objects: our own file, so full unpickling.
-        optim = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)
-        rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
+        optim = from_weights_only(torch.load(path / "optim.pt", map_location="cpu", weights_only=True),
+                                  self.optimizer.state_dict(), "optim.pt")
+        rng = from_weights_only(torch.load(path / "rng.pt", map_location="cpu", weights_only=True), {}, "rng.pt")
         self._load_mcore(self.module, weights)
         self.optimizer.load_state_dict(optim)
         restore_rng(rng)
