@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported lazily: rollart.plan reads the link table from this package
-    from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
+    from rollart.plan.schema import GpuType, Link, ModelSpec, TrainerPlacement
 
 
 @lru_cache(maxsize=64)
@@ -25,24 +25,35 @@ def _load(path: str):  # noqa: ANN202 - cached profile objects
     return load_profile(path)
 
 
-def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, profile: str | None = None):  # noqa: ANN201
-    """The generation cost model for ``tp`` GPUs of type ``gpu_name`` serving ``model``."""
+# GPU types with FP8 tensor cores (Hopper: FP8 peak = 2 × BF16); others only store FP8 weights
+FP8_TENSOR_CORES = {"H800", "H20", "H100", "H200"}
+
+
+def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, profile: str | None = None,  # noqa: ANN201
+                    ep: int = 1, network: "Link | None" = None):
+    """The generation cost model for ``tp`` GPUs of type ``gpu_name`` serving ``model``, with ``ep``
+    expert-parallel ranks (MoE) whose all-to-all crosses ``network`` (the cluster's link) when a
+    worker is wider than a node."""
     from rollart.calibration.cost import EngineProfileGeneration, KernelProfileGeneration
     from rollart.calibration.profiles import EngineProfile, TrainProfile, shipped_profile_path
     from rollart.sim.costs.gpu import RooflineGeneration
 
+    def roofline() -> RooflineGeneration:
+        return RooflineGeneration(model, gpu, tp, fp8_peak_ratio=2.0 if gpu_name.upper() in FP8_TENSOR_CORES else 1.0,
+                                  ep=ep, network=(network.bytes_per_s, network.latency_s) if network else None)
+
     if profile == "datasheet":
-        return RooflineGeneration(model, gpu, tp)
+        return roofline()
     path = Path(profile) if profile else shipped_profile_path(gpu_name)
     if path is None:
-        return RooflineGeneration(model, gpu, tp)
+        return roofline()
     loaded = _load(str(path.resolve()))
     origin = path.name if profile is None else str(path)
     if isinstance(loaded, TrainProfile):
         raise ValueError(f"{path} is a train profile: give it to placement.trainer.profile, not to a GPU pool")
     if isinstance(loaded, EngineProfile):
-        return EngineProfileGeneration(model, gpu, tp, loaded, origin)
-    return KernelProfileGeneration(model, gpu, tp, loaded, origin)
+        return EngineProfileGeneration(model, gpu, tp, loaded, origin)  # measured end to end: as measured
+    return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network)
 
 
 def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement"):  # noqa: ANN201

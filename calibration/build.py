@@ -28,6 +28,8 @@ FP8_PEAK_RATIO = 2.0  # Hopper dense FP8 tensor-core peak = 2 × BF16 (H800 1979
 PREFILL_FORMULA = "t0 + 4·H·d·(S²/2) / (P·e_max·S/(S+s_half))"
 DECODE_FORMULA = ("t0 + t_seq·B + max(4·H·d·B·L / (P·e_c), 2·B·L·H_kv·d·2 / (BW·e_bw)) / occ; occ = 1 with "
                   "split-KV, min(1, B·H_kv / n_sm) for the geometries marked unsplit_<H>_<H_kv>_<d>")
+DECODE_FP8_KV_FORMULA = ("the decode-attention formula with these t0 and e_bw, 1 byte per KV element "
+                         "(other parameters: attn_decode's)")
 COLLECTIVE_FORMULA = "alpha_s + 2(n−1)/n · bytes / (beta_gbps·1e9/8)"
 
 
@@ -54,6 +56,49 @@ def _heldout_ape(predict, X: np.ndarray, y: np.ndarray, params: dict[str, float]
     return np.abs(predict(X[held], params) - y[held]) / y[held]
 
 
+def _fp8_kv_rows(gpu: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """FlashInfer decode attention with an FP8 KV cache (BF16 queries): X as the BF16 reader's,
+    1 byte per KV element. Only InferSim's H20 32-8-128 file has such rows."""
+    X, y, files = [], [], []
+    for path in sorted((D.INFERSIM / "mha" / "decode" / gpu).glob("*.csv")):
+        q, kv, d = (int(x) for x in path.stem.split("-"))
+        rows = [r for r in D._rows(path, D.DECODE_COLUMNS) if r["dtype"] == "bf16" and r["kv_dtype"] == "fp8"]
+        if rows:
+            files.append(D.rel(path))
+        for r in rows:
+            X.append([float(r["batch_size"]), float(r["kv_len"]), q, kv, d, 1.0])
+            y.append(float(r["latency_us"]) * 1e-6)
+    return np.array(X), np.array(y), files
+
+
+def _fit_fp8_kv(bf16: K.Fit, X: np.ndarray, y: np.ndarray, peak: float, bw: float) -> K.Fit:
+    """The BF16-KV decode model with its own t0 and KV byte rate e_bw: the kernel dequantises FP8
+    KV on the SMs, so it reads 1 byte per element but not at the BF16 kernel's byte rate."""
+    base = bf16.params
+    return K.fit_model(lambda x, p: K.decode_attention_time(x, {**base, **p}, peak, bw), X, y,
+                       ["t0", "e_bw"], [base["t0"], 0.5], [0, 0.05], [1e-3, 1.2])
+
+
+def _fp8_kv_decode(gpu: str, key: str, bf16: K.Fit, peak: float, bw: float) -> ComponentFit:
+    """Decode attention over an FP8 KV cache: fitted where measured (H20), else this GPU's BF16
+    e_bw times H20's FP8 ÷ BF16 e_bw (the same FlashInfer kernel's dequantisation cost)."""
+    X, y, files = _fp8_kv_rows(gpu)
+    if len(y):
+        fit = _fit_fp8_kv(bf16, X, y, peak, bw)
+        return _component(fit, DECODE_FP8_KV_FORMULA, files, dtype="fp8 KV cache (e4m3, BF16 queries)")
+    h20 = GPU_PRESETS["H20"]
+    hp, hb = h20["tflops_bf16"] * 1e12, h20["hbm_tbps"] * 1e12
+    h20_bf16 = K.fit_decode_attention(*D.infersim_decode_attention("h20")[:2], hp, hb, SMS["H20"])
+    X, y, files = _fp8_kv_rows("h20")
+    h20_fp8 = _fit_fp8_kv(h20_bf16, X, y, hp, hb)
+    ratio = h20_fp8.params["e_bw"] / h20_bf16.params["e_bw"]
+    params = {"t0": bf16.params["t0"], "e_bw": bf16.params["e_bw"] * ratio}
+    return ComponentFit(formula=DECODE_FP8_KV_FORMULA, params={k: float(f"{v:.6g}") for k, v in params.items()},
+                        data=files, dtype="fp8 KV cache (e4m3, BF16 queries)",
+                        derived=f"no {key} FP8-KV decode timings: {key} BF16-KV e_bw × {ratio:.3g} (H20 FP8-KV ÷ "
+                                "BF16-KV fitted e_bw, the same FlashInfer kernel)")
+
+
 def build(gpu: str) -> KernelProfile:
     key = {"h800": "H800", "h20": "H20", "h100": "H100"}[gpu]
     sheet = GPU_PRESETS[key]
@@ -67,7 +112,7 @@ def build(gpu: str) -> KernelProfile:
     source = "h800" if gpu == "h100" else gpu
     X, y, files = D.infersim_decode_attention(source)
     fit = K.fit_decode_attention(X, y, peak, bw, SMS[key])
-    attn_decode = _component(fit, DECODE_FORMULA, files, dtype="bf16 (BF16 KV cache; FP8 KV reads 1 byte per element)",
+    attn_decode = _component(fit, DECODE_FORMULA, files, dtype="bf16 KV cache",
                              derived="H800 FlashInfer timings (same HBM3 bandwidth)" if gpu == "h100" else None)
     decode_ape.append(_heldout_ape(lambda x, p: K.decode_attention_time(x, p, peak, bw), X, y, fit.params))
     unsplit = sorted(k[len(K.UNSPLIT):].replace("_", "-") for k, v in fit.params.items()
@@ -76,6 +121,10 @@ def build(gpu: str) -> KernelProfile:
         assumptions.append(f"decode attention timings of head geometry {', '.join(unsplit)} (q-kv-dim) fit a kernel "
                            f"without split-KV (flat in the batch until batch × KV heads fills the {SMS[key]} SMs); "
                            "the composition applies that occupancy to this geometry only, all others split")
+
+    attn_decode_fp8_kv = _fp8_kv_decode(gpu, key, fit, peak, bw)
+    if attn_decode_fp8_kv.derived:
+        assumptions.append(attn_decode_fp8_kv.derived)
 
     # GEMM ---------------------------------------------------------------------------
     # A weight-read-bound GEMM streams its weights at the rate the memory system sustains; the
@@ -157,7 +206,7 @@ def build(gpu: str) -> KernelProfile:
         gpu=key, peak_tflops_bf16=sheet["tflops_bf16"], hbm_tbps=sheet["hbm_tbps"],
         peak_tflops_fp8=FP8_PEAK_RATIO * sheet["tflops_bf16"],
         iteration_overhead_s=ITERATION_OVERHEAD_S, gemm=gemm, gemm_fp8=gemm_fp8,
-        attn_prefill=attn_prefill, attn_decode=attn_decode,
+        attn_prefill=attn_prefill, attn_decode=attn_decode, attn_decode_fp8_kv=attn_decode_fp8_kv,
         allreduce=allreduce,
         fit_error=PhaseError(prefill_mape_heldout=round(float(prefill.mean()), 4),
                              decode_mape_heldout=round(float(decode.mean()), 4), note=note),

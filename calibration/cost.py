@@ -9,124 +9,169 @@ A kernel profile is composed for a model geometry and a TP degree:
 with the linear layers QKV (h → (H+2H_kv)·d/tp), O (H·d/tp → h), gate+up (h → 2i/tp) and down
 (i/tp → h). Decode attention is linear in the batch's cached tokens X for a given batch (its
 occupancy term depends on B only), so ``decode_line`` is exact for the engine's closed form.
+
+Dtypes (``model.weight_dtype`` / ``kv_dtype``): FP8 linear layers use the profile's FP8 GEMM
+compute terms at the FP8 peak and read 1 byte per weight at the GPU's memory-system rate
+(``gemm.params["e_mem"]``); lm_head and attention stay BF16; an FP8 KV cache reads 1 byte per
+element in decode attention. Expert parallelism (``ep``): the worker's tp GPUs form ep ranks
+(``sim.costs.moe``), each running attention and the dense layers TP over tp/ep GPUs for 1/ep of
+the tokens, the MoE layer over its E/ep experts for the busiest rank's rows, plus the
+dispatch/combine all-to-all.
 """
 
 from __future__ import annotations
 
-from rollart.calibration.kernels import unsplit_key
+from rollart.calibration.kernels import BF16_BYTES, FP8_BYTES, unsplit_key
 from rollart.calibration.profiles import EngineProfile, KernelProfile, TrainProfile
-from rollart.plan.schema import GpuType, ModelSpec
+from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity
-from rollart.sim.costs.moe import model_experts_touched
+from rollart.sim.costs.moe import all_to_all_s, rank_expert_rows, rank_experts_touched
 
 
 class KernelProfileGeneration:
-    def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: KernelProfile, origin: str):
-        self.model, self.tp, self.profile = model, tp, profile
-        self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency())
+    def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: KernelProfile, origin: str,
+                 ep: int = 1, network: Link | None = None):
+        self.model, self.tp, self.ep, self.profile = model, tp, ep, profile
+        self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency(), ep)
         self._peak = profile.peak_tflops_bf16 * 1e12
         self._bw = profile.hbm_tbps * 1e12
-        heads, kv = max(1, model.heads // tp), max(1, model.kv_heads // tp)
+        rank_tp = tp // ep  # GPUs per expert-parallel rank; attention and dense layers are TP over them
+        self._rank_tp = rank_tp
+        heads, kv = max(1, model.heads // rank_tp), max(1, model.kv_heads // rank_tp)
         self._heads, self._kv = heads, kv
+        self._kv_elem = 1.0 if model.kv_dtype == "fp8" else 2.0
         h, d, inter = model.hidden, model.head_dim, model.intermediate  # per expert for a MoE model
         self._shapes = [(float(h), float((heads + 2 * kv) * d)), (float(heads * d), float(h))]
-        self._mlp_shapes = [(float(h), 2 * inter / tp), (inter / tp, float(h))]
-        self._lm_head = [(float(h), model.vocab / tp)]
-        self.source = (f"calibrated kernel profile {profile.gpu} ({origin}); prefill MAPE "
-                       f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
-                       f"{profile.fit_error.decode_mape_heldout:.1%} held-out")
+        self._mlp_shapes = [(float(h), 2 * inter / rank_tp), (inter / rank_tp, float(h))]
+        self._lm_head = [(float(h), model.vocab / rank_tp)]
         self._lines: dict[int, DecodeLine] = {}
         # decode attention of a head geometry measured without split-KV: below n_SM CTAs
         # (batch × KV heads) part of the GPU idles (kernels.decode_attention_time)
-        d = profile.attn_decode.params
+        d = dict(profile.attn_decode.params)
+        if model.kv_dtype == "fp8":  # the FP8-KV kernel's own t0 and byte rate (dequantisation on the SMs)
+            d.update(profile.attn_decode_fp8_kv.params if profile.attn_decode_fp8_kv else {})
+        self._attn_decode = d
         self._decode_sms = d.get("n_sm", 0.0) if d.get(unsplit_key(heads, kv, model.head_dim)) else 0.0
-        # BF16 GEMM: compute efficiencies and the GPU's weight-read (memory-system) efficiency e_mem,
-        # as the profile derives them (profile.gemm.derived says how when not measured)
-        self._gemm = dict(profile.gemm.params)
+        # BF16 GEMMs (lm_head always): compute efficiencies and the GPU's weight-read (memory-system)
+        # efficiency e_mem, as the profile derives them (profile.gemm.derived says how)
+        self._bf16 = (dict(profile.gemm.params), self._peak, BF16_BYTES)
+        # FP8 linear layers: the measured FP8 GEMM's compute terms at the FP8 peak, weights read at
+        # the same memory-system rate, 1 byte each. A profile without FP8 timings stores FP8 weights
+        # only (BF16 compute, 1-byte weight reads: weight-only quantisation).
+        e_mem = profile.gemm.params["e_mem"]
+        if model.weight_dtype == "bf16":
+            self._linear, dtype = self._bf16, "BF16 weights"
+        elif profile.gemm_fp8 is not None:
+            fp8_peak = (profile.peak_tflops_fp8 or 2 * profile.peak_tflops_bf16) * 1e12
+            self._linear = ({**profile.gemm_fp8.params, "e_mem": e_mem}, fp8_peak, FP8_BYTES)
+            dtype = "FP8 weights (FP8 GEMM compute)"
+        else:
+            self._linear = (dict(profile.gemm.params), self._peak, (2.0, 1.0, 2.0))
+            dtype = "FP8 weights (no FP8 timings: BF16 compute)"
+        p = profile.allreduce.params
+        self._nvlink = (p["beta_gbps"] * 1e9 / 8, p["alpha_s"])
+        self._network = (network.bytes_per_s, network.latency_s) if network is not None else self._nvlink
+        self.source = (f"calibrated kernel profile {profile.gpu} ({origin}); {dtype}, {model.kv_dtype.upper()} KV"
+                       + (f", ep {ep}" if ep > 1 else "") + f"; prefill MAPE "
+                       f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
+                       f"{profile.fit_error.decode_mape_heldout:.1%} held-out")
 
-    def _gemms(self, m: int, shapes: list[tuple[float, float]]) -> float:
-        """Σ gemm_time(m, k, n) — the same formula as ``kernels.gemm_time``, in plain floats
-        because it runs once per simulated engine step."""
-        p = self._gemm
+    def _gemms(self, m: float, shapes: list[tuple[float, float]], kind: tuple | None = None) -> float:
+        """Σ gemm_time(m, k, n) — the same formula as ``kernels.gemm_time``."""
+        p, peak, (ba, bw_, bo) = kind or self._linear
         eff = p["e_max"] * m / (m + p["m_half"])
         total = 0.0
         for k, n in shapes:
-            compute = 2 * m * k * n / (self._peak * eff)
-            memory = 2 * (m * k + k * n + m * n) / (self._bw * p["e_mem"])
+            compute = 2 * m * k * n / (peak * eff)
+            memory = (ba * m * k + bw_ * k * n + bo * m * n) / (self._bw * p["e_mem"])
             total += p["t0"] + (compute if compute > memory else memory)
         return total
 
-    def _mlp(self, m: int) -> float:
-        """The MLP's gate+up and down GEMMs for ``m`` tokens. A MoE layer is one grouped GEMM
-        over the E_t = E·(1 − (1 − k/E)^m) experts the tokens touch (``sim.costs.moe``): m·k
-        token rows, m·k/E_t rows per expert (which sets the efficiency), and E_t experts'
-        weights read — k experts for one token, all of them for a large batch."""
+    def _mlp(self, m: float) -> float:
+        """The MLP's gate+up and down GEMMs for ``m`` tokens (all the worker's tokens for a MoE
+        layer, a rank's share for a dense one). A MoE layer is one grouped GEMM over the experts
+        the busiest rank's tokens touch (``sim.costs.moe``; all ranks when ep = 1): its token-expert
+        rows, rows per expert (which sets the efficiency), and those experts' weights read — k
+        experts for one token, all of the rank's for a large batch."""
         if not self.model.moe_experts:
             return self._gemms(m, self._mlp_shapes)
-        p = self._gemm
-        touched = model_experts_touched(self.model, m)
-        rows = m * max(1, self.model.moe_active_experts)
+        p, peak, (ba, bw_, bo) = self._linear
+        touched = rank_experts_touched(self.model, m, self.ep)
+        rows = rank_expert_rows(self.model, m, self.ep)
         per_expert = rows / touched
         eff = p["e_max"] * per_expert / (per_expert + p["m_half"])
         total = 0.0
         for k, n in self._mlp_shapes:
-            compute = 2 * rows * k * n / (self._peak * eff)
-            memory = 2 * (rows * k + touched * k * n + rows * n) / (self._bw * p["e_mem"])
+            compute = 2 * rows * k * n / (peak * eff)
+            memory = (ba * rows * k + bw_ * touched * k * n + bo * rows * n) / (self._bw * p["e_mem"])
             total += p["t0"] + (compute if compute > memory else memory)
         return total
 
-    def _layer_gemms(self, m: int) -> float:
-        """One layer's linear layers (QKV, O, MLP) for ``m`` tokens."""
-        return self._gemms(m, self._shapes) + self._mlp(m)
+    def _layer_gemms(self, m: float) -> float:
+        """One layer's linear layers for a step over ``m`` tokens of the worker: QKV and O on a
+        rank's share (m/ep), the MLP as :meth:`_mlp`."""
+        return self._gemms(m / self.ep, self._shapes) + self._mlp(m if self.model.moe_experts else m / self.ep)
 
-    def _decode_slowdown(self, batch: int) -> float:
-        """1 / occupancy of the decode-attention kernel for ``batch`` sequences."""
-        return max(1.0, self._decode_sms / (max(1, batch) * self._kv))
+    def _decode_slowdown(self, batch: float) -> float:
+        """1 / occupancy of the decode-attention kernel for ``batch`` sequences on a rank."""
+        return max(1.0, self._decode_sms / (max(1.0, batch) * self._kv))
 
-    def _allreduce(self, tokens: int) -> float:
-        if self.tp == 1:
-            return 0.0
+    def _allreduce(self, tokens: float) -> float:
+        """The two all-reduces per layer inside a rank (its share of the tokens), plus the MoE
+        all-to-alls between ranks."""
+        comm = all_to_all_s(self.model, tokens, self.ep, self.tp, *self._nvlink, *self._network)
+        if self._rank_tp == 1:
+            return comm
         p = self.profile.allreduce.params
-        nbytes = tokens * self.model.hidden * 2.0
-        return 2 * self.model.layers * (p["alpha_s"] + 2 * (self.tp - 1) / self.tp * nbytes / (p["beta_gbps"] * 1e9 / 8))
+        n = self._rank_tp
+        nbytes = tokens / self.ep * self.model.hidden * 2.0
+        return comm + 2 * self.model.layers * (p["alpha_s"] + 2 * (n - 1) / n * nbytes / (p["beta_gbps"] * 1e9 / 8))
+
+    def _prefill_attention(self, new_tokens: float, attention_pairs: float) -> float:
+        p = self.profile.attn_prefill.params
+        # Efficiency depends on sequence length; the batch's new tokens stand in for it.
+        eff = p["e_max"] * new_tokens / (new_tokens + p["s_half"])
+        return p["t0"] + 4 * self._heads * self.model.head_dim * attention_pairs / self.ep / (self._peak * eff)
+
+    def _per_cached_token(self, batch: float) -> tuple[float, float]:
+        """Decode-attention seconds per cached token of the worker, (compute, memory), one layer:
+        each rank holds 1/ep of the batch's context."""
+        d = self._attn_decode
+        slow = self._decode_slowdown(batch / self.ep) / self.ep
+        return (4 * self._heads * self.model.head_dim * slow / (self._peak * d["e_c"]),
+                2 * self._kv * self.model.head_dim * self._kv_elem * slow / (self._bw * d["e_bw"]))
 
     def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
         if new_tokens <= 0:
             return 0.0
-        p = self.profile.attn_prefill.params
-        # Efficiency depends on sequence length; the batch's new tokens stand in for it.
-        eff = p["e_max"] * new_tokens / (new_tokens + p["s_half"])
-        attn = p["t0"] + 4 * self._heads * self.model.head_dim * attention_pairs / (self._peak * eff)
+        attn = self._prefill_attention(new_tokens / self.ep, attention_pairs)
         layers = self.model.layers * (self._layer_gemms(new_tokens) + attn)
-        return self.profile.iteration_overhead_s + layers + self._gemms(1, self._lm_head) + self._allreduce(new_tokens)
+        return (self.profile.iteration_overhead_s + layers + self._gemms(1, self._lm_head, self._bf16)
+                + self._allreduce(new_tokens))
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
                         decode_context: float) -> float:
         if new_tokens <= 0:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
         m, tokens = self.model, new_tokens + decode_batch
-        p = self.profile.attn_prefill.params
-        eff = p["e_max"] * new_tokens / (new_tokens + p["s_half"])
-        attn = p["t0"] + 4 * self._heads * m.head_dim * attention_pairs / (self._peak * eff)
+        attn = self._prefill_attention(new_tokens / self.ep, attention_pairs)
         if decode_batch:
-            d = self.profile.attn_decode.params
-            attn += d["t0"] + d["t_seq"] * decode_batch + decode_context * self._decode_slowdown(decode_batch) * max(
-                4 * self._heads * m.head_dim / (self._peak * d["e_c"]),
-                2 * self._kv * m.head_dim * 2 / (self._bw * d["e_bw"]))
+            d = self._attn_decode
+            attn += d["t0"] + d["t_seq"] * decode_batch / self.ep + decode_context * max(
+                *self._per_cached_token(decode_batch))
         return (self.profile.iteration_overhead_s + m.layers * (self._layer_gemms(tokens) + attn)
-                + self._gemms(max(1, decode_batch), self._lm_head) + self._allreduce(tokens))
+                + self._gemms(max(1.0, decode_batch / self.ep), self._lm_head, self._bf16) + self._allreduce(tokens))
 
     def decode_line(self, batch: int) -> DecodeLine:
         line = self._lines.get(batch)
         if line is None:
-            p = self.profile.attn_decode.params
+            p = self._attn_decode
             m = self.model
-            slow = self._decode_slowdown(batch)  # fixed for the batch, so the line stays linear in x
-            per_token_compute = 4 * self._heads * m.head_dim * slow / (self._peak * p["e_c"])
-            per_token_memory = 2 * self._kv * m.head_dim * 2 * slow / (self._bw * p["e_bw"])
+            # fixed for the batch (its occupancy term), so the line stays linear in x
+            per_token_compute, per_token_memory = self._per_cached_token(batch)
             fixed = self.profile.iteration_overhead_s + m.layers * (self._layer_gemms(batch) + p["t0"]
-                                                                     + p["t_seq"] * batch) \
-                + self._gemms(batch, self._lm_head) + self._allreduce(batch)
+                                                                     + p["t_seq"] * batch / self.ep) \
+                + self._gemms(batch / self.ep, self._lm_head, self._bf16) + self._allreduce(batch)
             # attention is compute- or bandwidth-bound per cached token: the larger slope wins
             line = DecodeLine(a=fixed, c0=0.0, c1=m.layers * per_token_compute, m0=0.0,
                               m1=m.layers * per_token_memory)

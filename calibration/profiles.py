@@ -60,6 +60,8 @@ class KernelProfile(BaseModel):
     gemm_fp8: ComponentFit | None = None
     attn_prefill: ComponentFit
     attn_decode: ComponentFit
+    # Decode attention over an FP8 KV cache: t0 and e_bw replacing attn_decode's (1 byte per element)
+    attn_decode_fp8_kv: ComponentFit | None = None
     allreduce: ComponentFit
     fit_error: PhaseError
     assumptions: list[str] = Field(default_factory=list)

@@ -77,7 +77,8 @@ class SimBackend:
             pool = plan.cluster.gpu_pools[g.pool]
             gpu_name = pool.gpu
             try:
-                cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile)
+                cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile,
+                                       g.ep, plan.cluster.links.get("intra_cluster"))
             except (OSError, ValueError) as exc:
                 raise PlanError([f"cluster.gpu_pools.{g.pool}.profile: {exc}"]) from None
             longest = max(t.max_context_tokens for t in plan.tasks)

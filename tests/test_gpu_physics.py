@@ -88,3 +88,83 @@ def test_decode_becomes_compute_bound_on_h20_first(model: str) -> None:
     # batch while H800's is still paying mostly for weight reads
     grow = {g: _decode(model, g, 256) / _decode(model, g, 16) for g in GPUS}
     assert grow["H20"] > 1.3 * grow["H800"]
+
+
+# ---------------------------------------------------------------- FP8 weights and KV cache
+
+
+def _spec(model: str, **dtypes: str) -> ModelSpec:
+    return ModelSpec.model_validate({"preset": model, **dtypes})
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("profile", [None, "datasheet"])
+def test_fp8_never_beats_the_fp8_roofline(model: str, gpu: str, profile: str | None) -> None:
+    m, sheet = _spec(model, weight_dtype="fp8", kv_dtype="fp8"), GPU_PRESETS[gpu]
+    cost = generation_cost(m, gpu, GpuType(**sheet), 1, profile)
+    peak, bw = 2 * sheet["tflops_bf16"] * 1e12, sheet["hbm_tbps"] * 1e12  # Hopper FP8 = 2 × BF16
+    emb = m.vocab * m.hidden * 2
+    for batch in (1, 16, 256):
+        ctx = batch * CTX
+        nbytes = weight_bytes_read(m, batch) - 2.0 * emb + m.kv_bytes_per_token * ctx
+        assert nbytes < 0.6 * (ModelSpec.model_validate(model).weight_bytes - 2.0 * emb) + m.kv_bytes_per_token * ctx
+        assert cost.decode_line(batch).total(ctx, batch, 1) >= max(_layer_flops_per_token(m) * batch / peak, nbytes / bw)
+    n = 4096
+    assert cost.prefill_time(n, n * n / 2) >= _layer_flops_per_token(m) * n / peak
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("gpu", GPUS)
+def test_fp8_weights_speed_up_decode_by_at_most_the_bytes_they_save(model: str, gpu: str) -> None:
+    bf16, fp8 = _spec(model), _spec(model, weight_dtype="fp8")
+    sheet, profile = GPU_PRESETS[gpu], load_profile(shipped_profile_path(gpu))
+    saved = weight_bytes_read(bf16, 1) - weight_bytes_read(fp8, 1)  # half the linear layers' bytes
+    assert saved == pytest.approx((bf16.weight_bytes - 2.0 * bf16.vocab * bf16.hidden * 2) / 2)
+    t = {}
+    for name, m in (("bf16", bf16), ("fp8", fp8)):
+        t[name] = generation_cost(m, gpu, GpuType(**sheet), 1).decode_line(1).total(CTX, 1, 1)
+    assert t["fp8"] < t["bf16"] <= t["fp8"] + saved / (sheet["hbm_tbps"] * 1e12 * profile.gemm.params["e_mem"]) * 1.001
+    # the trainer's copy stays BF16; the engine holds less, so more KV fits
+    assert fp8.weight_bytes == bf16.weight_bytes
+    assert _cost_of(fp8, gpu).kv_capacity_tokens > _cost_of(bf16, gpu).kv_capacity_tokens
+
+
+def _cost_of(m: ModelSpec, gpu: str, profile: str | None = None):
+    return generation_cost(m, gpu, GpuType(**GPU_PRESETS[gpu]), 1, profile)
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_fp8_prefill_runs_at_up_to_twice_the_bf16_rate(gpu: str) -> None:
+    n = 8192
+    bf16 = _cost_of(_spec("Qwen3-14B"), gpu).prefill_time(n, n * n / 2)
+    fp8 = _cost_of(_spec("Qwen3-14B", weight_dtype="fp8"), gpu).prefill_time(n, n * n / 2)
+    assert bf16 / 2 < fp8 < bf16 / 1.2  # GEMMs at the FP8 peak; attention stays BF16
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_fp8_kv_cache_holds_twice_the_tokens_and_reads_them_at_the_fp8_kernel_rate(gpu: str) -> None:
+    bf16, fp8 = _cost_of(_spec("Qwen3-8B"), gpu), _cost_of(_spec("Qwen3-8B", kv_dtype="fp8"), gpu)
+    assert fp8.kv_capacity_tokens == pytest.approx(2 * bf16.kv_capacity_tokens, abs=2)
+    p = load_profile(shipped_profile_path(gpu))
+    e16, e8 = p.attn_decode.params["e_bw"], p.attn_decode_fp8_kv.params["e_bw"]
+    # half the bytes per cached token, read at the FP8-KV kernel's measured (H20) byte rate:
+    # FlashInfer dequantises on the SMs, so it is ~1.2–1.5× faster per token, not 2×
+    assert fp8.decode_line(64).m1 == pytest.approx(bf16.decode_line(64).m1 * 0.5 * e16 / e8)
+    assert 1.1 < bf16.decode_line(64).m1 / fp8.decode_line(64).m1 < 2.0
+
+
+def test_fp8_kv_decode_attention_fit_matches_the_measured_h20_rows() -> None:
+    p = load_profile(shipped_profile_path("h20")).attn_decode_fp8_kv
+    assert p is not None and p.derived is None and p.heldout_rows > 0 and p.mape_heldout < 0.15
+    assert load_profile(shipped_profile_path("h800")).attn_decode_fp8_kv.derived  # no H800 rows: says so
+
+
+def test_dtype_fields_are_validated() -> None:
+    from rollart.plan import PlanError
+    from tests.conftest import small_plan
+
+    with pytest.raises(PlanError) as err:
+        small_plan(["model.weight_dtype=int4"])
+    assert any(p.startswith("model.weight_dtype:") for p in err.value.problems)
+    assert small_plan(["model.kv_dtype=fp8"]).model.kv_bytes_per_token == 2 * 36 * 8 * 128

@@ -69,3 +69,78 @@ def test_roofline_moe_decode_one_token_reads_active_weights_only() -> None:
     bw = H800.hbm_tbps * 1e12 * cost.eff.decode_bandwidth
     assert cost.decode_line(1).m0 == pytest.approx(2 * MOE.active_params / bw)
     assert cost.decode_line(4096).m0 == pytest.approx(MOE.weight_bytes / bw)
+
+
+# ---------------------------------------------------------------- expert parallelism
+
+from rollart.plan.schema import Link  # noqa: E402
+from rollart.sim.costs.moe import (all_to_all_s, rank_expert_rows, rank_experts_touched, served_weight_bytes,  # noqa: E402
+                                   worker_weight_bytes)
+
+
+@pytest.mark.parametrize("profile", ["datasheet", None])
+def test_ep_1_is_plain_tensor_parallelism(profile: str | None) -> None:
+    a, b = generation_cost(MOE, "H800", H800, 8, profile), generation_cost(MOE, "H800", H800, 8, profile, 1)
+    assert a.decode_line(64) == b.decode_line(64) and a.prefill_time(4096, 4096**2 / 2) == b.prefill_time(4096, 4096**2 / 2)
+
+
+def test_each_rank_reads_its_share_of_the_experts_plus_the_busiest_ranks_excess() -> None:
+    for tokens in (1, 8, 64):
+        mean = experts_touched(tokens, 128, 8) / 8
+        assert mean < rank_experts_touched(MOE, tokens, 8) <= 128 / 8  # the step waits for the busiest rank
+        assert tokens * 8 / 8 < rank_expert_rows(MOE, tokens, 8) <= tokens * 8
+    assert rank_experts_touched(MOE, 100_000, 8) == pytest.approx(16)  # a large batch touches all 16 of each rank's
+    assert rank_experts_touched(MOE, 64, 1) == experts_touched(64, 128, 8)
+
+
+def test_ep_replicates_the_dense_weights_and_splits_the_experts() -> None:
+    served = served_weight_bytes(MOE)
+    experts = 2.0 * 48 * 3 * 2048 * 768 * 128
+    assert worker_weight_bytes(MOE, 8) == pytest.approx(served + 7 * (served - experts))
+    kv = [generation_cost(MOE, "H800", H800, 8, None, ep).kv_capacity_tokens for ep in (1, 2, 8)]
+    assert kv == sorted(kv, reverse=True)  # the replicated attention weights take KV room
+
+
+def test_ep_pays_off_where_kv_reads_dominate() -> None:
+    # 4 KV heads on 8 GPUs: TP replicates each KV head on two GPUs, DP attention (ep = 8) reads
+    # each cached token once; at one short sequence the replicated dense weights and the
+    # all-to-all make EP slower.
+    def decode(ep: int, batch: int, ctx: int) -> float:
+        return generation_cost(MOE, "H800", H800, 8, None, ep).decode_line(batch).total(batch * ctx, batch, 1)
+
+    assert decode(8, 64, 32768) < 0.85 * decode(1, 64, 32768)
+    assert decode(8, 1, 1024) > decode(1, 1, 1024)
+
+
+def test_all_to_all_moves_every_tokens_hidden_state_to_its_experts_and_back() -> None:
+    nv = (400e9, 10e-6)
+    t = all_to_all_s(MOE, 64, 8, 8, *nv, 1.0, 1.0)  # one node: the network does not matter
+    per_gpu = 64 / 8 * 8 * 2048 * 2 * 7 / 8  # a rank's tokens × k × hidden × BF16 × off-rank share
+    assert t == pytest.approx(2 * 48 * (10e-6 + per_gpu / 400e9))
+    assert all_to_all_s(MOE, 64, 1, 8, *nv, 1.0, 1.0) == 0.0
+    # a worker wider than a node sends half its traffic over the cluster's network
+    slow = all_to_all_s(MOE, 64, 16, 16, *nv, 25e9 / 8, 20e-6)
+    assert slow > all_to_all_s(MOE, 64, 16, 16, *nv, 400e9, 10e-6)
+
+
+@pytest.mark.parametrize("profile", ["datasheet", None])
+def test_ep_across_nodes_pays_the_intra_cluster_link(profile: str | None) -> None:
+    fast = generation_cost(MOE, "H800", H800, 16, profile, 16, Link(kind="nvlink"))
+    tcp = generation_cost(MOE, "H800", H800, 16, profile, 16, Link(kind="tcp", bandwidth_gbps=25))
+    assert tcp.prefill_time(8192, 8192**2 / 2) > 2 * fast.prefill_time(8192, 8192**2 / 2)
+
+
+def test_ep_is_validated_against_gpus_and_experts() -> None:
+    from rollart.plan import PlanError
+    from tests.conftest import small_plan
+
+    moe = ("model={name: moe, layers: 4, hidden: 256, heads: 8, kv_heads: 2, head_dim: 32, intermediate: 64, "
+           "vocab: 1000, moe_experts: 8, moe_active_experts: 2}")
+    assert small_plan([moe, "placement.generation.0.ep=2"]).placement.generation[0].ep == 2
+    six = moe.replace("moe_experts: 8", "moe_experts: 6")
+    for overrides in ([moe, "placement.generation.0.ep=4"],  # generation 0 has tp 2
+                      [six, "placement.generation.0.tp=4", "placement.generation.0.ep=4"],  # 4 ∤ 6 experts
+                      ["placement.generation.0.ep=2"]):  # the default model is dense
+        with pytest.raises(PlanError) as err:
+            small_plan(overrides)
+        assert [p for p in err.value.problems if p.startswith("placement.generation.0.ep: ")], err.value.problems

@@ -147,6 +147,10 @@ class ModelSpec(_Strict):
     tied_embeddings: bool = False
     moe_experts: Annotated[int, Field(ge=0, le=100_000)] = 0
     moe_active_experts: Annotated[int, Field(ge=0, le=100_000)] = 0
+    # What the generation engines serve: linear-layer weights and KV cache in BF16 or FP8 (embeddings
+    # and lm_head stay BF16). The trainer's weights are BF16 either way (``weight_bytes``).
+    weight_dtype: Literal["bf16", "fp8"] = "bf16"
+    kv_dtype: Literal["bf16", "fp8"] = "bf16"
 
     @model_validator(mode="before")
     @classmethod
@@ -198,7 +202,7 @@ class ModelSpec(_Strict):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * 2  # K and V, BF16
+        return 2 * self.layers * self.kv_heads * self.head_dim * (1 if self.kv_dtype == "fp8" else 2)  # K and V
 
 
 # ---------------------------------------------------------------- tasks
@@ -266,6 +270,8 @@ class GenerationGroup(_Strict):
     tp: Count = 1
     max_num_seqs: Count = 256
     role: Literal["both", "prefill", "decode"] = "both"
+    ep: Count = Field(1, description="expert-parallel ranks per worker (MoE): its tp GPUs split into ep ranks that "
+                      "each run attention for 1/ep of the sequences and hold 1/ep of the experts")
 
 
 class RewardPlacement(_Strict):
@@ -495,6 +501,9 @@ def _cross_problems(plan: Plan) -> list[str]:
     for i, g in enumerate(p.generation):
         if plan.model.heads % g.tp:
             out.append(f"placement.generation.{i}.tp: {g.tp} does not divide the model's {plan.model.heads} heads")
+        if g.ep > 1 and (not plan.model.moe_experts or g.tp % g.ep or plan.model.moe_experts % g.ep):
+            out.append(f"placement.generation.{i}.ep: {g.ep} must divide the worker's {g.tp} GPUs (tp) and the model's "
+                       f"{plan.model.moe_experts} experts" + ("" if plan.model.moe_experts else " (a dense model has none)"))
     if p.pd_disaggregation:
         roles = {g.role for g in p.generation}
         if "prefill" not in roles or "decode" not in roles:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rollart.plan.schema import GpuType, ModelSpec
-from rollart.sim.costs.moe import weight_bytes_read
+from rollart.sim.costs.moe import (all_to_all_s, embedding_params, expert_weight_bytes, rank_expert_rows,
+                                   rank_experts_touched, served_weight_bytes, worker_weight_bytes)
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,11 @@ class DecodeLine:
         return limit
 
 
-def kv_capacity(model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency) -> int:
-    """Tokens of KV cache a TP group holds: memory × utilisation − weights − activations."""
-    free = tp * gpu.memory_gb * 2**30 * eff.memory_utilization - model.weight_bytes \
+def kv_capacity(model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency, ep: int = 1) -> int:
+    """Tokens of KV cache a worker of ``tp`` GPUs holds: memory × utilisation − weights (as served:
+    BF16 or FP8; with ``ep`` ranks the non-expert weights once per rank) − activations; a token's
+    KV in ``model.kv_dtype``."""
+    free = tp * gpu.memory_gb * 2**30 * eff.memory_utilization - worker_weight_bytes(model, ep) \
         - tp * eff.activation_reserve_gb * 2**30
     return int(max(0.0, free) // model.kv_bytes_per_token)
 
@@ -139,43 +142,79 @@ class RooflineGeneration:
     W(N) is the weight bytes a step over N tokens reads: the whole model when dense; for a MoE
     model the non-expert weights plus the E·(1 − (1 − k/E)^N) experts the tokens touch
     (``sim.costs.moe``), so a one-token step reads k experts and a large batch all of them.
+    FP8 weights (``model.weight_dtype``) read 1 byte each and run the linear layers' FLOPs at
+    ``fp8_peak_ratio`` × the BF16 peak (2 on Hopper's FP8 tensor cores, 1 where weights are only
+    stored in FP8); embeddings, lm_head and attention stay BF16. An FP8 KV cache reads 1 byte
+    per element. With ``ep`` expert-parallel ranks (``sim.costs.moe``) every term is the busiest
+    rank's on its tp/ep GPUs: 1/ep of the tokens and context, all the non-expert weights, the
+    experts and token-expert rows of its E/ep experts; plus the dispatch/combine all-to-all.
     """
 
-    def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency | None = None):
-        self.model, self.gpu, self.tp = model, gpu, tp
+    def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency | None = None,
+                 fp8_peak_ratio: float = 2.0, ep: int = 1, network: tuple[float, float] | None = None):
+        self.model, self.gpu, self.tp, self.ep = model, gpu, tp, ep
         self.eff = eff or RooflineEfficiency()
-        self.source = self.eff.source
-        self._peak = tp * gpu.tflops_bf16 * 1e12
-        self._bw = tp * gpu.hbm_tbps * 1e12
+        self.source = self.eff.source + (f"; FP8 weights at {fp8_peak_ratio:g} × the BF16 peak"
+                                          if model.weight_dtype == "fp8" else "") + (f"; ep {ep}" if ep > 1 else "")
+        self._rank_tp = tp // ep  # GPUs of one expert-parallel rank (sim.costs.moe); tp when ep = 1
+        self._peak = self._rank_tp * gpu.tflops_bf16 * 1e12  # one rank's
+        self._bw = self._rank_tp * gpu.hbm_tbps * 1e12
+        # peak-seconds (× BF16 peak) per token of the matmuls every token passes through: linear
+        # layers in the served dtype, embeddings / lm_head in BF16; a MoE model's expert part per
+        # token-expert row apart, since with ep each rank computes only its experts' rows
+        lin_ratio = fp8_peak_ratio if model.weight_dtype == "fp8" else 1.0
+        emb = embedding_params(model)
+        self._expert_flops_per_row = (2.0 * model.layers * 3 * model.hidden * model.intermediate / lin_ratio
+                                      if model.moe_experts else 0.0)
+        rows_per_token = max(1, model.moe_active_experts) if model.moe_experts else 0
+        self._flops_per_token = 2.0 * (model.active_params - emb) / lin_ratio + 2.0 * emb \
+            - rows_per_token * self._expert_flops_per_row
+        self._dense_bytes = served_weight_bytes(model) - expert_weight_bytes(model)
+        self._bytes_per_expert = expert_weight_bytes(model) / model.moe_experts if model.moe_experts else 0.0
         self._nvlink = gpu.nvlink_gbps * 1e9 / 2  # datasheet NVLink counts both directions
-        self._attn_flops_per_pair = 4 * model.layers * model.heads * model.head_dim
-        self.kv_capacity_tokens = kv_capacity(model, gpu, tp, self.eff)
+        self._network = network or (self._nvlink, self.eff.allreduce_latency_s)
+        self._attn_flops_per_pair = 4 * model.layers * model.heads * model.head_dim / ep  # a rank's share
+        self._kv_bytes_per_token = model.kv_bytes_per_token / ep
+        self.kv_capacity_tokens = kv_capacity(model, gpu, tp, self.eff, ep)
         self._lines: dict[int, DecodeLine] = {}
 
+    def _flops(self, tokens: float) -> float:
+        """Linear-layer FLOPs (BF16-peak equivalent) of the busiest rank for a step over ``tokens``."""
+        rows = rank_expert_rows(self.model, tokens, self.ep) if self.model.moe_experts else 0.0
+        return self._flops_per_token * tokens / self.ep + self._expert_flops_per_row * rows
+
+    def _weights(self, tokens: float) -> float:
+        """Weight bytes the busiest rank reads: ``weight_bytes_read`` when ep = 1."""
+        if not self.model.moe_experts:
+            return self._dense_bytes
+        return self._dense_bytes + self._bytes_per_expert * rank_experts_touched(self.model, max(1.0, tokens), self.ep)
+
     def _allreduce(self, tokens: int) -> float:
-        if self.tp == 1:
-            return 0.0
-        nbytes = tokens * self.model.hidden * 2
-        per = self.eff.allreduce_latency_s + 2 * (self.tp - 1) / self.tp * nbytes / self._nvlink
-        return 2 * self.model.layers * per
+        comm = all_to_all_s(self.model, tokens, self.ep, self.tp, self._nvlink, self.eff.allreduce_latency_s,
+                            *self._network)
+        n = self._rank_tp
+        if n == 1:
+            return comm
+        nbytes = tokens / self.ep * self.model.hidden * 2
+        per = self.eff.allreduce_latency_s + 2 * (n - 1) / n * nbytes / self._nvlink
+        return comm + 2 * self.model.layers * per
 
     def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
         if new_tokens <= 0:
             return 0.0
-        flops = 2 * self.model.active_params * new_tokens + self._attn_flops_per_pair * attention_pairs
+        flops = self._flops(new_tokens) + self._attn_flops_per_pair * attention_pairs
         compute = flops / (self._peak * self.eff.prefill_compute)
-        memory = weight_bytes_read(self.model, new_tokens) / (self._bw * self.eff.decode_bandwidth)
+        memory = self._weights(new_tokens) / (self._bw * self.eff.decode_bandwidth)
         return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(new_tokens)
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
                         decode_context: float) -> float:
         if new_tokens <= 0:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
-        m = self.model
         tokens = new_tokens + decode_batch
-        flops = 2 * m.active_params * tokens + self._attn_flops_per_pair * (attention_pairs + decode_context)
+        flops = self._flops(tokens) + self._attn_flops_per_pair * (attention_pairs + decode_context)
         compute = flops / (self._peak * self.eff.prefill_compute)
-        memory = (weight_bytes_read(m, tokens) + m.kv_bytes_per_token * decode_context) \
+        memory = (self._weights(tokens) + self._kv_bytes_per_token * decode_context) \
             / (self._bw * self.eff.decode_bandwidth)
         return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(tokens)
 
@@ -186,10 +225,10 @@ class RooflineGeneration:
             bw = self._bw * self.eff.decode_bandwidth
             line = DecodeLine(
                 a=self.eff.iteration_overhead_s + self._allreduce(batch),
-                c0=2 * self.model.active_params * batch / pc,
+                c0=self._flops(batch) / pc,
                 c1=self._attn_flops_per_pair / pc,
-                m0=weight_bytes_read(self.model, batch) / bw,
-                m1=self.model.kv_bytes_per_token / bw,
+                m0=self._weights(batch) / bw,
+                m1=self._kv_bytes_per_token / bw,
             )
             self._lines[batch] = line
         return line

@@ -46,11 +46,101 @@ def expert_params(model: ModelSpec) -> int:
     return model.layers * 3 * model.hidden * model.intermediate * model.moe_experts
 
 
+DTYPE_BYTES = {"bf16": 2, "fp8": 1}
+
+
+def weight_element_bytes(model: ModelSpec) -> int:
+    """Bytes per linear-layer weight as the engines serve it (``model.weight_dtype``)."""
+    return DTYPE_BYTES[model.weight_dtype]
+
+
+def embedding_params(model: ModelSpec) -> int:
+    """Embedding and lm_head parameters: kept in BF16 when the linear layers are FP8."""
+    return model.vocab * model.hidden * (1 if model.tied_embeddings else 2)
+
+
+def served_weight_bytes(model: ModelSpec) -> float:
+    """Weight bytes an engine holds: the linear layers in ``weight_dtype``, embeddings in BF16.
+    Equals ``model.weight_bytes`` (BF16, the trainer's copy) when the engines serve BF16."""
+    emb = embedding_params(model)
+    return 2.0 * emb + weight_element_bytes(model) * float(model.params - emb)
+
+
 def weight_bytes_read(model: ModelSpec, tokens: float) -> float:
-    """BF16 weight bytes one forward step over ``tokens`` tokens reads: every non-expert weight
-    plus the experts the batch touches. Equals ``model.weight_bytes`` for a dense model."""
+    """Weight bytes one forward step over ``tokens`` tokens reads: every non-expert weight plus the
+    experts the batch touches, each in the served dtype. Equals ``served_weight_bytes`` for a dense
+    model (``model.weight_bytes`` in BF16)."""
     if not model.moe_experts:
-        return float(model.weight_bytes)
-    per_expert = 2.0 * expert_params(model) / model.moe_experts
-    dense = model.weight_bytes - 2.0 * expert_params(model)
+        return served_weight_bytes(model)
+    b = weight_element_bytes(model)
+    per_expert = b * expert_params(model) / model.moe_experts
+    dense = served_weight_bytes(model) - b * expert_params(model)
     return dense + per_expert * model_experts_touched(model, max(1.0, tokens))
+
+
+# ---------------------------------------------------------------- expert parallelism
+#
+# A worker of ``tp`` GPUs with ``ep`` expert-parallel ranks (DP attention + EP MoE, as SGLang and
+# vLLM serve MoE models): each rank of tp/ep GPUs runs attention and the dense layers for its
+# share (1/ep) of the sequences, holds E/ep of the experts, and exchanges every token's hidden
+# state with the ranks of its k experts (dispatch) and back (combine) in each MoE layer. ep = 1
+# is plain tensor parallelism. The step waits for the busiest rank.
+
+GPUS_PER_NODE = 8  # HGX boards: NVLink inside a node, the cluster's network across nodes
+
+
+def _busiest(mean: float, var: float, ep: int) -> float:
+    """Expected maximum over ``ep`` ranks of a count with this mean and variance (Gaussian
+    extreme: mean + σ·√(2 ln ep)); the mean itself for one rank."""
+    return mean if ep <= 1 else mean + math.sqrt(max(0.0, var) * 2.0 * math.log(ep))
+
+
+def rank_experts_touched(model: ModelSpec, tokens: float, ep: int) -> float:
+    """Distinct experts the busiest of ``ep`` ranks reads in a step over ``tokens`` tokens: each of
+    its E/ep experts is touched with probability q = E_t/E (binomial), so k·… for one token on
+    average and all E/ep for a large batch. :func:`model_experts_touched` when ep = 1."""
+    touched = model_experts_touched(model, tokens)
+    if ep <= 1 or not model.moe_experts:
+        return touched
+    local = model.moe_experts / ep
+    q = touched / model.moe_experts
+    return min(local, _busiest(local * q, local * q * (1 - q), ep))
+
+
+def rank_expert_rows(model: ModelSpec, tokens: float, ep: int) -> float:
+    """Token-expert rows (tokens × k) the busiest of ``ep`` ranks computes; each row lands on a
+    rank with probability 1/ep."""
+    rows = tokens * max(1, model.moe_active_experts)
+    if ep <= 1:
+        return rows
+    return min(rows, _busiest(rows / ep, rows * (1 / ep) * (1 - 1 / ep), ep))
+
+
+def expert_weight_bytes(model: ModelSpec) -> float:
+    """Bytes of all the experts' weights as served."""
+    return weight_element_bytes(model) * float(expert_params(model))
+
+
+def worker_weight_bytes(model: ModelSpec, ep: int = 1) -> float:
+    """Weight bytes a worker holds over all its GPUs: with ep ranks the non-expert weights are
+    replicated on every rank, the experts split among them."""
+    served = served_weight_bytes(model)
+    return served + (max(1, ep) - 1) * (served - expert_weight_bytes(model))
+
+
+def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes_per_s: float, nvlink_latency_s: float,
+                 net_bytes_per_s: float, net_latency_s: float) -> float:
+    """Dispatch + combine of every MoE layer for a step over ``tokens`` tokens on a worker of
+    ``tp`` GPUs in ``ep`` ranks: each token's hidden state (BF16) goes to its k experts' ranks and
+    back; the (ep−1)/ep that leave the rank are spread over its tp/ep GPUs. Within a node it
+    moves over NVLink; a worker wider than a node sends the off-node share over the cluster's
+    network (``net``), and the slower path sets the time. 0 when ep = 1."""
+    if ep <= 1 or not model.moe_experts:
+        return 0.0
+    k = max(1, model.moe_active_experts)
+    per_gpu = tokens / ep * k * model.hidden * 2.0 * (ep - 1) / ep / (tp // ep)
+    off_node = max(0.0, 1.0 - GPUS_PER_NODE / tp)  # share of the peers in other nodes
+    t = nvlink_latency_s + per_gpu * (1 - off_node) / nvlink_bytes_per_s
+    if off_node:
+        t = max(t, net_latency_s + per_gpu * off_node / net_bytes_per_s)
+    return 2.0 * model.layers * t
