@@ -21,7 +21,8 @@ def run(
     mode: Optional[str] = typer.Option(None, "--mode"),
     seed: Optional[int] = typer.Option(None, "--seed"),
     set_: list[str] = typer.Option([], "--set", help="override a field (repeatable)"),
-    address: Optional[str] = typer.Option(None, "--address", help="join a running Ray cluster"),
+    address: Optional[str] = typer.Option(None, "--address", help="join a running Ray cluster (HOST:PORT of its "
+                                          "head; token from RAY_AUTH_TOKEN[_PATH] or ~/.ray/auth_token)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace"),
     checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir",
@@ -45,8 +46,9 @@ def run(
     if resume is not None and not resume.is_dir():
         _fail([f"--resume: no checkpoint directory '{resume}'"])
     from rollart.runtime.backend import RuntimeBackend
+    from rollart.runtime.cluster import ClusterError
 
-    tracer = Tracer() if trace else None
+    tracer = Tracer()  # always kept: an interrupted run writes the trace of its finished steps
     cfg = mode_config(plan, mode)
     t0 = time.perf_counter()
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
@@ -57,8 +59,16 @@ def run(
                                  resume=resume)
         if resume is not None:
             bar.update(task, completed=0)
-        outcome = backend.run()
+        try:
+            outcome = backend.run()
+        except ClusterError as exc:
+            _fail([str(exc)])
     result = outcome.to_result()
+    interrupted = backend.interrupted
+    if interrupted is not None:  # say where the finished steps went, even without --json/--trace
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        json_path = json_path or Path(f"rollart-run-{stamp}.json")
+        trace = trace or Path(f"rollart-run-{stamp}.trace.json")
     print_result(result, console)
     sm = result.summary
     console.print(f"[dim]ran {len(result.steps)} steps in {time.perf_counter() - t0:.1f} s wall · generate call "
@@ -67,8 +77,12 @@ def run(
     if json_path:
         result.write_json(json_path)
         console.print(f"[dim]wrote {json_path}[/]")
-    if tracer is not None and trace is not None:
+    if trace is not None:
         tracer.write(trace)
         console.print(f"[dim]wrote {trace} (open in https://ui.perfetto.dev)[/]")
+    if interrupted is not None:
+        err_console.print(f"{result.error}; the result of those steps is in {json_path}, their trace in {trace}",
+                          highlight=False, soft_wrap=True)
+        raise typer.Exit(code=128 + int(interrupted))  # 130 for SIGINT, 143 for SIGTERM
     if result.error:
         raise typer.Exit(code=1)

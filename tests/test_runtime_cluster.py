@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
+
 
 import pytest
 
@@ -16,10 +17,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def local_ray():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, resources={resource_name("h800"): 2, resource_name("h20"): 2},
-             object_store_memory=200_000_000, include_dashboard=False, ignore_reinit_error=True,
-             log_to_driver=False)
+    from rollart.runtime.cluster import init_local_ray
+
+    init_local_ray(2, {resource_name("h800"): 2, resource_name("h20"): 2}, object_store_memory=200_000_000)
     yield
     ray.shutdown()
 
@@ -68,7 +68,10 @@ def test_resource_manager_binds_with_fallback_and_records_in_redis() -> None:
     import redis
 
     with RedisServer() as server:
-        r = redis.Redis(host="127.0.0.1", port=server.port)
+        with pytest.raises(redis.exceptions.AuthenticationError):  # a generated password guards it
+            redis.Redis(host="127.0.0.1", port=server.port).ping()
+        assert server.password not in " ".join(Path(f"/proc/{server.proc.pid}/cmdline").read_text().split("\0"))
+        r = server.client(decode_responses=False)
         rm = ResourceManager({"h800": 1, "h20": 2}, r)
         assert rm.bind("w0", "h800") == "h800"
         assert rm.bind("w1", "h800") == "h20"  # h800 full: compatible pool

@@ -9,7 +9,6 @@ whole context (so the KV really was recomputed)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import threading
 import time
@@ -513,10 +512,11 @@ def test_vllm_adapter_bookkeeping_on_a_stand_in(tok, monkeypatch) -> None:
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
+    from rollart.runtime.cluster import init_local_ray
+
     started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, object_store_memory=200_000_000, include_dashboard=False, log_to_driver=False)
+    if started:  # loopback only, token auth on (as a run starts it)
+        init_local_ray(2, object_store_memory=200_000_000)
     yield ray
     if started:
         ray.shutdown()

@@ -4,7 +4,6 @@ deployment that scales from zero (slow: starts a local Ray)."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -103,9 +102,9 @@ def test_client_retries_server_errors_but_not_bad_requests():
 def local_ray():
     ray = pytest.importorskip("ray")
     pytest.importorskip("ray.serve")
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, object_store_memory=200_000_000, include_dashboard=False, log_to_driver=False)
+    from rollart.runtime.cluster import init_local_ray
+
+    init_local_ray(2, object_store_memory=200_000_000)  # loopback only, token auth on
     try:
         yield ray
     finally:
@@ -115,10 +114,6 @@ def local_ray():
             shutdown_reward()
         finally:
             ray.shutdown()
-            if saved is None:
-                os.environ.pop("RAY_AUTH_MODE", None)
-            else:
-                os.environ["RAY_AUTH_MODE"] = saved
 
 
 @pytest.mark.slow

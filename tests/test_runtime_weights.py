@@ -5,7 +5,6 @@ resource-binding records."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 from pathlib import Path
 
@@ -129,8 +128,12 @@ def test_mooncake_publish_pull_between_two_processes(tmp_path: Path):
     path = str(tmp_path / "states.pt")
     torch.save({"tiny": tiny, "synth": synth}, path)
     with ms.start_master() as master:
-        assert master.host == "127.0.0.1" and master.http_port not in (8080, 18080)
-        assert f"{master.host}:{master.http_port}" in master.log_tail(100_000)  # metadata server on loopback
+        from rollart.runtime.sockets import listening
+
+        # no HTTP metadata server (it would bind 0.0.0.0): the master's own ports are loopback only
+        mine = [s for s in listening() if master.proc.pid in s.pids]
+        assert master.host == "127.0.0.1" and master.metadata_server == "P2PHANDSHAKE"
+        assert {s.port for s in mine} >= {master.rpc_port} and all(s.loopback for s in mine), mine
         spec = master.spec(segment_bytes=256 * MiB, keep=2)
         ctx = mp.get_context("spawn")
         q, done = ctx.Queue(), ctx.Event()
@@ -185,15 +188,11 @@ def test_mooncake_unavailable_reports_a_reason(monkeypatch):
 @pytest.fixture(scope="module")
 def ray_session():
     ray = pytest.importorskip("ray")
-    old = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, object_store_memory=200_000_000, include_dashboard=False, log_to_driver=False)
+    from rollart.runtime.cluster import init_local_ray
+
+    init_local_ray(2, object_store_memory=200_000_000)  # loopback only, token auth on
     yield ray
     ray.shutdown()
-    if old is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = old
 
 
 def _pull_in_task(spec, version: int, seed: int):

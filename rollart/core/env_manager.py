@@ -138,6 +138,9 @@ def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | Non
     t0 = ctl.now()
     traj.reward = yield ComputeReward(traj, ctl.mode.serverless_reward)
     traj.record(t0, ctl.now(), REWARD)
+    if traj.reward is None:  # the reward call failed (a real endpoint): fail, never score it 0
+        yield from _on_failure(ctl, traj, "reward call failed")
+        return
     ctl.tracer.reward_span(traj, t0, ctl.now())
     traj.finished_at = ctl.now()
     ctl.stats.consecutive_failures = 0

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import signal
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -66,6 +68,10 @@ class Conversation:
 class RuntimeCounters:
     reward_calls: int = 0
     reward_failures: int = 0
+    reward_last_error: str | None = None
+    step_reward_calls: int = 0     # this step's (since the last TrainStep), for max_reward_failure_rate
+    step_reward_failures: int = 0
+    env_worker_deaths: int = 0     # env calls lost to a dead env worker (the trajectory failed, refilled)
     generate_calls: int = 0
     reissued: int = 0            # generate calls re-issued after their worker died
     generate_seconds: float = 0.0
@@ -112,18 +118,25 @@ class RuntimeBackend:
         from rollart.runtime.engines.tokenizer import build_tokenizer
         from rollart.runtime.envs.worker import remote_env_worker
         from rollart.runtime.inference_worker import InferenceWorkerActor
-        from rollart.runtime.redis_server import RedisServer
         from rollart.runtime.trainer.actor import TrainerActor
+
+        from rollart.runtime.head import start_head_services
+        from rollart.runtime.procs import Watchdog
 
         plan, rt = self.plan, self.plan.runtime
         started_here = not ray.is_initialized()
+        if started_here and not self.address:
+            # SIGKILL of this process runs no tear-down: the watchdog then kills Ray's processes
+            # (GCS, raylet, agents, workers) and their children
+            self._watchdog = Watchdog()
+            self._closers.append(self._watchdog.stop)
         start_ray(plan, self.address)
         if started_here:  # a Ray we joined (tests, --address) is left running
-            self._closers.append(ray.shutdown)
-        self.redis_server = RedisServer()
-        self.redis_server.__enter__()
-        self._closers.append(lambda: self.redis_server.__exit__(None, None, None))
-        self.redis = redis.Redis(host="127.0.0.1", port=self.redis_server.port)
+            self._closers.insert(len(self._closers) - 1 if self._closers else 0, ray.shutdown)
+        self.head = start_head_services(self._service_host())
+        self._closers.insert(0, lambda: ray.get(self.head.close.remote(), timeout=30))
+        host, port, password = ray.get(self.head.redis_address.remote())
+        self.redis = redis.Redis(host=host, port=port, password=password)
         self.resources = ResourceManager(pool_capacities(plan), self.redis)
         self.tokenizer = build_tokenizer(self.model.vocab)
         self.workers = []
@@ -133,8 +146,10 @@ class RuntimeBackend:
                                                  resources=self.resources.ray_resources(pool)).remote(
                 self.model, engine=rt.engine, seed=self.seed, name=f"gen-{w.id}")
             self.workers.append(actor)
+        # restarted like the inference workers: a dead one's in-flight trajectories fail (and are
+        # refilled by the core), the others carry on
         self.env_workers = [remote_env_worker(num_cpus=0, tasks=self.plan, seed=self.seed + i,
-                                              inject=rt.inject_env_latency)
+                                              inject=rt.inject_env_latency, max_restarts=-1)
                             for i in range(rt.env_workers)]
         # the trainer computes log-probs under the same temperature the engines sample with
         self.trainer = TrainerActor.options(num_cpus=0).remote(self.model, lr=rt.learning_rate, seed=self.seed,
@@ -181,20 +196,36 @@ class RuntimeBackend:
         spec = self.store_spec.for_puller() if hasattr(self.store_spec, "for_puller") else self.store_spec
         return functools.partial(pull_version, spec, version)
 
+    def _service_host(self) -> str:
+        """Where the head's services (Redis, the Mooncake master) listen: loopback unless the
+        driver runs on another machine than the head."""
+        import ray
+
+        if not self.address:
+            return "127.0.0.1"
+        head = [n for n in ray.nodes() if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {})]
+        head_ip = head[0]["NodeManagerAddress"] if head else "127.0.0.1"
+        return "127.0.0.1" if head_ip == ray.util.get_node_ip_address() else head_ip
+
     def _make_store(self) -> Any:
         """A picklable store spec the trainer publishes through and workers pull from: the
-        Mooncake store (master started here, TCP on 127.0.0.1), else Ray's object store."""
+        Mooncake store (master on the head, TCP), else Ray's object store. Mooncake's transfer
+        engine listens on all interfaces without authentication, so it is used only when the
+        plan allows that (``runtime.allow_external_listeners``)."""
+        import ray
+
         self.store_note = "ray object store"
         if self.plan.runtime.weight_store == "mooncake":
             from rollart.runtime.weights import mooncake_store
 
             ok, reason = mooncake_store.available()
+            if ok and not self.plan.runtime.allow_external_listeners:
+                ok, reason = False, ("its transfer engine listens on all interfaces unauthenticated; set "
+                                     "runtime.allow_external_listeners=true to use it")
             if ok:
-                master = mooncake_store.start_master()
-                self._closers.insert(0, master.close)
                 self.store_note = "mooncake"
-                return master.spec()
-            self.store_note = f"ray object store (mooncake unavailable: {reason})"
+                return ray.get(self.head.start_mooncake.remote())
+            self.store_note = f"ray object store (mooncake not used: {reason})"
         import uuid
 
         from rollart.runtime.weights.ray_store import RayStoreSpec
@@ -224,11 +255,22 @@ class RuntimeBackend:
     def _tokens(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    async def _env_call(self, traj: Trajectory, method: str, *args: Any) -> dict:
+        """``method`` on the trajectory's env worker; a dead worker (Ray restarts it) fails the
+        call, so the core fails the trajectory and refills its group."""
+        try:
+            return await getattr(self._env_worker(traj), method).remote(*args)
+        except Exception as exc:  # noqa: BLE001
+            if not _worker_died(exc):
+                raise
+            self.counters.env_worker_deaths += 1
+            return {"ok": False, "error": f"error: env worker died ({type(exc).__name__}); restarted by Ray"}
+
     async def _env_reset(self, eff: EnvReset) -> EnvOutcome:
         traj = eff.traj
         seed = zlib.crc32(f"{self.seed}:{traj.group.id}".encode())  # a GRPO group shares its prompt
         t0 = self.now()
-        res = await self._env_worker(traj).reset.remote(traj.id, traj.task, seed)
+        res = await self._env_call(traj, "reset", traj.id, traj.task, seed)
         self._env_overhead("reset", t0, res)
         if not res["ok"]:
             return EnvOutcome(ok=False, error=res.get("error") or "error")
@@ -240,7 +282,7 @@ class RuntimeBackend:
         traj = eff.traj
         conv = self.conv[traj.id]
         t0 = self.now()
-        res = await self._env_worker(traj).step.remote(traj.id, conv.last_action)
+        res = await self._env_call(traj, "step", traj.id, conv.last_action)
         self._env_overhead("step", t0, res)
         if not res["ok"]:
             return EnvOutcome(ok=False, error=res.get("error") or "error")
@@ -262,7 +304,7 @@ class RuntimeBackend:
             self.counters.env_overhead_s[kind].append(max(0.0, self.now() - t0 - float(res.get("injected_s") or 0.0)))
 
     async def _env_close(self, eff: EnvClose) -> None:
-        await self._env_worker(eff.traj).close.remote(eff.traj.id)
+        await self._env_call(eff.traj, "close", eff.traj.id)
 
     def _prompt_ids(self, conv: Conversation) -> list[int]:
         from rollart.runtime.engines.tokenizer import render_chat
@@ -306,7 +348,7 @@ class RuntimeBackend:
         conv.last_action = out.text
         return GenOutcome(tokens=max(1, len(out.token_ids)), text=out.text)
 
-    async def _reward(self, eff: ComputeReward) -> float:
+    async def _reward(self, eff: ComputeReward) -> float | None:
         from rollart.runtime.reward.rules import score
 
         traj = eff.traj
@@ -316,18 +358,35 @@ class RuntimeBackend:
         t0 = self.now()
         self.counters.reward_calls += 1
         value: float | None
+        error = None
         if eff.serverless and self.reward_url:
-            value, _attempts, _error = await asyncio.to_thread(self._reward_client().score, record)
+            value, _attempts, error = await asyncio.to_thread(self._reward_client().score, record)
         else:
             try:
                 value = score(traj.task, record)
             except ValueError:  # no rule for this task kind: the env's own score
                 value = conv.env_reward
         self.counters.reward_seconds += self.now() - t0
-        if value is None:  # endpoint down after its retries: counted, never fatal
-            self.counters.reward_failures += 1
-            value = 0.0
+        c = self.counters
+        c.step_reward_calls += 1
+        if value is None:  # endpoint down after its retries: the trajectory fails (never a silent 0)
+            c.reward_failures += 1
+            c.step_reward_failures += 1
+            c.reward_last_error = error
+            self._check_reward_failures()
+            return None
         return float(value)
+
+    def _check_reward_failures(self) -> None:
+        """Stop the run once more than ``runtime.max_reward_failure_rate`` of this step's reward
+        calls failed (judged once the failures alone exceed that share of a batch)."""
+        c, rate = self.counters, self.plan.runtime.max_reward_failure_rate
+        batch = self.plan.algorithm.batch_size
+        if c.step_reward_failures > rate * batch and c.step_reward_failures > rate * c.step_reward_calls:
+            raise RunAborted(f"runtime.max_reward_failure_rate: {c.step_reward_failures} of {c.step_reward_calls} "
+                             f"reward calls failed in step {self.ctl.version} (limit {rate:.0%}); last error: "
+                             f"{c.reward_last_error} (endpoint {self.reward_url}); stopped instead of training "
+                             "without rewards")
 
     async def _on_worker(self, wid: int, call: Callable[[Any], Any]) -> Any:
         """``call(actor)`` on worker ``wid``; if the worker died, wait for its restart, give it
@@ -381,6 +440,7 @@ class RuntimeBackend:
         for tid in [tid for tid, _ in self.finished.items()
                     if self.ctl.trajectories[tid].state.value not in ("scored",)]:
             del self.finished[tid]
+        self.counters.step_reward_calls = self.counters.step_reward_failures = 0
         t0 = self.now()
         metrics = await self.trainer.train_step.remote(samples, eff.version)
         metrics["round_trip_s"] = self.now() - t0
@@ -441,6 +501,10 @@ class RuntimeBackend:
             if driver.failures:  # a process raised: stop the run with its message
                 error = _describe(driver.failures[0])
                 break
+            if self.interrupted is not None:  # SIGINT/SIGTERM: stop here, the finished steps are kept
+                error = (f"interrupted by {signal.Signals(self.interrupted).name} after "
+                         f"{len(self.ctl.stats.steps)} finished steps")
+                break
         if main.done() and not main.cancelled() and main.exception() is not None:
             error = _describe(main.exception())
         await driver.cancel_all()
@@ -474,13 +538,35 @@ class RuntimeBackend:
 
     def run(self) -> "RuntimeOutcome":
         self.finished: dict[int, Conversation] = {}
+        self.interrupted: int | None = None
+        previous = self._catch_signals()
         try:
             self.setup()
-            error = asyncio.run(self._main())
-            stats = self._worker_stats()
+            if self.interrupted is None:
+                error = asyncio.run(self._main())
+                stats = self._worker_stats()
+            else:
+                error, stats = f"interrupted by {signal.Signals(self.interrupted).name} during set-up", []
         finally:
             self.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         return RuntimeOutcome(self, error, stats)
+
+    def _catch_signals(self) -> dict[int, Any]:
+        """SIGINT/SIGTERM ask the run to stop at the next safe point (the driver's poll: the
+        finished steps are kept, written and reported); a second one interrupts at once."""
+        def handler(signum: int, frame: Any) -> None:
+            if self.interrupted is not None:
+                raise KeyboardInterrupt
+            self.interrupted = signum
+
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return previous
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+        return previous
 
     def _worker_stats(self) -> list[dict[str, Any]]:
         import ray
@@ -550,6 +636,8 @@ class RuntimeOutcome:
             "trajectories": counts,
             "reward_calls": b.counters.reward_calls,
             "reward_failures": b.counters.reward_failures,
+            "env_worker_deaths": b.counters.env_worker_deaths,
+            "interrupted": signal.Signals(b.interrupted).name if getattr(b, "interrupted", None) else None,
             "mean_generate_s": b.counters.generate_seconds / max(1, b.counters.generate_calls),
             "generate_reissued": b.counters.reissued,
             "mean_reward_call_s": b.counters.reward_seconds / max(1, b.counters.reward_calls),

@@ -29,21 +29,102 @@ def pool_capacities(plan: Plan) -> dict[str, int]:
     return {name: max(1, n) for name, n in caps.items()}
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def require_token_auth() -> None:
+    """Ray's token authentication on for this process and the Ray processes it starts (Ray
+    2.60 turns it on by default for a new local cluster; an inherited ``RAY_AUTH_MODE=disabled``
+    would leave the GCS, raylets, actor ports and the dashboard agent's job API open to anyone
+    who reaches them, i.e. remote code execution as this user)."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:  # refresh Ray's cached config when Ray was imported (and configured) before
+        from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+        _enable_token_auth()
+    except Exception:  # noqa: BLE001 - an older/newer Ray without it reads the variable itself
+        pass
+
+
+def init_local_ray(num_cpus: int, resources: dict[str, float] | None = None,
+                   object_store_memory: int = 256 * 2**20) -> None:
+    """A local Ray whose every process listens on 127.0.0.1 only, with token auth and no
+    dashboard. ``ray.init(_node_ip_address="127.0.0.1")`` alone is not enough: Ray resolves a
+    loopback node address to the host's address unless it believes it runs single-node
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``); with a loopback node address its gRPC servers,
+    agents and monitor bind 127.0.0.1. The variable is set only while the node starts (its
+    processes inherit it), so the rest of this process is unaffected."""
+    import ray
+    from ray._private import ray_constants
+
+    require_token_auth()
+    key = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    old_env, old_const = os.environ.get(key), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[key] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(num_cpus=num_cpus, resources=resources or {}, object_store_memory=object_store_memory,
+                 include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
+                 _node_ip_address=LOOPBACK)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old_const
+        if old_env is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old_env
+
+
 def start_ray(plan: Plan, address: str | None = None) -> None:
-    """``ray.init`` locally with explicit CPUs, a small object store, no dashboard, and the
-    pools as custom resources — or join an existing cluster at ``address``."""
+    """A local Ray on loopback (explicit CPUs, a small object store, no dashboard, token auth,
+    the pools as custom resources) — or join an existing cluster at ``address`` (``HOST:PORT``
+    of its GCS), authenticating with its token (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
+    ``~/.ray/auth_token``). A joined cluster must offer each pool's custom resource."""
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        require_token_auth()
+        try:
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        except Exception as exc:  # noqa: BLE001 - one line for the user, not Ray's traceback
+            raise ClusterError(f"--address {address}: cannot join the Ray cluster ({type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''}); is it running, and is its token "
+                               "in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token?") from None
+        missing = check_cluster_pools(plan)
+        if missing:
+            ray.shutdown()
+            raise ClusterError(missing)
         return
     num_cpus = plan.runtime.num_cpus or max(2, os.cpu_count() or 2)
     resources = {resource_name(p): float(n) for p, n in pool_capacities(plan).items()}
-    ray.init(num_cpus=num_cpus, resources=resources, object_store_memory=256 * 2**20,
-             include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    init_local_ray(num_cpus, resources)
+
+
+class ClusterError(RuntimeError):
+    """The Ray cluster cannot host the plan (unreachable, or a pool's resource is missing)."""
+
+
+def check_cluster_pools(plan: Plan) -> str | None:
+    """None when the running cluster offers every pool's custom resource in the units the
+    plan needs, else a one-line message naming what is missing (the plan stays the same on
+    one machine and many: a node offers a pool with ``ray start --resources``)."""
+    import ray
+
+    have = ray.cluster_resources()
+    short = [f"{resource_name(p)} (need {n}, cluster has {have.get(resource_name(p), 0):g})"
+             for p, n in pool_capacities(plan).items() if have.get(resource_name(p), 0) < n]
+    if not short:
+        return None
+    return ("the Ray cluster lacks pool resources: " + ", ".join(short) +
+            "; start a node for each pool with e.g. `ray start --address HOST:PORT --resources "
+            f"'{{\"{resource_name(next(iter(pool_capacities(plan))))}\": N}}'`")
+
+
+def head_node_resource() -> dict[str, float]:
+    """Ray options that place an actor on the head node (Ray gives the head
+    ``node:__internal_head__``): the run's Redis and weight store live there."""
+    return {"node:__internal_head__": 0.001}
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """A private ``redis-server`` for a run, and the resource-binding records kept in it.
 
 :class:`RedisServer` starts ``redis-server`` on 127.0.0.1 on a free port, with no persistence
-(``--save "" --appendonly no``) and its own temporary directory, waits until ``PING``
+(``--save "" --appendonly no``), a generated password (``requirepass``, written to a 0600
+config file in its private 0700 directory, never on the command line where ``ps`` shows it)
+and ``PR_SET_PDEATHSIG`` (it dies with the process that started it), waits until ``PING``
 answers, and stops it (and removes the directory) on exit::
 
     with RedisServer() as srv:
@@ -26,6 +28,8 @@ A worker is bound to one pool at a time: binding it again moves it, atomically.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -34,6 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+
+from rollart.runtime.procs import pdeathsig_preexec
 
 
 class RedisUnavailable(RuntimeError):
@@ -59,6 +65,7 @@ class RedisServer:
         self.proc: subprocess.Popen | None = None
         self.dir: Path | None = None
         self.startup_s = 0.0
+        self.password = secrets.token_urlsafe(24)
 
     @staticmethod
     def available() -> tuple[bool, str]:
@@ -72,18 +79,20 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        return f"redis://:{self.password}@{self.host}:{self.port}/0"
 
     def client(self, decode_responses: bool = True, **kw: Any) -> Any:
         import redis
 
-        return redis.Redis(host=self.host, port=self.port, decode_responses=decode_responses, **kw)
+        return redis.Redis(host=self.host, port=self.port, password=self.password, decode_responses=decode_responses,
+                           **kw)
 
     def _ping(self) -> bool:
         import redis
 
         try:
-            with redis.Redis(host=self.host, port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5) as r:
+            with redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=0.5,
+                             socket_connect_timeout=0.5) as r:
                 return bool(r.ping())
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
             return False
@@ -95,16 +104,20 @@ class RedisServer:
             return self
         if self.binary is None:
             raise RedisUnavailable("redis-server is not installed (apt-get install redis-server)")
-        self.dir = Path(tempfile.mkdtemp(prefix="rollart-redis-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="rollart-redis-"))  # mkdtemp: mode 0700
+        conf = self.dir / "redis.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"requirepass {self.password}\n")
         t0 = time.perf_counter()
         log = ""
         for _attempt in range(1 if self.requested_port else 3):
             self.port = self.requested_port or _free_port(self.host)
-            args = [self.binary, "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no",
+            args = [self.binary, str(conf), "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no",
                     "--dir", str(self.dir), "--dbfilename", "unused.rdb", "--daemonize", "no",
                     "--protected-mode", "yes", "--logfile", str(self.dir / "redis.log")]
             self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.STDOUT, cwd=self.dir)
+                                         stderr=subprocess.STDOUT, cwd=self.dir, preexec_fn=pdeathsig_preexec())
             deadline = time.monotonic() + self.start_timeout
             while time.monotonic() < deadline and self.proc.poll() is None:
                 if self._ping():

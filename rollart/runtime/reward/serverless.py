@@ -88,8 +88,10 @@ def deploy_reward(name: str = "reward", port: int | None = None, *, host: str = 
 
     if not 0 <= initial_replicas <= max_replicas:
         raise ValueError(f"initial_replicas must be in [0, max_replicas={max_replicas}], got {initial_replicas}")
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=200_000_000, include_dashboard=False)
+    if not ray.is_initialized():  # loopback only, token auth on
+        from rollart.runtime.cluster import init_local_ray
+
+        init_local_ray(2, object_store_memory=200_000_000)
     if _state["port"] is None:
         port = port or free_port(host)
         serve.start(http_options={"host": host, "port": port})

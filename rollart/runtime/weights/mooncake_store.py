@@ -2,8 +2,15 @@
 
 * :func:`start_master` runs the ``mooncake_master`` binary shipped inside the ``mooncake``
   package (``mooncake-transfer-engine-non-cuda`` here) on free ports of 127.0.0.1: its RPC
-  port, its built-in HTTP metadata server (which otherwise binds 0.0.0.0:8080) and its
-  metrics port. :class:`MooncakeMaster` stops it on ``close``.
+  port and its metrics port. Its built-in HTTP metadata server is *not* started: it binds
+  0.0.0.0 whatever ``--http_metadata_server_host`` says and accepts unauthenticated PUTs;
+  clients use the transfer engine's own peer-to-peer handshake (``P2PHANDSHAKE``) instead.
+  The master dies with the process that started it (``PR_SET_PDEATHSIG``);
+  :class:`MooncakeMaster` stops it on ``close``.
+* Security note: the transfer engine in each client (0.3.13) listens on all interfaces
+  (its handshake and TCP data ports ignore the local host name and ``MC_TCP_BIND_ADDRESS``),
+  without authentication. The runtime therefore uses this store only when the plan allows
+  such listeners (``runtime.allow_external_listeners``); otherwise Ray's object store.
 * Each process opens one client per store with :meth:`MooncakeStoreSpec.open`
   (``MooncakeDistributedStore().setup(...)``). The publisher (the trainer) contributes a
   ``segment_bytes`` CPU segment that holds the published buckets; pullers contribute none.
@@ -35,6 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from rollart.runtime.procs import pdeathsig_preexec
 from rollart.runtime.weights.buckets import AsyncPullMixin, Manifest, arena_of, cut, pipelined_reassemble
 
 _APT_HINT = "apt-get install libibverbs1 libnl-3-200 libnl-route-3-200"
@@ -105,7 +113,7 @@ def _port_open(host: str, port: int) -> bool:
 
 
 class MooncakeMaster:
-    """A ``mooncake_master`` process with its HTTP metadata server, on free local ports."""
+    """A ``mooncake_master`` process on free ports of ``host`` (no HTTP metadata server)."""
 
     def __init__(self, host: str = "127.0.0.1", log_dir: str | Path | None = None, start_timeout: float = 30.0,
                  extra_args: tuple[str, ...] = ()):
@@ -116,7 +124,7 @@ class MooncakeMaster:
         self.dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="rollart-mooncake-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen | None = None
-        self.rpc_port = self.http_port = self.metrics_port = 0
+        self.rpc_port = self.metrics_port = 0
         self.startup_s = 0.0
 
     @property
@@ -125,7 +133,7 @@ class MooncakeMaster:
 
     @property
     def metadata_server(self) -> str:
-        return f"http://{self.host}:{self.http_port}/metadata"
+        return "P2PHANDSHAKE"  # peers exchange segment descriptors directly; no metadata service
 
     @property
     def log_path(self) -> Path:
@@ -148,19 +156,18 @@ class MooncakeMaster:
         t0 = time.perf_counter()
         last = ""
         for _attempt in range(3):  # a free port can be taken between the probe and the bind
-            self.rpc_port, self.http_port, self.metrics_port = (_free_port(self.host) for _ in range(3))
+            self.rpc_port, self.metrics_port = (_free_port(self.host) for _ in range(2))
             args = [str(binary), f"--rpc_port={self.rpc_port}", f"--rpc_address={self.host}",
-                    "--enable_http_metadata_server=true", f"--http_metadata_server_host={self.host}",
-                    f"--http_metadata_server_port={self.http_port}", f"--metrics_host={self.host}",
+                    "--enable_http_metadata_server=false", f"--metrics_host={self.host}",
                     f"--metrics_port={self.metrics_port}", "--enable_metric_reporting=false", *self.extra_args]
             with self.log_path.open("ab") as log:
                 self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             cwd=self.dir)
+                                             cwd=self.dir, preexec_fn=pdeathsig_preexec())
             deadline = time.monotonic() + self.start_timeout
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     break
-                if _port_open(self.host, self.rpc_port) and _port_open(self.host, self.http_port):
+                if _port_open(self.host, self.rpc_port):
                     self.startup_s = time.perf_counter() - t0
                     atexit.register(self.close)
                     return self

