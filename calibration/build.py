@@ -196,6 +196,8 @@ def build(gpu: str) -> KernelProfile:
         allreduce.params["beta_gbps"] = float(f"{fit.params['beta_gbps'] * scale:.6g}")
         allreduce.derived = f"H100 NVLink fit with bandwidth × {scale:.3g} ({key} NVLink {sheet['nvlink_gbps']:.0f} GB/s)"
         assumptions.append(allreduce.derived)
+    elif gpu != "h100":
+        allreduce.derived = f"H100 NVLink fit as is ({key} NVLink {sheet['nvlink_gbps']:.0f} GB/s, the same as H100's)"
 
     prefill = np.concatenate(prefill_ape)
     decode = np.concatenate(decode_ape)

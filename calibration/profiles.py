@@ -68,6 +68,36 @@ class KernelProfile(BaseModel):
     source: str = ""
 
 
+def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
+    """(term, dtype, derivation) for every term a kernel profile composes: what ``rollart
+    calibrate show`` prints, one line each."""
+    def how(c: ComponentFit) -> str:
+        if c.derived:
+            return f"derived: {c.derived}"
+        held = f", held-out MAPE {c.mape_heldout:.1%}" if c.mape_heldout is not None else ""
+        return f"fitted to {c.rows + c.heldout_rows} measured rows ({', '.join(c.data[:1])}{' …' if len(c.data) > 1 else ''}{held})"
+
+    e_mem = profile.gemm.params.get("e_mem", 1.0)
+    out = [("linear layers, BF16 weights", profile.gemm.dtype or "bf16",
+            how(profile.gemm) + f" → weight reads at e_mem {e_mem:.3g} × {profile.hbm_tbps:g} = "
+            f"{e_mem * profile.hbm_tbps:.3g} TB/s")]
+    if profile.gemm_fp8 is not None:
+        out.append(("linear layers, FP8 weights", profile.gemm_fp8.dtype or "fp8",
+                    f"compute (t0, e_max, m_half) {how(profile.gemm_fp8)}; weight reads 1 byte each at the memory-system "
+                    f"e_mem {e_mem:.3g}, not this kernel's fitted {profile.gemm_fp8.params.get('e_mem', 0):.3g}"))
+    else:
+        out.append(("linear layers, FP8 weights", "fp8 storage, bf16 compute",
+                    f"no FP8 timings: BF16 compute, weights read 1 byte each at e_mem {e_mem:.3g}"))
+    out.append(("lm_head", "bf16", "the BF16 GEMM model (not quantised)"))
+    out.append(("prefill attention", profile.attn_prefill.dtype or "bf16", how(profile.attn_prefill)))
+    out.append(("decode attention, BF16 KV", profile.attn_decode.dtype or "bf16", how(profile.attn_decode)))
+    if profile.attn_decode_fp8_kv is not None:
+        out.append(("decode attention, FP8 KV", profile.attn_decode_fp8_kv.dtype or "fp8", how(profile.attn_decode_fp8_kv)))
+    out.append(("all-reduce / all-to-all", profile.allreduce.dtype or "bf16 activations", how(profile.allreduce)))
+    out.append(("iteration overhead", "-", f"assumed {profile.iteration_overhead_s * 1e3:g} ms per engine step"))
+    return out
+
+
 class EngineProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -54,8 +54,10 @@ def show(name: str = typer.Argument(..., help="a shipped GPU profile (h800, h20,
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     if isinstance(profile, KernelProfile):
-        components = [("gemm", profile.gemm), ("attn prefill", profile.attn_prefill),
-                      ("attn decode", profile.attn_decode), ("all-reduce", profile.allreduce)]
+        components = [("gemm", profile.gemm), ("gemm fp8", profile.gemm_fp8), ("attn prefill", profile.attn_prefill),
+                      ("attn decode", profile.attn_decode), ("attn decode fp8 kv", profile.attn_decode_fp8_kv),
+                      ("all-reduce", profile.allreduce)]
+        components = [(label, c) for label, c in components if c is not None]
     elif isinstance(profile, TrainProfile):
         components = [("train step", profile.step)]
     else:
@@ -81,8 +83,12 @@ def show(name: str = typer.Argument(..., help="a shipped GPU profile (h800, h20,
         console.print(f"[bold]held-out MAPE[/]: prefill {_pct(fe.prefill_mape_heldout)} · decode "
                       f"{_pct(fe.decode_mape_heldout)}  [dim]({fe.note})[/]")
     if isinstance(profile, KernelProfile):
+        from rollart.calibration.profiles import term_lines
+
         console.print(f"iteration overhead {profile.iteration_overhead_s * 1e3:.1f} ms · datasheet "
                       f"{profile.peak_tflops_bf16:g} TFLOP/s BF16, {profile.hbm_tbps:g} TB/s")
+        for term, dtype, how in term_lines(profile):
+            console.print(f"[bold]term[/] {term}: dtype {dtype} · {how}", soft_wrap=True, highlight=False)
     console.print(f"[bold]source[/]: {profile.source}")
     for a in profile.assumptions:
         console.print(f"[bold]assumption[/]: {a}", soft_wrap=True)

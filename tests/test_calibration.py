@@ -176,6 +176,13 @@ def test_calibrate_show_prints_fits_and_plots(gpu: str, tmp_path: Path) -> None:
     assert f"prefill {profile.fit_error.prefill_mape_heldout:.1%}" in out.stdout
     assert f"decode {profile.fit_error.decode_mape_heldout:.1%}" in out.stdout
     assert "assumption" in out.stdout and "source" in out.stdout
+    # one line per composed term, naming its dtype and its derivation
+    from rollart.calibration.profiles import term_lines
+
+    terms = [ln for ln in out.stdout.splitlines() if ln.startswith("term ")]
+    assert len(terms) == len(term_lines(profile)) >= 7 and all(" dtype " in ln for ln in terms)
+    assert any(ln.startswith("term linear layers, FP8 weights: dtype fp8") and "memory-system" in ln for ln in terms)
+    assert any(ln.startswith("term decode attention, FP8 KV: dtype fp8") for ln in terms)
     assert (tmp_path / "fit.png").stat().st_size > 10_000
 
 
