@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -14,9 +15,29 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rollart.cli_calibrate import calibrate_app
 from rollart.core.modes import mode_config
 from rollart.plan import MODES, Plan, PlanError, load_plan
+from rollart.plan.loader import did_you_mean
 from rollart.report import RunResult, compare_table, print_result
-from rollart.scenarios_catalog import default_scenario, resolve, shipped
+from rollart.scenarios_catalog import default_scenario, resolve_existing, shipped
 
+def _flags_without_type() -> None:
+    """typer 0.2x prints ``<bool>`` as the type of every flag (--quiet, --help): a flag takes no
+    value, so show none."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # pragma: no cover - older typer has no typed help
+        return
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "_rollart", False):
+        return
+
+    def display_type_rich(self, ctx):  # noqa: ANN001, ANN202
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    display_type_rich._rollart = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_without_type()
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan, simulate and run disaggregated multi-task agentic RL training.")
 app.add_typer(calibrate_app, name="calibrate")
@@ -33,12 +54,51 @@ def _fail(problems: list[str]) -> None:
 
 
 def _load(scenario: Optional[str], overrides: list[str]) -> Plan:
-    path = resolve(scenario) if scenario else default_scenario()
     try:
+        path = resolve_existing(scenario) if scenario else default_scenario()
         return load_plan(path, overrides)
     except PlanError as exc:
         _fail(exc.problems)
         raise  # unreachable
+
+
+def check_output_file(path: Optional[Path], option: str) -> None:
+    """Before any work: ``path`` can be written (its folder exists and is writable, it is not a
+    folder), so a long run never ends in a traceback while writing its result."""
+    if path is None:
+        return
+    folder = path.parent
+    if path.is_dir():
+        _fail([f"{option} {path}: is a folder; give a file name"])
+    if not folder.is_dir():
+        _fail([f"{option} {path}: folder '{folder}' does not exist (create it first)"])
+    if not os.access(folder, os.W_OK):
+        _fail([f"{option} {path}: folder '{folder}' is not writable"])
+
+
+def prepare_output_dir(path: Path, option: str) -> None:
+    """Before any work: create the output folder ``path`` (and its parents), or say why not."""
+    if path.exists() and not path.is_dir():
+        _fail([f"{option} {path}: is a file, not a folder"])
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail([f"{option} {path}: cannot create the folder ({exc.strerror or exc})"])
+    if not os.access(path, os.W_OK):
+        _fail([f"{option} {path}: folder is not writable"])
+
+
+def write_output(option: str, path: Path, write) -> None:  # noqa: ANN001
+    """``write(path)``; a failure (disk full, removed folder) is one error line, exit 2."""
+    try:
+        write(path)
+    except OSError as exc:
+        _fail([f"{option} {path}: cannot write ({exc.strerror or exc})"])
+
+
+def show_progress(requested: bool) -> bool:
+    """A progress bar only on a terminal: piped, it would leave blank lines on stderr."""
+    return requested and err_console.is_terminal
 
 
 def _overrides(set_: list[str], steps: Optional[int], seed: Optional[int]) -> list[str]:
@@ -51,9 +111,9 @@ def _overrides(set_: list[str], steps: Optional[int], seed: Optional[int]) -> li
     return out
 
 
-def _check_mode(mode: Optional[str]) -> None:
+def _check_mode(mode: Optional[str], option: str = "--mode") -> None:
     if mode is not None and mode not in MODES:
-        _fail([f"--mode: unknown mode '{mode}'; modes are: {', '.join(MODES)}"])
+        _fail([f"{option}: unknown mode '{mode}'{did_you_mean(mode, MODES, 'modes')}"])
 
 
 def run_simulation(plan: Plan, mode: Optional[str], seed: int, trace: Optional[Path], progress: bool) -> RunResult:
@@ -65,7 +125,7 @@ def run_simulation(plan: Plan, mode: Optional[str], seed: int, trace: Optional[P
     tracer = Tracer() if trace else None
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("steps · simulated {task.fields[sim]}"), TimeElapsedColumn(),
-                  console=err_console, transient=True, disable=not progress) as bar:
+                  console=err_console, transient=True, disable=not show_progress(progress)) as bar:
         task = bar.add_task(f"simulating {plan.name} ({cfg.name})", total=plan.algorithm.steps, sim="0 s")
         outcome = simulate_plan(plan, cfg, seed, tracer,
                                 on_step=lambda rec: bar.update(task, advance=1, sim=f"{rec.end_s:,.0f} s"))
@@ -75,7 +135,7 @@ def run_simulation(plan: Plan, mode: Optional[str], seed: int, trace: Optional[P
         _fail(exc.problems)
         raise
     if tracer is not None and trace is not None:
-        tracer.write(trace)
+        write_output("--trace", trace, tracer.write)
     return result
 
 
@@ -93,6 +153,8 @@ def simulate(
     """Simulate a plan and print the step table."""
     _check_mode(mode)
     plan = _load(scenario, _overrides(set_, steps, seed))
+    check_output_file(json_path, "--json")
+    check_output_file(trace, "--trace")
     t0 = time.perf_counter()
     try:
         result = run_simulation(plan, mode, plan.algorithm.seed, trace, progress=not quiet)
@@ -104,7 +166,7 @@ def simulate(
     console.print(f"[dim]simulated {result.summary['simulated_s']:,.0f} s in {wall:.1f} s wall "
                   f"({result.summary['effects'] / max(wall, 1e-9):,.0f} effects/s)[/]")
     if json_path:
-        result.write_json(json_path)
+        write_output("--json", json_path, result.write_json)
         console.print(f"[dim]wrote {json_path}[/]")
     if trace:
         console.print(f"[dim]wrote {trace} (open in https://ui.perfetto.dev)[/]")
@@ -124,9 +186,12 @@ def compare(
 ) -> None:
     """Simulate one plan under several modes; throughput is normalised to the first mode."""
     names = [m.strip() for m in modes.split(",") if m.strip()]
+    if not names:
+        _fail([f"--modes: give at least one mode; modes are: {', '.join(MODES)}"])
     for m in names:
-        _check_mode(m)
+        _check_mode(m, "--modes")
     plan = _load(scenario, _overrides(set_, steps, seed))
+    check_output_file(json_path, "--json")
     results = []
     try:
         for m in names:
@@ -138,7 +203,8 @@ def compare(
         if r.error:
             console.print(f"[bold red]{r.mode} stopped early:[/] {r.error}")
     if json_path:
-        json_path.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+        write_output("--json", json_path,
+                     lambda p: p.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n"))
         console.print(f"[dim]wrote {json_path}[/]")
 
 

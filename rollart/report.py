@@ -20,9 +20,20 @@ SHORT = {"generation": "gen", "env_reset": "reset", "env_step": "env", "reward":
          "weight_sync": "sync", "idle": "idle"}
 
 
-def _num(x: float) -> str:
-    """Seconds for a table cell: one decimal below 100 s, whole seconds above (keeps 80 columns)."""
-    return f"{x:.1f}" if abs(x) < 100 else f"{x:.0f}"
+def decimals_for(values: list[float]) -> int:
+    """Decimals for a column of seconds, chosen from its magnitudes: one for GPU-scale steps
+    (tens of seconds), up to three for CPU-scale ones (a 0.04 s env step is not 0.0)."""
+    top = max((abs(v) for v in values), default=0.0)
+    if top >= 10:
+        return 1
+    if top >= 1:
+        return 2
+    return 3
+
+
+def _num(x: float, decimals: int = 1) -> str:
+    """Seconds for a table cell: ``decimals`` below 100 s, whole seconds above (keeps 80 columns)."""
+    return f"{x:.{decimals}f}" if abs(x) < 100 else f"{x:.0f}"
 
 
 def p90(values: list[float]) -> float:
@@ -81,15 +92,27 @@ def summary_from_steps(steps: list[StepRecord]) -> dict[str, float]:
 
 
 def step_table(result: RunResult) -> Table:
+    # a real run knows the batch's rewards: show the mean, so learning is visible in the table
+    rewards = result.backend != "sim" and any(s.mean_reward is not None for s in result.steps)
+    d = decimals_for([s.time_s for s in result.steps])
     table = Table(title=f"{result.scenario} · mode {result.mode} · seed {result.seed} · {result.backend} "
-                        "(seconds per step; breakdown along the critical path; t/o: env calls timed out)",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for name in ("step", "time", *(SHORT[k] for k in BREAKDOWN_KEYS), "trajs", "stale", "t/o"):
+                        "(seconds per step; breakdown along the critical path; t/o: env calls timed out"
+                        + ("; R: the batch's mean reward" if rewards else "") + ")",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                  # wider cells (0.029) or the R column: one space between columns keeps 80 columns
+                  padding=(0, 1) if d == 1 and not rewards else 0)
+    columns = ["step", "time", *(SHORT[k] for k in BREAKDOWN_KEYS), "trajs", "stale", "t/o"]
+    if rewards:
+        columns.append("R")
+    for name in columns:
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name),
                          style="bold" if name == "time" else None)
     for s in result.steps:
-        table.add_row(str(s.step), _num(s.time_s), *(_num(s.breakdown_s.get(k, 0.0)) for k in BREAKDOWN_KEYS),
-                      str(s.trajectories), f"{s.mean_staleness:.2f}", str(s.env_timeouts))
+        row = [str(s.step), _num(s.time_s, d), *(_num(s.breakdown_s.get(k, 0.0), d) for k in BREAKDOWN_KEYS),
+               str(s.trajectories), f"{s.mean_staleness:.2f}", str(s.env_timeouts)]
+        if rewards:
+            row.append("-" if s.mean_reward is None else f"{s.mean_reward:.2f}")
+        table.add_row(*row)
     return table
 
 
@@ -98,7 +121,8 @@ def summary_table(result: RunResult) -> Table:
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="dim")
     table.add_column()
-    table.add_row("step time", f"{sm['step_time_s_mean']:.1f} s mean · {sm['step_time_s_p90']:.1f} s p90")
+    d = decimals_for([sm["step_time_s_mean"], sm["step_time_s_p90"]])
+    table.add_row("step time", f"{sm['step_time_s_mean']:.{d}f} s mean · {sm['step_time_s_p90']:.{d}f} s p90")
     table.add_row("throughput", f"{sm['trajectories_per_s']:.3f} trajectories/s · "
                                 f"{sm.get('tokens_per_s', 0.0):,.0f} generated tokens/s")
     busy = " · ".join(f"{pool} {x:.0%}" for pool, x in sm.get("gpu_busy_fraction", {}).items())
@@ -139,10 +163,11 @@ def compare_table(results: list[RunResult]) -> Table:
     for col in ("mode", "step s", "traj/s", f"× {results[0].mode}", "GPU busy", "stale", "redundant"):
         table.add_column(col, justify="left" if col in ("mode", "GPU busy") else "right", no_wrap=col != "GPU busy",
                          min_width=len(col))
+    d = decimals_for([r.summary["step_time_s_mean"] for r in results])
     for r in results:
         sm = r.summary
         busy = " ".join(f"{p}:{x:.0%}" for p, x in sm.get("gpu_busy_fraction", {}).items())
-        table.add_row(r.mode, f"{sm['step_time_s_mean']:.1f}", f"{sm['trajectories_per_s']:.3f}",
+        table.add_row(r.mode, f"{sm['step_time_s_mean']:.{d}f}", f"{sm['trajectories_per_s']:.3f}",
                       f"{sm['trajectories_per_s'] / base:.2f}", busy, str(sm["aborted_stale"]),
                       str(sm["aborted_redundant"]))
     return table

@@ -29,6 +29,34 @@ def shipped() -> list[tuple[str, Path, str]]:
     return out
 
 
+def shipped_names() -> list[str]:
+    return [name.removesuffix(".yaml") for name, _, _ in shipped()]
+
+
+def resolve_existing(name: str) -> Path:
+    """Like :func:`resolve`, but a name that is neither a file nor a shipped scenario is a
+    PlanError suggesting the closest shipped names."""
+    path = resolve(name)
+    if path.is_file():
+        return path
+    from rollart.plan.loader import PlanError, did_you_mean
+
+    names = shipped_names()
+    stem = name.removesuffix(".yaml")
+    # match on the whole name and on its last part (qwen3-8b → paper/qwen3-8b-128gpu)
+    hint = did_you_mean(stem, names, "shipped scenarios", many=6)
+    if "did you mean" not in hint:
+        by_tail = {n.rsplit("/", 1)[-1]: n for n in names}
+        close = [by_tail[t] for t in __import__("difflib").get_close_matches(stem.rsplit("/", 1)[-1], list(by_tail),
+                                                                          n=3, cutoff=0.5)]
+        close += [n for n in names if stem and stem in n and n not in close]
+        if close:
+            hint = f"; did you mean {' or '.join(repr(c) for c in close[:3])}? (rollart scenarios lists them)"
+    if "rollart scenarios" not in hint:
+        hint += " (rollart scenarios lists the shipped ones)"
+    raise PlanError([f"{name}: no such scenario file or shipped scenario{hint}"])
+
+
 def resolve(name: str) -> Path:
     """A path, or a shipped scenario's name with or without ``.yaml``."""
     p = Path(name)

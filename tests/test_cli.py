@@ -262,3 +262,41 @@ def test_preflight_memory_and_mapping():
                                     "runtime.pools.h20.devices=gpu", "runtime.pools.h20.count=8"])
     assert problems(gpus, machine=Machine(gpus=16, cpu_cores=64, memory_available_bytes=2**40)) == []
     assert "16 GPUs" in problems(gpus, machine=Machine(gpus=8, cpu_cores=64, memory_available_bytes=2**40))[0]
+
+
+# ---------------------------------------------------------------- the newcomer's path (issue 17)
+
+
+def test_unwritable_output_fails_before_the_simulation(tmp_path: Path):
+    import time
+
+    t0 = time.perf_counter()
+    proc = rollart("simulate", "--json", "/nonexistent/dir/out.json", cwd=tmp_path)
+    assert_clean_usage_error(proc, "--json /nonexistent/dir/out.json", "does not exist")
+    assert time.perf_counter() - t0 < 30 and "step" not in proc.stdout  # nothing was simulated
+    proc = rollart("simulate", "--trace", str(tmp_path), cwd=tmp_path)
+    assert_clean_usage_error(proc, "--trace", "is a folder")
+
+
+def test_errors_suggest_the_closest_name(tmp_path: Path):
+    assert_clean_usage_error(rollart("simulate", "paper/qwen3-8b", cwd=tmp_path), "did you mean 'paper/qwen3-8b-128gpu'")
+    assert_clean_usage_error(rollart("simulate", "--set", "algorithm.alpah=2", cwd=tmp_path), "did you mean 'alpha'")
+    assert_clean_usage_error(rollart("simulate", "--set", "tasks.Frozenlake.share=0.3", cwd=tmp_path),
+                             "did you mean 'FrozenLake'", "tasks are: FrozenLake, GEM-Math, CodeExec")
+    line = assert_clean_usage_error(rollart("compare", "default", "--modes", "sync,bogus", cwd=tmp_path),
+                                    "modes are: sync, sync+, one-off, areal, rollart")
+    assert line.startswith("error: --modes:")
+
+
+def test_piped_stderr_has_no_blank_lines_and_help_shows_no_bool(tmp_path: Path):
+    proc = rollart("simulate", "--steps", "1", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", repr(proc.stderr)
+    help_text = rollart("simulate", "--help", cwd=tmp_path).stdout
+    assert "--quiet" in help_text and "<bool>" not in help_text
+
+
+def test_step_table_precision_follows_the_magnitudes(tmp_path: Path):
+    proc = rollart("simulate", "local/digits", "--steps", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    row = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("0 "))
+    assert re.search(r"\b0\.\d{3}\b", row), row  # CPU-scale seconds keep three decimals, not 0.0

@@ -240,7 +240,8 @@ def test_set_empty_key():
 def test_set_through_missing_list_item_by_name():
     with pytest.raises(PlanError) as info:
         load_plan(default_scenario(), ["tasks.NoSuchTask.share=1"])
-    assert info.value.problems == ["--set tasks.NoSuchTask.share: no item 'NoSuchTask' at tasks.NoSuchTask"]
+    assert info.value.problems == ["--set tasks.NoSuchTask.share: no item 'NoSuchTask' at tasks.NoSuchTask; "
+                                   "tasks are: FrozenLake, GEM-Math, CodeExec"]
 
 
 def test_set_through_missing_list_item_by_index():
@@ -527,3 +528,35 @@ def test_generation_tp_must_divide_heads():
     problems = problems_of(["placement.generation.0.tp=3", "placement.generation.0.workers=1"])
     line = only_line(problems, "placement.generation.0.tp:")
     assert "32 heads" in line
+
+
+# ---------------------------------------------------------------- suggestions (difflib)
+
+
+def test_misspelt_field_suggests_the_closest_and_lists_a_few():
+    (line,) = problems_of(["algorithm.alpah=2"])
+    assert line.startswith("algorithm.alpah: unknown field; did you mean 'alpha'? fields are: batch_size")
+    (line,) = problems_of(["tasks.CodeExec.env.step.sigam=1"])  # a lognormal: its own fields
+    assert line == "tasks.CodeExec.env.step.sigam: unknown field; did you mean 'sigma'? fields are: median, sigma, max"
+
+
+def test_misspelt_task_suggests_the_closest():
+    with pytest.raises(PlanError) as info:
+        load_plan(default_scenario(), ["tasks.Frozenlake.share=0.3"])
+    assert "did you mean 'FrozenLake'? tasks are: FrozenLake, GEM-Math, CodeExec" in info.value.problems[0]
+
+
+def test_missing_scenario_suggests_shipped_names():
+    from rollart.scenarios_catalog import resolve_existing
+
+    with pytest.raises(PlanError) as info:
+        resolve_existing("paper/qwen3-8b")
+    assert "did you mean 'paper/qwen3-8b-128gpu'?" in info.value.problems[0]
+
+
+def test_extends_resolves_shipped_names(tmp_path):
+    for parent in ("paper/qwen3-8b-128gpu.yaml", "paper/qwen3-8b-128gpu"):
+        what_if = tmp_path / "what-if.yaml"
+        what_if.write_text(f"extends: {parent}\nalgorithm: {{alpha: 2}}\n")
+        plan = load_plan(what_if)
+        assert plan.algorithm.alpha == 2 and plan.model.name == "Qwen3-8B" and plan.name == "what-if"

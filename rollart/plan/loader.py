@@ -17,6 +17,23 @@ _UNION_TAGS = {"constant", "lognormal", "gaussian", "uniform", "pareto", "empiri
 _DIST_FIELDS = {"reset", "step", "turns", "prompt_tokens", "obs_tokens", "response_tokens", "dist"}
 
 
+def did_you_mean(word: str, options: Iterable[str], what: str, many: int = 12) -> str:
+    """``; did you mean 'x'?`` for the closest option (difflib), and the whole list when it is
+    short: the tail of an error message."""
+    import difflib
+
+    options = [str(o) for o in options]
+    close = difflib.get_close_matches(str(word), options, n=1, cutoff=0.6)
+    if not close:  # case slips (Frozenlake) are the commonest typo
+        close = [o for o in options if o.lower() == str(word).lower()]
+    out = f"; did you mean '{close[0]}'?" if close else ""
+    if options and len(options) <= many:
+        out += f" {what} are: {', '.join(options)}" if close else f"; {what} are: {', '.join(options)}"
+    elif not close:
+        out += f" (see the README's plan reference)" if what == "fields" else ""
+    return out
+
+
 class PlanError(Exception):
     """A plan the user wrote is wrong; ``problems`` are ``path: message`` lines."""
 
@@ -55,7 +72,9 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
             if isinstance(node, list):
                 idx = _list_index(node, part)
                 if idx is None:
-                    raise PlanError([f"--set {'.'.join(path)}: no item '{part}' at {where}"])
+                    names = [str(x["name"]) for x in node if isinstance(x, dict) and "name" in x]
+                    hint = did_you_mean(part, names, path[i - 1] if i else "items") if names else f"; indexes are 0 to {len(node) - 1}"
+                    raise PlanError([f"--set {'.'.join(path)}: no item '{part}' at {where}{hint}"])
                 if last:
                     node[idx] = value
                 else:
@@ -124,13 +143,58 @@ def format_validation_error(err: ValidationError, data: dict[str, Any] | None = 
             continue
         path = ".".join(loc) or "plan"
         if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see the README's plan reference)"
+            allowed = _allowed_fields([str(x) for x in e["loc"]][:-1])
+            msg = ("unknown field" + did_you_mean(str(e["loc"][-1]), allowed, "fields", many=10)
+                   if allowed else "unknown field (check the spelling; see the README's plan reference)")
         elif e["type"] == "missing":
             msg = "required field is missing"
         elif "input" in e and e["type"] not in ("model_type",) and not isinstance(e["input"], (dict, list)):
             msg = f"{msg} (got {e['input']!r})"
         lines.append(f"{path}: {msg}")
     return lines
+
+
+def _allowed_fields(loc: list[str]) -> list[str]:
+    """The field names a model accepts at ``loc`` (a raw pydantic error location, with list
+    indexes, dict keys and distribution tags), walking the schema's types; [] if unknown."""
+    from typing import Annotated, Union, get_args, get_origin
+
+    from pydantic import BaseModel
+
+    from rollart.plan.schema import Plan
+
+    def members(tp: Any) -> list[Any]:
+        origin = get_origin(tp)
+        if origin is Annotated:
+            return members(get_args(tp)[0])
+        if origin is Union or type(tp).__name__ == "UnionType":
+            return [m for a in get_args(tp) for m in members(a)]
+        return [tp]
+
+    def fields(model: type[BaseModel]) -> dict[str, Any]:
+        return {(f.alias or n): f.annotation for n, f in model.model_fields.items()}
+
+    current: list[Any] = [Plan]
+    for part in loc:
+        nxt: list[Any] = []
+        for tp in (m for t in current for m in members(t)):
+            origin = get_origin(tp)
+            if isinstance(tp, type) and issubclass(tp, BaseModel):
+                kind = tp.model_fields.get("kind")
+                if kind is not None and part == kind.default:
+                    nxt.append(tp)  # the discriminator tag pydantic puts in the location
+                elif part in fields(tp):
+                    nxt.append(fields(tp)[part])
+            elif origin in (list, dict):
+                nxt.append(get_args(tp)[-1])
+        if not nxt:
+            return []
+        current = nxt
+    names: list[str] = []
+    for tp in (m for t in current for m in members(t)):
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            names += [n for n in fields(tp) if n not in names and n != "kind"]
+    return names
 
 
 def plan_from_dict(data: dict[str, Any], overrides: Iterable[str] = ()) -> Plan:
@@ -200,6 +264,12 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] | None = None) -> dict[s
     parent = data.pop("extends", None)
     if parent is not None:
         parent_path = (path.parent / str(parent)).resolve()
+        if not parent_path.is_file():  # a shipped scenario's name: extends: paper/qwen3-8b-128gpu
+            from rollart.scenarios_catalog import resolve
+
+            shipped = resolve(str(parent))
+            if shipped.is_file():
+                parent_path = shipped.resolve()
         if parent_path in seen:
             raise PlanError([f"{path}: extends: '{parent}' makes a cycle"])
         data = deep_merge(read_yaml(parent_path, seen + (parent_path,)), data)
