@@ -290,10 +290,23 @@ def restore_rng(rng: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint file holds something other than tensors and plain containers."""
+
+
 def _load(path: Path) -> Any:
+    """A checkpoint file as data, never code: ``weights_only=True`` refuses pickled objects
+    (a handed checkpoint could otherwise run anything on load)."""
+    import pickle
+
     import torch
 
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsafeCheckpoint(f"{path}: refusing to load: it holds objects other than tensors and plain "
+                               f"containers, which could run code ({first})") from None
 
 
 # ---------------------------------------------------------------- the trainer
