@@ -236,3 +236,32 @@ class ProfiledTrainCost:
     def step_time(self, seq_lens: list[int]) -> float:
         p = self.profile.step.params
         return p["a"] + p["b"] * sum(seq_lens) + p["c"] * sum(s * s for s in seq_lens)
+
+
+def compare_gpus(models: tuple[str, ...] = ("Qwen3-8B", "Qwen3-14B", "Qwen3-32B"), gpus: tuple[str, ...] = ("H800", "H20"),
+                 batches: tuple[int, ...] = (1, 16, 64, 256), prefill: tuple[int, ...] = (1024, 4096),
+                 context: int = 2048, weight_dtype: str = "bf16") -> list[tuple[str, str, int, dict[str, float]]]:
+    """Per-GPU (tp = 1) step times in seconds from the shipped profiles: one decode iteration of a
+    batch whose sequences hold ``context`` cached tokens each, one prefill of N new tokens."""
+    from rollart.calibration import generation_cost
+    from rollart.plan.presets import GPU_PRESETS
+
+    rows = []
+    for name in models:
+        m = ModelSpec.model_validate({"preset": name, "weight_dtype": weight_dtype})
+        costs = {g: generation_cost(m, g, GpuType(**GPU_PRESETS[g]), 1) for g in gpus}
+        for b in batches:
+            rows.append((name, "decode", b, {g: c.decode_line(b).total(b * context, b, 1) for g, c in costs.items()}))
+        for n in prefill:
+            rows.append((name, "prefill", n, {g: c.prefill_time(n, n * n / 2) for g, c in costs.items()}))
+    return rows
+
+
+if __name__ == "__main__":  # python -m rollart.calibration.cost [bf16|fp8]: the H20 vs H800 table
+    import sys
+
+    dtype = sys.argv[1] if len(sys.argv) > 1 else "bf16"
+    print(f"{dtype} weights, tp 1; decode: one iteration, 2048 cached tokens per sequence; prefill: one sequence; ms")
+    print(f"{'model':10} {'phase':8} {'B/N':>6} {'H800':>9} {'H20':>9} {'H20/H800':>9}")
+    for name, phase, size, t in compare_gpus(weight_dtype=dtype):
+        print(f"{name:10} {phase:8} {size:>6} {t['H800'] * 1e3:9.2f} {t['H20'] * 1e3:9.2f} {t['H20'] / t['H800']:9.2f}")

@@ -93,6 +93,9 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
     out.append(("decode attention, BF16 KV", profile.attn_decode.dtype or "bf16", how(profile.attn_decode)))
     if profile.attn_decode_fp8_kv is not None:
         out.append(("decode attention, FP8 KV", profile.attn_decode_fp8_kv.dtype or "fp8", how(profile.attn_decode_fp8_kv)))
+    else:
+        out.append(("decode attention, FP8 KV", "fp8 KV cache",
+                    "no FP8-KV timings: the BF16-KV kernel's byte rate, 1 byte per element"))
     out.append(("all-reduce / all-to-all", profile.allreduce.dtype or "bf16 activations", how(profile.allreduce)))
     out.append(("iteration overhead", "-", f"assumed {profile.iteration_overhead_s * 1e3:g} ms per engine step"))
     return out
