@@ -144,3 +144,16 @@ def test_ep_is_validated_against_gpus_and_experts() -> None:
         with pytest.raises(PlanError) as err:
             small_plan(overrides)
         assert [p for p in err.value.problems if p.startswith("placement.generation.0.ep: ")], err.value.problems
+
+
+@pytest.mark.parametrize("profile", ["datasheet", None])
+@pytest.mark.parametrize("tp,ep", [(8, 1), (8, 2), (8, 8), (16, 16)])
+def test_no_ep_layout_beats_the_datasheet_roofline(profile: str | None, tp: int, ep: int) -> None:
+    cost = generation_cost(MOE, "H800", H800, tp, profile, ep, Link(kind="ib"))
+    peak, bw = tp * H800.tflops_bf16 * 1e12, tp * H800.hbm_tbps * 1e12
+    emb = 2.0 * MOE.vocab * MOE.hidden * 2
+    for batch, ctx in ((1, 1024), (64, 4096), (512, 8192)):
+        flops = 2.0 * MOE.layers * MOE.active_params_per_layer * batch + 4.0 * MOE.layers * MOE.heads * MOE.head_dim \
+            * batch * ctx
+        nbytes = weight_bytes_read(MOE, batch) - emb + MOE.kv_bytes_per_token * batch * ctx  # read at least once
+        assert cost.decode_line(batch).total(batch * ctx, batch, 1) >= max(flops / peak, nbytes / bw)
