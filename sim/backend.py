@@ -23,6 +23,7 @@ from rollart.plan import Plan, PlanError
 from rollart.report import RunResult, summary_from_steps
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
+from rollart.sim.costs.train import ColocationSwitch
 from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
 from rollart.sim.reward import JUDGE_OUTPUT_TOKENS, RULE_REWARD_S, ServerlessPlatform, judge_input_tokens
@@ -56,6 +57,8 @@ class SimBackend:
         self.trainer_shares_host = measured is not None  # measured on the engines' host: it contends
         self.contention = self._host_contention()
         self.trainer_busy_s = 0.0
+        self.switch, self.shared_engines = self._colocation()
+        self.colocated_pause_s = 0.0  # seconds each shared engine spent offloaded for training
         self._handlers: dict[type, Callable[[Any], SimGen]] = {
             AcquireEnv: self._acquire_env, EnvReset: self._env_reset, EnvStep: self._env_step, EnvClose: self._env_close,
             Generate: self._generate, ComputeReward: self._reward, TrainStep: self._train,
@@ -92,6 +95,15 @@ class SimBackend:
             self.engines.append(GenerationEngine(self.env, w.id, g.pool, cost, g.max_num_seqs,
                                                  plan.placement.prefix_cache, span))
             self.ctl.proxy.workers[w.id].kv_capacity_tokens = cost.kv_capacity_tokens  # routing sees KV room
+
+    def _colocation(self) -> tuple[ColocationSwitch | None, list[GenerationEngine]]:
+        """Colocated placement: the engines on the trainer's pool give their GPUs to each train step."""
+        pl = self.plan.placement
+        if not pl.colocated:
+            return None, []
+        shared = [e for e in self.engines if e.pool == pl.trainer.pool]
+        gen_tp = max(g.tp for g in pl.generation if g.pool == pl.trainer.pool)
+        return ColocationSwitch(self.plan.model, pl.trainer, gen_tp, self.transfer.h2d_bytes_per_s), shared
 
     def _host_contention(self) -> HostContention | None:
         """Engines measured on virtual devices of one host (their profiles say how many actors
@@ -267,19 +279,24 @@ class SimBackend:
         traj = eff.traj
         if self.plan.task(traj.task).reward == "rule":
             yield self.env.timeout(RULE_REWARD_S)
-            return None
+            return 0.0  # the simulator models time, not scores (None would mean a failed call)
         n_in = judge_input_tokens(traj.context_tokens)
         if self.serverless is not None:
             yield from self.serverless.call(n_in)
         else:
             judge = min(self.judges, key=lambda e: (len(e.running) + len(e.waiting), e.id))
             yield from self._run_request(judge, -1 - traj.id, n_in, JUDGE_OUTPUT_TOKENS, False)
-        return None  # the simulator models time, not scores
+        return 0.0  # the simulator models time, not scores
 
     def _train(self, eff: TrainStep) -> SimGen:
         t = self.train_cost.step_time([tr.context_tokens for tr in eff.batch])
         if self._trainer_shares_contention:
             t *= self.contention.trainer_factor()  # the slowdown of the step's start
+        if self.switch is not None:  # offload the engines, onload the trainer, train, and back
+            t += self.switch.before_s + self.switch.after_s
+            for e in self.shared_engines:
+                e.update_weights(t)  # holds the engine (in-flight KV is recomputed when it resumes)
+            self.colocated_pause_s += t
         yield from self._trainer_job(t)
         self.trainer_busy_s += t
 
@@ -357,12 +374,15 @@ class SimOutcome:
             return {}
         busy: dict[str, float] = {}
         gpus: dict[str, int] = {}
+        shared = {id(e) for e in b.shared_engines}
         for e, w in zip(b.engines, b.ctl.proxy.workers):
-            busy[e.pool] = busy.get(e.pool, 0.0) + min(e.busy_until(t), t) * w.tp
+            pause = min(b.colocated_pause_s, t) if id(e) in shared else 0.0  # the trainer's time, counted below
+            busy[e.pool] = busy.get(e.pool, 0.0) + max(0.0, min(e.busy_until(t), t) - pause) * w.tp
             gpus[e.pool] = gpus.get(e.pool, 0) + w.tp
         tr = plan.placement.trainer
         busy[tr.pool] = busy.get(tr.pool, 0.0) + min(b.trainer_busy_s, t) * tr.gpus
-        gpus[tr.pool] = gpus.get(tr.pool, 0) + tr.gpus
+        # colocated: the trainer's GPUs are the engines' GPUs (count them once)
+        gpus[tr.pool] = max(gpus.get(tr.pool, 0), tr.gpus) if b.switch is not None else gpus.get(tr.pool, 0) + tr.gpus
         return {pool: busy[pool] / (gpus[pool] * t) for pool in busy}
 
     def reward_gpu_busy_fraction(self) -> float | None:

@@ -18,13 +18,18 @@ class ModeConfig:
     hw_affinity: bool          # route by task tag (else least-loaded over every worker)
     redundancy: float          # extra members per group, as a fraction of the group size
     async_weight_transfer: bool  # bucketed store publish/pull overlapped with rollout (else blocking)
+    update_after_train: bool = False  # push the weights right after each train step (AReaL), not after get_batch
 
     @property
     def sync_before_get_batch(self) -> bool:
         """With alpha = 0 the next batch can only start on fresh weights, so weight sync
         (steps ②–⑤) must precede get_batch (step ①); otherwise the cycle waits for the batch
-        first, which hides the weight pull behind the wait."""
-        return self.alpha == 0
+        first, which hides the weight pull behind the wait. AReaL updates the rollout workers as
+        soon as a train step ends (interrupting in-flight generation), so its admission window,
+        counted from the workers' version, is one batch wider while the trainer waits: with
+        α = 1 the rollout may run up to two batches ahead and skip a straggling group, which
+        then goes stale. ROLLART's protocol (① get_batch first) keeps α batches in flight."""
+        return self.alpha == 0 or self.update_after_train
 
 
 def mode_config(plan: Plan, mode: str | None = None) -> ModeConfig:
@@ -32,7 +37,7 @@ def mode_config(plan: Plan, mode: str | None = None) -> ModeConfig:
     Sync+: Sync + trajectory-level env/reward + serverless reward.
     One-off: Sync+ with the rollout one batch ahead of training (α=1, batch-level).
     AReaL-style: trajectory-level, staleness-bounded (plan α), no affinity, no redundancy,
-    blocking weight transfer, dedicated reward. ROLLART: everything on, as the plan says."""
+    blocking weight transfer right after each train step, dedicated reward. ROLLART: everything on, as the plan says."""
     mode = mode or plan.algorithm.mode
     a = plan.algorithm
     has_dedicated = plan.placement.reward.gpus > 0
@@ -45,7 +50,8 @@ def mode_config(plan: Plan, mode: str | None = None) -> ModeConfig:
     if mode == "one-off":
         return ModeConfig(mode, 1, True, False, False, serverless_ok or not has_dedicated, False, 0.0, False)
     if mode == "areal":
-        return ModeConfig(mode, a.alpha, False, False, False, not has_dedicated and serverless_ok, False, 0.0, False)
+        return ModeConfig(mode, a.alpha, False, False, False, not has_dedicated and serverless_ok, False, 0.0, False,
+                          update_after_train=True)
     if mode == "rollart":
         return ModeConfig(mode, a.alpha, False, False, False, plan_serverless, True, a.redundancy,
                           plan.weight_sync.transport == "bucketed_store")

@@ -288,6 +288,8 @@ class Placement(_Strict):
     pd_disaggregation: bool = False
     prefix_cache: bool = True
     reward: RewardPlacement = Field(default_factory=RewardPlacement)
+    colocated: bool = Field(False, description="trainer and the generation workers on its pool time-share the same "
+                            "GPUs: each train step offloads the engines and onloads the trainer, and back")
 
 
 # ---------------------------------------------------------------- algorithm & weight sync
@@ -484,13 +486,17 @@ def _cross_problems(plan: Plan) -> list[str]:
 
     # GPU budget per pool.
     used: dict[str, int] = {name: 0 for name in pools}
-    if p.trainer.pool in used:
-        used[p.trainer.pool] += p.trainer.gpus
     for g in p.generation:
         if g.pool in used:
             used[g.pool] += g.workers * g.tp
+    if p.trainer.pool in used:  # colocated: the trainer time-shares its pool's generation GPUs
+        used[p.trainer.pool] = (max(used[p.trainer.pool], p.trainer.gpus) if p.colocated
+                                else used[p.trainer.pool] + p.trainer.gpus)
     if p.reward.gpus and p.reward.pool in used:
         used[p.reward.pool] += p.reward.gpus
+    if p.colocated and not any(g.pool == p.trainer.pool for g in p.generation):
+        out.append(f"placement.colocated: no generation workers on the trainer's pool '{p.trainer.pool}' to share "
+                   "its GPUs with")
     for name, n in used.items():
         if n > c.gpu_pools[name].count:
             out.append(f"cluster.gpu_pools.{name}.count: placement uses {n} GPUs of this pool but it has "

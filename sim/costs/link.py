@@ -23,6 +23,7 @@ class WeightTransferCost:
 
     def __init__(self, plan: Plan, measured: Any = None):
         self.measured = measured
+        self.colocated = plan.placement.colocated
         ws = plan.weight_sync
         links = plan.cluster.links
         pools = plan.cluster.gpu_pools
@@ -41,6 +42,8 @@ class WeightTransferCost:
     def broadcast_s(self) -> float:
         if self.measured is not None:
             return self.measured.broadcast_s
+        if self.colocated:
+            return 0.0  # the engines load the new weights in the colocation switch (ColocationSwitch)
         return self.cross.latency_s + self.weight_bytes / self.cross.bytes_per_s
 
     def publish_pull_s(self) -> float:

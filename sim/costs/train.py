@@ -31,3 +31,36 @@ class TrainCost:
         bubble = (t.pp - 1) / (t.micro_batches + t.pp - 1)
         optimizer = 2 * 16 * m.params / (t.gpus * self.gpu.hbm_tbps * 1e12)
         return flops / peak / (1 - bubble) + optimizer
+
+
+# Colocated placement: bytes that cross PCIe at each switch between training and rollout.
+ADAM_STATE_BYTES_PER_PARAM = 12   # fp32 master weights + Adam m and v (distributed optimizer: sharded over all GPUs)
+SWITCH_FIXED_S = 1.0              # ASSUMED per switch: allocator re-map, process barriers, engine wake-up
+
+
+class ColocationSwitch:
+    """The cost of time-sharing one pool between the trainer and the engines (verl/ROLL-style
+    offload), per GPU, everything over the host link at ``h2d`` bytes/s:
+
+    * before a train step: the engines free their KV cache and drop their weights (they are
+      replaced anyway); the trainer onloads its bf16 weight shard ``2·P / (tp·pp)`` and its
+      optimizer shard ``12·P / gpus`` from pinned host memory;
+    * after it: the trainer offloads the same bytes, the engines load the new weights
+      ``2·P / tp_gen`` (resharded from the trainer's layout) and re-allocate the KV cache.
+
+    Each direction also pays ``SWITCH_FIXED_S``. The KV of requests cut off by the switch is
+    recomputed by the engine when it resumes (as after a weight update)."""
+
+    def __init__(self, model: ModelSpec, trainer: TrainerPlacement, gen_tp: int, h2d_bytes_per_s: float):
+        p = model.params
+        self.trainer_bytes = 2 * p / (trainer.tp * trainer.pp) + ADAM_STATE_BYTES_PER_PARAM * p / trainer.gpus
+        self.engine_bytes = 2 * p / gen_tp
+        self.h2d = h2d_bytes_per_s
+
+    @property
+    def before_s(self) -> float:
+        return SWITCH_FIXED_S + self.trainer_bytes / self.h2d
+
+    @property
+    def after_s(self) -> float:
+        return SWITCH_FIXED_S + (self.trainer_bytes + self.engine_bytes) / self.h2d
