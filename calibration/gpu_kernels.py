@@ -154,11 +154,13 @@ class Timer:
         """``calls`` are the same kernel on rotating operand copies; call ``j`` of a block is
         ``calls[j % len(calls)]``. ``out_bytes``: what one call allocates (bounds a graph's block)."""
         n = len(calls)
-        t0 = time.perf_counter()
-        for j in range(max(1, self.warmup)):
+        est = math.inf
+        for j in range(max(1, self.warmup)):  # the fastest warm-up call sizes the block (the first pays set-up)
+            t0 = time.perf_counter()
             calls[j % n]()
-        _sync(self.device)
-        est = max((time.perf_counter() - t0) / max(1, self.warmup), 1e-9)
+            _sync(self.device)
+            est = min(est, time.perf_counter() - t0)
+        est = max(est, 1e-9)
         inner = int(min(self.max_inner, max(1, math.ceil(self.min_block_s / est))))
         if out_bytes:
             inner = max(1, min(inner, (1 << 30) // max(1, out_bytes)))
@@ -280,7 +282,11 @@ def time_attention(timer: Timer, batch: int, q_len: int, kv_len: int, heads: int
              for k, v in kvs]
     out_bytes = q.numel() * q.element_size()
     last: Optional[Exception] = None
+    # the math backend materialises the [B, H, q, kv] scores (fp32 softmax): skip it when huge
+    math_bytes = 3 * batch * heads * q_len * kv_len * 4
     for name, backend in _sdpa_backends(timer.device):
+        if name == "math" and _cuda(timer.device) and math_bytes > 8 << 30:
+            break
         ctx = sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext()
         try:
             with ctx:
@@ -379,7 +385,9 @@ def profile_kernels(out_dir: str | Path, device: str = "cpu", grid: KernelGrid =
     from rollart.calibration.profile_engine import measure_peak_tflops, torch_dtype
 
     cuda = _cuda(device)
-    if cuda:
+    if cuda:  # an index, as torch.cuda.set_device needs one ("cuda" alone raises there)
+        index = torch.device(device).index
+        device = f"cuda:{torch.cuda.current_device() if index is None else index}"
         torch.cuda.set_device(device)
     dt = torch_dtype(dtype or ("bf16" if cuda else "fp32"))
     short = _short(dt)

@@ -5,7 +5,11 @@ the torch GRPO trainer on the Digits task in one process (CPU here, CUDA on the 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +81,23 @@ def test_megatron_grpo_step_and_resume_on_a_gpu():  # pragma: no cover - GPU mac
     assert r["resume"]["step"] == 1 and r["resume"]["loaded_weights_max_diff"] == 0.0
     # same step from the same state on the same GPU: bf16 kernels may differ in the last bit only
     assert r["resume"]["second_step_weights_max_diff"] < 1e-2
+
+
+def test_megatron_gpt_matches_the_hf_model_on_cpu(tmp_path):
+    """The adapter's megatron-core GPTModel with converted weights computes the Hugging Face
+    model's logits (in a subprocess: it initialises torch.distributed). Runs where megatron-core
+    imports, e.g. ROLLART_MCORE_PATH=<pip install --target dir of megatron-core 0.16>."""
+    env = dict(os.environ)
+    if os.environ.get("ROLLART_MCORE_PATH"):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ["ROLLART_MCORE_PATH"], env.get("PYTHONPATH")) if p)
+    out = tmp_path / "mcore.json"
+    proc = subprocess.run([sys.executable, str(CHECKS_PATH), "megatron-cpu", "--out", str(out)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    r = json.loads(out.read_text())
+    if r.get("skipped"):
+        pytest.skip(f"megatron-core GPTModel on CPU: {r['reason']} (set ROLLART_MCORE_PATH to a folder holding it)")
+    assert proc.returncode == 0 and r["ok"], r
+    assert r["logits_max_diff_vs_hf"] < 1e-4 and r["weights_roundtrip_max_diff"] == 0.0
 
 
 def test_megatron_check_reports_why_it_cannot_run():

@@ -2,12 +2,15 @@
 
     python benchmarks/gpu/checks.py megatron --device cuda --out OUT/megatron.json
     python benchmarks/gpu/checks.py digits   --device cuda --steps 4 --out OUT/digits.json
+    python benchmarks/gpu/checks.py megatron-cpu --out OUT/mcore.json   # megatron-core, no GPU
 
 * ``megatron``: one GRPO step of :class:`~rollart.runtime.trainer.megatron.MegatronTrainer` on
   the tiny Qwen3-shaped GPT (megatron-core, local layer spec, no Transformer Engine): the loss
   is finite and the weights changed; its version-0 log-probs against the torch trainer's on
   the same samples; then the resume path: save a checkpoint, take a second step, build a new
   trainer, load the checkpoint (weights-only), take the same second step, compare weights.
+* ``megatron-cpu``: with megatron-core but no GPU, the adapter's GPTModel and weight conversion
+  against the Hugging Face model in one CPU forward (see :func:`megatron_cpu_check`).
 * ``digits``: :class:`~rollart.runtime.engines.torch_engine.TorchEngine` generates groups for
   the Digits task, :class:`~rollart.runtime.trainer.grpo.GRPOTrainer` updates on them, the
   engine loads the new weights, for ``--steps`` steps (the loop the Ray driver runs, here in
@@ -61,7 +64,7 @@ def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 
 def _copy(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.detach().float().clone() for k, v in state.items()}
+    return {k: v.detach().float().cpu().clone() for k, v in state.items()}
 
 
 def megatron_check(device: str = "cuda", seed: int = 0, lr: float = 1e-3) -> dict[str, Any]:
@@ -108,6 +111,52 @@ def megatron_check(device: str = "cuda", seed: int = 0, lr: float = 1e-3) -> dic
         "first_step_s": m1["time_s"],
     }
     return result
+
+
+def megatron_cpu_check(seed: int = 0) -> dict[str, Any]:
+    """Where megatron-core is installed but there is no GPU: the adapter's GPTModel
+    (:func:`~rollart.runtime.trainer.megatron.build_gpt`) with the converted weights against the
+    Hugging Face model, one forward on the CPU over gloo. Two CUDA-only calls of megatron-core
+    are stood in for, in this process only: the rotary embedding moves its frequencies to
+    ``torch.cuda.current_device()``, and attention forks the CUDA RNG tracker (dropout is 0)."""
+    import contextlib
+    import importlib.util
+    import os
+
+    import torch
+
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        return {"ok": False, "skipped": True, "reason": "megatron-core is not installed"}
+    from megatron.core import parallel_state, tensor_parallel
+
+    from rollart.calibration.profile_engine import build_model
+    from rollart.runtime.trainer import megatron as M
+    from rollart.runtime.trainer.grpo import as_spec
+
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(M._free_port()))
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    if not torch.cuda.is_available():
+        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+        tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()  # type: ignore[method-assign]
+    spec = as_spec(SPEC)
+    _, gpt, _ = M.build_gpt(spec, "fp32", 512)
+    hf = build_model(spec, dtype="fp32", device="cpu", seed=seed, max_positions=512)
+    M.MegatronTrainer._load_mcore(gpt, M.hf_to_mcore(hf.state_dict(), spec))
+    back = M.mcore_to_hf({k: v for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}, spec)
+    ref = hf.state_dict()
+    roundtrip = max(float((back[k] - ref[k]).abs().max()) for k in ref)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, spec.vocab, (2, 12), generator=g)
+    pos = torch.arange(12).unsqueeze(0).expand(2, -1)
+    causal = torch.triu(torch.ones(12, 12, dtype=torch.bool), diagonal=1)[None, None]
+    with torch.no_grad():
+        diff = float((gpt(ids, pos, causal) - hf(input_ids=ids).logits).abs().max())
+    return {"ok": bool(roundtrip == 0.0 and diff < 1e-4 and set(back) == set(ref)), "weights_roundtrip_max_diff": roundtrip,
+            "logits_max_diff_vs_hf": diff}
 
 
 def digits_check(device: str = "cpu", steps: int = 3, groups: int = 4, group_size: int = 4, max_new_tokens: int = 16,
@@ -184,6 +233,9 @@ def summary(name: str, r: dict[str, Any]) -> str:
         return f"{name}: skipped ({r['reason']})"
     if "error" in r:
         return f"{name}: FAILED {r['error']}"
+    if name == "megatron-cpu":
+        return (f"megatron-cpu: {'ok' if r['ok'] else 'NOT OK'} · logits vs HF {r['logits_max_diff_vs_hf']:.3g} · "
+                f"weights round trip {r['weights_roundtrip_max_diff']:.3g}")
     if name == "megatron":
         res = r["resume"]
         return (f"megatron: {'ok' if r['ok'] else 'NOT OK'} · loss {r['loss']:.4g} · grad norm {r['grad_norm']:.3g} · "
@@ -200,13 +252,15 @@ def summary(name: str, r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("check", choices=("megatron", "digits"))
+    ap.add_argument("check", choices=("megatron", "megatron-cpu", "digits"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.check == "megatron":
         result = _guarded(lambda: megatron_check(args.device))
+    elif args.check == "megatron-cpu":
+        result = _guarded(megatron_cpu_check)
     else:
         result = _guarded(lambda: digits_check(args.device, steps=args.steps))
     args.out.parent.mkdir(parents=True, exist_ok=True)

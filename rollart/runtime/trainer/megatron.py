@@ -183,6 +183,45 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def build_gpt(spec: ModelSpec, train_dtype: str = "bf16", max_positions: int = 32768) -> tuple[Any, Any, Any]:
+    """megatron-core's TransformerConfig and a GPTModel (local layer spec: RMSNorm, SwiGLU, GQA,
+    RoPE with the Hugging Face config's theta, q/k RMSNorm, no biases, no fusions, no Transformer
+    Engine) for ``spec``, initialised on the CPU, and a function building another like it.
+    Needs an initialised model-parallel state, not CUDA."""
+    import torch.nn.functional as F
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from rollart.calibration.profile_engine import model_config, short_dtype, torch_dtype
+
+    hf_cfg = model_config(spec, max_positions)
+    rope = getattr(hf_cfg, "rope_parameters", None) or {}
+    rope_theta = float(rope.get("rope_theta", getattr(hf_cfg, "rope_theta", 10000.0)))
+    params_dtype = torch_dtype(train_dtype)
+    config = TransformerConfig(**_kwargs_for(
+        TransformerConfig,
+        num_layers=spec.layers, hidden_size=spec.hidden, num_attention_heads=spec.heads,
+        num_query_groups=spec.kv_heads, kv_channels=spec.head_dim,
+        ffn_hidden_size=spec.intermediate, normalization="RMSNorm", layernorm_epsilon=hf_cfg.rms_norm_eps,
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
+        qk_layernorm=True, hidden_dropout=0.0, attention_dropout=0.0, bf16=short_dtype(train_dtype) == "bf16",
+        params_dtype=params_dtype, pipeline_dtype=params_dtype, use_cpu_initialization=True,
+        bias_activation_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False, persist_layer_norm=False))
+    layer_spec = get_gpt_layer_local_spec(**_kwargs_for(get_gpt_layer_local_spec, qk_layernorm=True,
+                                                         normalization="RMSNorm"))
+
+    def new_gpt() -> Any:
+        return GPTModel(**_kwargs_for(
+            GPTModel.__init__, config=config, transformer_layer_spec=layer_spec, vocab_size=spec.vocab,
+            max_sequence_length=max_positions, pre_process=True, post_process=True,
+            share_embeddings_and_output_weights=bool(spec.tied_embeddings), position_embedding_type="rope",
+            rotary_percent=1.0, rotary_base=rope_theta))
+
+    return config, new_gpt(), new_gpt
+
+
 def _kwargs_for(fn: Any, **kw: Any) -> dict[str, Any]:
     """Only the keyword arguments ``fn`` accepts (megatron-core's signatures move between releases)."""
     params = inspect.signature(fn).parameters
@@ -207,16 +246,12 @@ class MegatronTrainer:
         if not ok:
             raise RuntimeError(f"MegatronTrainer unavailable: {why}")
         import torch
-        import torch.nn.functional as F
         from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.models.gpt.gpt_model import GPTModel
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-        from megatron.core.transformer.transformer_config import TransformerConfig
 
-        from rollart.calibration.profile_engine import build_model, model_config, short_dtype, torch_dtype
+        from rollart.calibration.profile_engine import build_model, short_dtype, torch_dtype
 
         self.spec = as_spec(spec)
         self.lr, self.seed, self.clip_eps, self.kl_coef = float(lr), int(seed), float(clip_eps), float(kl_coef)
@@ -226,6 +261,8 @@ class MegatronTrainer:
         self.temperature, self.adv_eps, self.pad_id = float(temperature), float(adv_eps), int(pad_id)
         self.keep_checkpoints = keep_checkpoints
         self.device = torch.device(device if str(device).startswith("cuda") else "cuda")
+        if self.device.index is None:  # torch.cuda.set_device refuses a device without an index
+            self.device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(self.device)
 
         if not torch.distributed.is_initialized():
@@ -236,28 +273,9 @@ class MegatronTrainer:
             parallel_state.initialize_model_parallel(1, 1)
         model_parallel_cuda_manual_seed(self.seed)
 
-        hf_cfg = model_config(self.spec, max_positions)
-        rope = getattr(hf_cfg, "rope_parameters", None) or {}
-        rope_theta = float(rope.get("rope_theta", getattr(hf_cfg, "rope_theta", 10000.0)))
         params_dtype = torch_dtype(self.train_dtype)
         bf16 = self.train_dtype == "bf16"
-        self.config = TransformerConfig(**_kwargs_for(
-            TransformerConfig,
-            num_layers=self.spec.layers, hidden_size=self.spec.hidden, num_attention_heads=self.spec.heads,
-            num_query_groups=self.spec.kv_heads, kv_channels=self.spec.head_dim,
-            ffn_hidden_size=self.spec.intermediate, normalization="RMSNorm", layernorm_epsilon=hf_cfg.rms_norm_eps,
-            gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
-            qk_layernorm=True, hidden_dropout=0.0, attention_dropout=0.0, bf16=bf16, params_dtype=params_dtype,
-            pipeline_dtype=params_dtype, use_cpu_initialization=True, bias_activation_fusion=False,
-            apply_rope_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
-            persist_layer_norm=False))
-        layer_spec = get_gpt_layer_local_spec(**_kwargs_for(get_gpt_layer_local_spec, qk_layernorm=True,
-                                                             normalization="RMSNorm"))
-        module = GPTModel(**_kwargs_for(
-            GPTModel.__init__, config=self.config, transformer_layer_spec=layer_spec, vocab_size=self.spec.vocab,
-            max_sequence_length=max_positions, pre_process=True, post_process=True,
-            share_embeddings_and_output_weights=bool(self.spec.tied_embeddings), position_embedding_type="rope",
-            rotary_percent=1.0, rotary_base=rope_theta))
+        self.config, module, new_gpt = build_gpt(self.spec, self.train_dtype, max_positions)
         # Version 0 = the engines' weights: the same random-init HF model, converted.
         hf = build_model(self.spec, dtype="fp32", device="cpu", seed=self.seed, max_positions=max_positions)
         self._load_mcore(module, hf_to_mcore(hf.state_dict(), self.spec))
@@ -276,11 +294,7 @@ class MegatronTrainer:
             [self.model])
         self.ref_model = None
         if self.kl_coef:
-            ref = GPTModel(**_kwargs_for(
-                GPTModel.__init__, config=self.config, transformer_layer_spec=layer_spec,
-                vocab_size=self.spec.vocab, max_sequence_length=max_positions,
-                share_embeddings_and_output_weights=bool(self.spec.tied_embeddings),
-                position_embedding_type="rope", rotary_percent=1.0, rotary_base=rope_theta))
+            ref = new_gpt()
             ref.load_state_dict(module.state_dict())
             self.ref_model = ref.to(device=self.device, dtype=params_dtype).eval().requires_grad_(False)
         self.step = 0
