@@ -17,7 +17,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from rollart.calibration import gpu_kernels as gk  # noqa: E402
 from rollart.calibration import kernels as K  # noqa: E402
-from rollart.calibration.cost import KernelProfileGeneration  # noqa: E402
+from rollart.calibration import generation_cost  # noqa: E402
 from rollart.calibration.profiles import KernelProfile, load_profile  # noqa: E402
 from rollart.cli import app  # noqa: E402
 from rollart.plan.schema import GpuType, ModelSpec  # noqa: E402
@@ -90,7 +90,8 @@ def test_calibrate_fit_on_the_folder_writes_a_usable_kernel_profile(tiny_dir, tm
     assert profile.peak_tflops_bf16 == pytest.approx(0.05) and profile.hbm_tbps == pytest.approx(prov["copy_tbps"])
     # the simulator composes it for a model (finite times)
     gpu = GpuType(tflops_bf16=0.05, hbm_tbps=prov["copy_tbps"], memory_gb=16, nvlink_gbps=1)
-    gen = KernelProfileGeneration(ModelSpec.model_validate("Qwen3-tiny"), gpu, 1, profile, str(out))
+    gen = generation_cost(ModelSpec.model_validate("Qwen3-tiny"), "cpu-local", gpu, 1, profile=str(out))
+    assert "calibrated kernel profile cpu-local" in gen.source
     assert 0 < gen.prefill_time(64, 64 * 32) < 10 and 0 < gen.decode_line(4).total(256, 4, 8) < 10
     shown = _cli("calibrate", "show", str(out))
     assert shown.exit_code == 0, shown.output
