@@ -157,6 +157,9 @@ def calibrate_profile(
     if peak_tflops is not None and peak_tflops <= 0:
         _fail("--peak-tflops: must be positive")
     if engine == "kernels":
+        if model != "Qwen3-tiny" or tp != 1:
+            _fail(f"{'--model' if model != 'Qwen3-tiny' else '--tp'}: --engine kernels times the layer shapes of "
+                  "the --shapes preset's models on one device")
         profile_kernels_cli(out, device, shapes, repeats, peak_tflops)
         return
     if shapes is not None:

@@ -152,6 +152,8 @@ def test_profile_cli_input_errors_exit_2(tmp_path):
     f.write_text("")
     r = _cli("calibrate", "profile", "--engine", "kernels", "--out", str(f))
     assert r.exit_code == 2 and "is a file" in r.output
+    r = _cli("calibrate", "profile", "--engine", "kernels", "--out", str(tmp_path / "x"), "--model", "Qwen3-8B")
+    assert r.exit_code == 2 and "--model: --engine kernels times" in r.output
     r = _cli("calibrate", "profile", "--engine", "torch", "--out", str(tmp_path / "a.csv"), "--shapes", "tiny")
     assert r.exit_code == 2 and "only for --engine kernels" in r.output
 
