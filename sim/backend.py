@@ -34,12 +34,14 @@ SimGen = Generator[Any, Any, Any]
 
 class SimBackend:
     def __init__(self, plan: Plan, mode: ModeConfig, seed: int, tracer: Tracer | None = None,
-                 on_step: Callable[[StepRecord], None] | None = None):
+                 on_step: Callable[[StepRecord], None] | None = None, keep_history: bool = True):
         self.plan = plan
         self.mode = mode
         self.env = simpy.Environment()
         self.tracer = tracer or NullTracer()
-        self.ctl = Controller(plan, mode, clock=lambda: self.env.now, tracer=self.tracer, on_step=on_step)
+        # keep_history=False: memory follows what is in flight (ctl.trajectories/batches stay empty)
+        self.ctl = Controller(plan, mode, clock=lambda: self.env.now, tracer=self.tracer, on_step=on_step,
+                              keep_history=keep_history)
         self.envs = EnvModel(seed)
         self.effects_handled = 0
         self._procs: dict[Hashable, simpy.Process] = {}
@@ -163,6 +165,7 @@ class SimBackend:
 
     def _drive(self, gen: Generator[Any, Any, Any], key: Hashable | None) -> SimGen:
         handlers = self._handlers
+        note = self.contention.note_effect if self.contention is not None else None
         send: Any = None
         throw: BaseException | None = None
         try:
@@ -173,8 +176,8 @@ class SimBackend:
                     return stop.value
                 throw = None
                 self.effects_handled += 1
-                if self.contention is not None:  # the driver's own CPU load (measured hosts)
-                    self.contention.note_effect()
+                if note is not None:  # the driver's own CPU load (measured hosts)
+                    note()
                 try:
                     send = yield from handlers[type(effect)](effect)
                 except simpy.Interrupt as intr:
@@ -261,7 +264,16 @@ class SimBackend:
                 yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens + 1,
                                              tokens - 1, True)
         else:
-            yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens, tokens, False)
+            engine = self.engines[eff.worker]
+            if engine.request_overhead_s > 0:
+                yield from self._run_request(engine, traj.id, eff.context_tokens, tokens, False)
+            else:  # _run_request inlined: the common case, one generator less per request
+                req = engine.add(traj.id, eff.context_tokens, tokens, False)
+                try:
+                    yield req.done
+                except simpy.Interrupt:
+                    engine.abort(req)
+                    raise
         return GenOutcome(tokens=tokens)
 
     def _run_request(self, engine: GenerationEngine, traj_id: int, context: int, tokens: int,
@@ -447,8 +459,10 @@ class SimOutcome:
 
 
 def simulate_plan(plan: Plan, mode: ModeConfig, seed: int, tracer: Tracer | None = None,
-                  on_step: Callable[[StepRecord], None] | None = None) -> SimOutcome:
-    return SimBackend(plan, mode, seed, tracer, on_step).run()
+                  on_step: Callable[[StepRecord], None] | None = None, keep_history: bool = False) -> SimOutcome:
+    """Simulate ``plan``; by default without the per-trajectory history (bounded memory: the
+    result's counts and per-step records are the same), ``keep_history`` to inspect it after."""
+    return SimBackend(plan, mode, seed, tracer, on_step, keep_history=keep_history).run()
 
 
 __all__ = ["SimBackend", "SimOutcome", "simulate_plan"]

@@ -29,8 +29,23 @@ from collections import OrderedDict, deque
 from typing import Any, Callable, Generator
 
 import simpy
+from simpy.events import NORMAL
 
 from rollart.sim.costs.gpu import GenerationCost
+
+
+class _Timer:
+    """A bare SimPy timeout: the engine's one pending wake-up. SimPy's ``Timeout`` plus a
+    closure per plan cost more than the plan; a superseded timer has its callback list
+    emptied, so when it fires it is just popped from the queue (no call into the engine)."""
+
+    __slots__ = ("callbacks", "_ok", "_value")
+
+    def __init__(self, env: simpy.Environment, delay: float, callback: Callable[[Any], None]):
+        self.callbacks: list[Callable[[Any], None]] = [callback]
+        self._ok = True
+        self._value = None
+        env.schedule(self, NORMAL, delay)  # type: ignore[arg-type]
 
 
 class Request:
@@ -83,7 +98,7 @@ class GenerationEngine:
         self._updates: list[tuple[float, simpy.Event]] = []
         self._carry = 0.0           # seconds of an interrupted iteration still to run
         self._plan: tuple[float, float, float, int, Any, int, float] | None = None
-        self._token = 0             # identifies the live timer; older timers are stale
+        self._timer: _Timer | None = None  # the live timer; older ones were emptied
         self._updating = False      # a weight swap + KV recompute is running (not interruptible)
         self._replan_pending = False
         self._update_started = 0.0
@@ -155,10 +170,16 @@ class GenerationEngine:
         self._settle()
         self._next()
 
-    def _schedule(self, delay: float, callback: Callable[[int], None]) -> None:
-        self._token += 1
-        token = self._token
-        self.env.timeout(delay).callbacks.append(lambda _: callback(token))
+    def _schedule(self, delay: float, callback: Callable[[Any], None]) -> None:
+        if delay < 0:
+            raise ValueError(f"negative delay {delay}")
+        self._cancel_timer()
+        self._timer = _Timer(self.env, delay, callback)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.callbacks.clear()  # stale: popped when due, calls nothing
+            self._timer = None
 
     def _next(self) -> None:
         """Decide what the engine does from now on and schedule its timer."""
@@ -169,7 +190,8 @@ class GenerationEngine:
             else:
                 self._start_updates()
             return
-        self._apply_aborts()
+        if self._aborts:
+            self._apply_aborts()
         if self._carry > 0 and (self.waiting or (self._heap and self._next_finish() <= self.it)):
             # Finish the iteration in progress first: requests it completes return at its end,
             # and requests that arrive before its end are admitted together at that boundary.
@@ -177,7 +199,7 @@ class GenerationEngine:
             self._carry = 0.0
             return
         lead, self._carry = self._carry, 0.0
-        admitted = self._admit()
+        admitted = self._admit() if self.waiting else ()
         charge = self._calls_handled and bool(admitted or self.running)
         self._calls_handled = False
         if charge:
@@ -220,17 +242,19 @@ class GenerationEngine:
 
     def _begin(self, lead: float, k_next: int) -> None:
         """Run ``lead`` seconds of prefill work, then ``k_next`` decode iterations."""
-        self._set_busy(True)  # first, so a contention change applies to this plan too
+        if not self.busy:
+            self._set_busy(True)  # first, so a contention change applies to this plan too
         batch = len(self.running)
         line = self.cost.decode_line(batch) if batch else None
-        x0 = self._decode_context()
+        x0 = self.ctx_sum if not self.padded_kv else self._decode_context()
         total = lead + (line.total(x0, batch, k_next) if line is not None else 0.0)
         self._plan = (self.env.now, lead, x0, batch, line, k_next, total)
         self._schedule(total, self._on_timer)
 
-    def _on_timer(self, token: int) -> None:
-        if token != self._token or self._plan is None:
-            return  # superseded by a command
+    def _on_timer(self, _: object) -> None:
+        self._timer = None
+        if self._plan is None:
+            return
         self._settle()
         self._next()
 
@@ -240,11 +264,12 @@ class GenerationEngine:
             return
         t0, lead, x0, batch, line, k_next, total = self._plan
         self._plan = None
-        self._token += 1  # the pending timer is now stale
-        elapsed = self.env.now - t0
+        self._cancel_timer()  # the pending timer is now stale
+        now = self.env.now
+        elapsed = now - t0
         # Remainders below the clock's resolution at this time can never elapse: treat them as
         # done, or the engine would re-schedule them forever without time advancing.
-        eps = max(1e-12, 8 * math.ulp(self.env.now))
+        eps = max(1e-12, 8 * math.ulp(now))
         if elapsed >= total - eps:
             k = k_next
         elif elapsed < lead:
@@ -254,8 +279,12 @@ class GenerationEngine:
             self._carry = max(0.0, lead + line.total(x0, batch, k) - elapsed)
         if self._carry < eps:
             self._carry = 0.0
-        self._busy(t0, self.env.now, "step: prefill {:.0f} ms, decode ×{} (batch {})", lead * 1e3, k, batch)
-        self._advance(k)
+        self.busy_s += now - t0  # only elapsed time counts as busy (see _busy)
+        if self._span is not None and now > t0:
+            self._span(f"step: prefill {lead * 1e3:.0f} ms, decode ×{k} (batch {batch})", t0, now)
+        if k:  # _advance, inlined: this runs at every command and completion
+            self.it += k
+            self.ctx_sum += k * len(self.running)
         if self._carry == 0:
             self._complete_finished()
 
@@ -322,7 +351,7 @@ class GenerationEngine:
         """The context a decode iteration reads: Σ of the rows' contexts (paged KV), or rows ×
         the longest (KV padded to one length). Either grows by the batch size per iteration."""
         if not self.padded_kv:
-            return self.ctx_sum + sum(r.context for r in joining)
+            return self.ctx_sum + sum(r.context for r in joining) if joining else self.ctx_sum
         rows = len(self.running) + len(joining)
         longest = max([req.context + 1 + (self.it - req.admit_iter) for req in self.running]
                       + [r.context for r in joining], default=0)
@@ -391,7 +420,8 @@ class GenerationEngine:
         self._plan = None
         self._set_busy(True)
 
-        def done(_: int) -> None:
+        def done(_: object) -> None:
+            self._timer = None
             self._updating = False
             self._busy(t0, self.env.now, "weight swap {:.2f} s + KV recompute {:.2f} s", swap, recompute)
             for _, ev in updates:

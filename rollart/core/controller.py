@@ -38,7 +38,8 @@ def build_workers(plan: Plan) -> list[WorkerInfo]:
 
 class Controller:
     def __init__(self, plan: Plan, mode: ModeConfig, clock: Callable[[], float],
-                 tracer: Tracer | None = None, on_step: Callable[[StepRecord], None] | None = None):
+                 tracer: Tracer | None = None, on_step: Callable[[StepRecord], None] | None = None,
+                 keep_history: bool = True):
         self.plan = plan
         self.mode = mode
         self.now = clock
@@ -49,8 +50,16 @@ class Controller:
         self.buffer = SampleBuffer(plan.algorithm.group_size, plan.groups_per_batch, mode.alpha)
         self.scheduler = RolloutScheduler(plan.tasks, mode, plan.groups_per_batch, plan.algorithm.group_size)
         self.stats = RunStats()
+        # keep_history: every trajectory, group and batch stays listed (tests, the real runtime);
+        # without it, memory follows what is in flight: a trajectory is counted and forgotten once
+        # its state is terminal (swept at each step), and batches are not listed.
+        self.keep_history = keep_history
         self.trajectories: list[Trajectory] = []
         self.groups: list[Group] = []
+        self._n_trajectories = 0
+        self._n_groups = 0
+        self._live: dict[int, Trajectory] = {}             # without history: not yet counted
+        self._counted = {s.value: 0 for s in TrajState}  # without history: terminal, forgotten
         self.version = 0                 # trainer's policy version (train steps done)
         self.start_version = 0           # > 0 when resumed from a checkpoint
         self.published_version = 0       # newest version every worker has pulled
@@ -83,18 +92,24 @@ class Controller:
     # ---- bookkeeping used by the processes --------------------------------------------
 
     def new_group(self, task: TaskSpec, batch_index: int) -> Group:
-        group = Group(id=len(self.groups), task=task.name, version=self.proxy.version,
+        group = Group(id=self._n_groups, task=task.name, version=self.proxy.version,
                       size=self.plan.algorithm.group_size, batch_index=batch_index)
-        self.groups.append(group)
+        self._n_groups += 1
+        if self.keep_history:
+            self.groups.append(group)
         self.buffer.add_group(group)
         return group
 
     def new_trajectory(self, group: Group) -> Trajectory:
         task = self.plan.task(group.task)
-        traj = Trajectory(id=len(self.trajectories), group=group, task=task.name, tag=task.affinity_tag,
+        traj = Trajectory(id=self._n_trajectories, group=group, task=task.name, tag=task.affinity_tag,
                           start_version=self.proxy.version, started_at=self.now())
+        self._n_trajectories += 1
         group.members.append(traj)
-        self.trajectories.append(traj)
+        if self.keep_history:
+            self.trajectories.append(traj)
+        else:
+            self._live[traj.id] = traj
         return traj
 
     def lockstep_barrier(self, batch_index: int) -> LockstepBarrier | None:
@@ -106,6 +121,12 @@ class Controller:
         if not self.mode.reward_after_batch:
             return None
         return self._reward_gate.setdefault(batch_index, LockstepBarrier(f"reward.{batch_index}"))
+
+    def forget_gates(self, before: int) -> None:
+        """Batches below ``before`` are finished (no member joins their gates again): drop them."""
+        for gates in (self._lockstep, self._reward_gate):
+            for k in [k for k in gates if k < before]:
+                del gates[k]
 
     def record_failure(self, traj: Trajectory) -> None:
         self.stats.env_failures += 1
@@ -132,16 +153,27 @@ class Controller:
         )
         self._timeouts_recorded = self.stats.env_timeouts
         self.stats.steps.append(record)
-        self.batches.append(tuple(t.id for t in batch))
+        if self.keep_history:
+            self.batches.append(tuple(t.id for t in batch))
         for t in batch:
             t.segments = []  # consumed: free the per-turn spans
+        if not self.keep_history:
+            self._forget_finished()
         if self.on_step is not None:
             self.on_step(record)
 
     # ---- end-of-run accounting ------------------------------------------------------------
 
+    def _forget_finished(self) -> None:
+        """Count and drop the trajectories whose state is terminal (a terminal state is final);
+        their group, segments and env state go with them once nothing in flight refers to them."""
+        done = [t for t in self._live.values() if t.state.terminal]
+        for t in done:
+            self._counted[t.state.value] += 1
+            del self._live[t.id]
+
     def outcome_counts(self) -> dict[str, int]:
-        counts = {s.value: 0 for s in TrajState}
-        for t in self.trajectories:
+        counts = dict(self._counted)
+        for t in (self.trajectories if self.keep_history else self._live.values()):
             counts[t.state.value] += 1
         return counts

@@ -3,6 +3,10 @@
 Core processes are generators that ``yield`` one of these and receive the result back.
 The simulator turns each into SimPy events priced by cost models; the runtime turns each
 into a call on a real worker. Nothing here knows which backend is listening.
+
+They are plain slotted dataclasses, treated as immutable once yielded but not ``frozen``: a
+frozen dataclass sets each field through ``object.__setattr__`` (about 4× the construction
+cost), and a paper-scale simulated step builds ~30 k of them.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------- environment
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AcquireEnv:
     """Hold what the trajectory's environment needs for its whole life (CPU cores in the
     simulator; nothing to wait for on the real env workers) → None once held. Released by
@@ -27,7 +31,7 @@ class AcquireEnv:
     traj: "Trajectory"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EnvReset:
     """Start (or restart after a failure) the environment of a trajectory → :class:`EnvOutcome`."""
 
@@ -35,7 +39,7 @@ class EnvReset:
     attempt: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EnvStep:
     """Apply the last action to the environment → :class:`EnvOutcome`."""
 
@@ -43,14 +47,14 @@ class EnvStep:
     attempt: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EnvClose:
     """Release the trajectory's environment (CPU slot, container, prefix-cache entries)."""
 
     traj: "Trajectory"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EnvOutcome:
     ok: bool
     obs_tokens: int = 0
@@ -61,7 +65,7 @@ class EnvOutcome:
 # --------------------------------------------------------------- generation
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Generate:
     """One turn of generation on ``worker`` (after prefill on ``prefill_worker`` when PD is on)
     → :class:`GenOutcome`. ``context_tokens`` is the whole history sent to the model."""
@@ -73,7 +77,7 @@ class Generate:
     prefill_worker: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GenOutcome:
     tokens: int
     text: str | None = None  # real backends return the action text
@@ -82,7 +86,7 @@ class GenOutcome:
 # --------------------------------------------------------------- reward & training
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ComputeReward:
     """Score a finished trajectory (rule in-process, or an LLM judge) → float."""
 
@@ -90,7 +94,7 @@ class ComputeReward:
     serverless: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TrainStep:
     """One optimiser step on a batch; the trainer's version becomes ``version + 1``."""
 
@@ -101,7 +105,7 @@ class TrainStep:
 # --------------------------------------------------------------- weight sync
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BroadcastWeights:
     """Synchronous transfer (NCCL broadcast) of ``version`` from the trainer to every worker."""
 
@@ -109,7 +113,7 @@ class BroadcastWeights:
     workers: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PublishWeights:
     """Cut ``version`` into buckets, publish them once to the store over the cross-cluster link,
     and let every worker pull them; returns when all workers hold the version in host memory."""
@@ -118,7 +122,7 @@ class PublishWeights:
     workers: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UpdateWeights:
     """Swap ``version`` into the engines of ``workers`` and recompute the KV cache of their
     in-flight requests (steps ③ and ⑤); ``from_host`` when the weights were pulled to host memory."""
@@ -131,19 +135,19 @@ class UpdateWeights:
 # --------------------------------------------------------------- control
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Wait:
     """Block until ``signal`` fires; returns the value it fired with."""
 
     signal: "Signal"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sleep:
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Spawn:
     """Start ``process`` concurrently; ``key`` lets a later :class:`Abort` find it."""
 
@@ -151,7 +155,7 @@ class Spawn:
     key: Hashable | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Abort:
     """Cancel the processes of these trajectories: each receives :class:`Aborted` at its
     current effect (an in-flight generation is ABORTed on its engine)."""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
+from typing import Any, Optional
 
 from rollart.core.signals import Signal
+
+_ROUTING_FIELDS = frozenset({"load", "kv_tokens", "kv_capacity_tokens", "max_num_seqs"})
 
 
 @dataclass(eq=False)
@@ -20,11 +24,69 @@ class WorkerInfo:
     load: int = 0       # requests dispatched and not yet returned
     kv_tokens: int = 0  # context tokens of those requests
 
+    _index = None  # the proxy's _LoadIndex once the worker is routed (a class default: not a field)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # whoever changes what routing reads (the proxy, a backend, a test) keeps the index exact
+        object.__setattr__(self, name, value)
+        if name in _ROUTING_FIELDS and self._index is not None:
+            self._index.touch(self)
+
     @property
     def saturated(self) -> bool:
         """No room for another request: its sequence slots or its KV cache are full."""
         return self.load >= self.max_num_seqs or (
             self.kv_capacity_tokens is not None and self.kv_tokens >= self.kv_capacity_tokens)
+
+
+class _LoadIndex:
+    """The unsaturated workers of each (pool, role) and of each role (pool None), least loaded
+    first (ties: lowest id), so a route costs O(log n) instead of a scan of the pool.
+
+    A heap per group with lazy invalidation: a worker whose load or KV changed gets a new stamp
+    and (while unsaturated) a new entry; entries with an old stamp are dropped when they reach
+    the top, and a heap that grew past a few entries per worker is rebuilt."""
+
+    def __init__(self, workers: list[WorkerInfo]):
+        self.stamp: dict[int, int] = {w.id: 0 for w in workers}
+        self.groups: dict[tuple[Optional[str], str], list[WorkerInfo]] = {}
+        for w in workers:
+            self.groups.setdefault((w.pool, w.role), []).append(w)
+            self.groups.setdefault((None, w.role), []).append(w)
+        self.heaps: dict[tuple[Optional[str], str], list[tuple[int, int, int, WorkerInfo]]] = {}
+        for key, ws in self.groups.items():
+            self._rebuild(key)
+        for w in workers:
+            object.__setattr__(w, "_index", self)
+
+    def _rebuild(self, key: tuple[Optional[str], str]) -> None:
+        heap = [(w.load, w.id, self.stamp[w.id], w) for w in self.groups[key] if not w.saturated]
+        heapq.heapify(heap)
+        self.heaps[key] = heap
+
+    def touch(self, w: WorkerInfo) -> None:
+        stamp = self.stamp[w.id] = self.stamp[w.id] + 1
+        if w.saturated:
+            return
+        entry = (w.load, w.id, stamp, w)
+        for key in ((w.pool, w.role), (None, w.role)):
+            heap = self.heaps[key]
+            heapq.heappush(heap, entry)
+            if len(heap) > 4 * len(self.groups[key]) + 16:
+                self._rebuild(key)
+
+    def least_loaded(self, key: tuple[Optional[str], str]) -> WorkerInfo | None:
+        """The least-loaded unsaturated worker of the group (ties: lowest id), or None."""
+        heap = self.heaps.get(key)
+        if not heap:
+            return None
+        stamp = self.stamp
+        while heap:
+            load, wid, st, w = heap[0]
+            if st == stamp[wid]:
+                return w
+            heapq.heappop(heap)
+        return None
 
 
 class LLMProxy:
@@ -56,6 +118,11 @@ class LLMProxy:
         for w in workers:
             self._by_role.setdefault(w.role, []).append(w)
             self._by_pool_role.setdefault((w.pool, w.role), []).append(w)
+        self._by_id = {w.id: w for w in workers}
+        self._index = _LoadIndex(workers)
+        self._pools_of_role: dict[str, list[str]] = {}
+        for pool, role in self._by_pool_role:
+            self._pools_of_role.setdefault(role, []).append(pool)
 
     # ---- routing -------------------------------------------------------------------
 
@@ -69,31 +136,36 @@ class LLMProxy:
         candidates = self._by_role.get(role, [])
         if not candidates:
             raise LookupError(f"no generation worker has role '{role}'")
-        preferred = candidates if pool is None else self._by_pool_role.get((pool, role), [])
-        open_preferred = [w for w in preferred if not w.saturated]
-        if open_preferred:
+        index = self._index
+        best = index.least_loaded((pool, role))  # pool None: every pool
+        if best is not None:
             self.routed_preferred += 1
             if last_worker is not None:
-                for w in open_preferred:
-                    if w.id == last_worker:
-                        return w
-            return min(open_preferred, key=lambda w: (w.load, w.id))
-        others = [w for w in candidates if w not in preferred and not w.saturated]
-        if others:
-            self.routed_fallback += 1
-            return min(others, key=lambda w: (w.load, w.id))
+                w = self._by_id.get(last_worker)
+                if w is not None and w.role == role and (pool is None or w.pool == pool) and not w.saturated:
+                    return w
+            return best
+        if pool is not None:
+            others = [w for p in self._pools_of_role.get(role, ()) if p != pool
+                      if (w := index.least_loaded((p, role))) is not None]
+            if others:
+                self.routed_fallback += 1
+                return min(others, key=lambda w: (w.load, w.id))
         self.routed_preferred += 1
+        preferred = candidates if pool is None else self._by_pool_role.get((pool, role), [])
         return min(preferred or candidates, key=lambda w: (w.load, w.id))
 
     def dispatch(self, worker: WorkerInfo, context_tokens: int = 0) -> None:
         """ADD: a request holding ``context_tokens`` of KV is on its way to ``worker``."""
-        worker.load += 1
-        worker.kv_tokens += context_tokens
+        object.__setattr__(worker, "load", worker.load + 1)
+        object.__setattr__(worker, "kv_tokens", worker.kv_tokens + context_tokens)
+        self._index.touch(worker)
 
     def release(self, worker: WorkerInfo, context_tokens: int = 0) -> None:
         """The request returned (completed or ABORTed)."""
-        worker.load -= 1
-        worker.kv_tokens -= context_tokens
+        object.__setattr__(worker, "load", worker.load - 1)
+        object.__setattr__(worker, "kv_tokens", worker.kv_tokens - context_tokens)
+        self._index.touch(worker)
 
     # ---- weight sync gate -----------------------------------------------------------
 

@@ -56,20 +56,26 @@ class RolloutScheduler:
         return live_done >= self.groups_per_batch and not any(
             not (g.complete or g.abandoned or g.evicted) for g in groups)
 
-    def maybe_open_next_batch(self, proxy_version: int) -> None:
+    def maybe_open_next_batch(self, proxy_version: int) -> bool:
+        """Open the next rollout batch(es) when allowed; True when one opened."""
+        opened = False
         while (self.mode.batch_level_launch and self._batch_finished(self.batch_index)
                and self.batch_index + 1 <= proxy_version + self.mode.alpha):
             self._batch_groups.pop(self.batch_index, None)
             self.batch_index += 1
+            opened = True
+        return opened
 
     def run(self, ctl: "Controller") -> Generator[Any, Any, None]:
         buffer = ctl.buffer
         while True:
-            self.maybe_open_next_batch(ctl.proxy.version)
+            if self.maybe_open_next_batch(ctl.proxy.version):
+                ctl.forget_gates(self.batch_index)  # the finished batches' barriers
             limit = self.admission_limit(ctl.proxy.version)
             while buffer.consumed_groups + buffer.pending_groups < limit:
                 group = ctl.new_group(self.next_task(), self.batch_index)
-                self._batch_groups.setdefault(self.batch_index, []).append(group)
+                if self.mode.batch_level_launch:  # only batch-level modes look back at a batch's groups
+                    self._batch_groups.setdefault(self.batch_index, []).append(group)
                 self.groups_launched += 1
                 for _ in range(self.members_per_group):
                     traj = ctl.new_trajectory(group)
