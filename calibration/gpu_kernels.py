@@ -382,7 +382,7 @@ def profile_kernels(out_dir: str | Path, device: str = "cpu", grid: KernelGrid =
     """Time every kernel of ``grid`` on ``device`` and write the folder; returns the provenance."""
     import torch
 
-    from rollart.calibration.profile_engine import measure_peak_tflops, torch_dtype
+    from rollart.calibration.profile_engine import torch_dtype
 
     cuda = _cuda(device)
     if cuda:  # an index, as torch.cuda.set_device needs one ("cuda" alone raises there)

@@ -99,8 +99,11 @@ def test_calibrate_fit_on_the_folder_writes_a_usable_kernel_profile(tiny_dir, tm
 
 def test_a_preset_gpu_is_referenced_to_its_datasheet(tiny_dir):
     data = gk.load_dir(tiny_dir)
+    from rollart.plan.presets import GPU_PRESETS
+
     peak, bw, _, basis = gk.reference_rates(data, "h200")
-    assert (peak, bw) == (989e12, 4.8e12) and "H200 datasheet" == basis
+    sheet = GPU_PRESETS["H200"]
+    assert (peak, bw) == (sheet["tflops_bf16"] * 1e12, sheet["hbm_tbps"] * 1e12) and basis == "H200 datasheet"
     assert gk.fit_profile(tiny_dir, "h200").gpu == "H200"
 
 
