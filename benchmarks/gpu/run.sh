@@ -22,6 +22,9 @@ if [ $# -ne 1 ]; then
 fi
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PYTHON:-python3}
+case "$PY" in  # absolute, since the stages run from a temporary folder (symlinks kept: a venv's python is one)
+  */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;;
+esac
 mkdir -p "$1" || exit 2
 OUTDIR=$(cd "$1" && pwd)
 SITE=$(mktemp -d "${TMPDIR:-/tmp}/rollart-gpu-XXXXXX")
