@@ -777,13 +777,18 @@ def format_table(rows: Sequence[FamilyError], title: str = "") -> str:
 def preset_name(device: str) -> str:
     """The GPU preset this device is (``NVIDIA H200`` → ``H200``), else a file-safe form of its
     name; ``cpu-local`` for the CPU."""
-    import re
-
     if not _cuda(device):
         return "cpu-local"
     import torch
 
-    name = torch.cuda.get_device_name(device)
+    return preset_for_name(torch.cuda.get_device_name(device))
+
+
+def preset_for_name(name: str) -> str:
+    """``NVIDIA H200`` → ``H200``, ``NVIDIA H100 80GB HBM3`` → ``H100`` (whole words, so an
+    H200 is not an H20); a name no preset matches, made file-safe."""
+    import re
+
     for key in sorted(_presets(), key=len, reverse=True):
         if re.search(rf"\b{re.escape(key)}\b", name, re.IGNORECASE):
             return key

@@ -169,3 +169,10 @@ def test_timer_blocks_short_calls_and_takes_the_median():
     inner = (len(calls) - 1) // 3
     assert 0 < t < 1e-3 and len(calls) == 1 + 3 * inner and 1 < inner <= timer.max_inner
     assert gk.copies_for(10, "cpu") == 1
+
+
+def test_device_names_map_to_presets():
+    assert gk.preset_for_name("NVIDIA H200") == "H200" and gk.preset_for_name("NVIDIA H20") == "H20"
+    assert gk.preset_for_name("NVIDIA H100 80GB HBM3") == "H100"
+    assert gk.preset_for_name("NVIDIA GeForce RTX 4090") == "NVIDIA-GeForce-RTX-4090"
+    assert gk.preset_name("cpu") == "cpu-local"
