@@ -177,3 +177,67 @@ def test_areal_updates_after_training_and_aborts_stale_stragglers() -> None:
     assert s["aborted_stale"] > 0
     assert max(r.time_s for r in out.backend.ctl.stats.steps) < 1000  # never waited for a straggler
     assert all(r.mean_staleness <= 1 for r in out.backend.ctl.stats.steps)  # α = 1 still holds
+
+
+# ---- item 6: weight transfer ---------------------------------------------------------------
+
+def _transfer(overrides: list[str] | None = None):
+    from rollart.sim.costs.link import WeightTransferCost
+
+    return WeightTransferCost(load_plan(resolve("paper/qwen3-32b-128gpu"), overrides or []))
+
+
+def test_transfer_runs_at_the_effective_not_the_nominal_rate() -> None:
+    """A bulk transfer over TCP does not reach the line rate: the broadcast of W bytes takes
+    longer than W / nominal bandwidth, and over RDMA it is faster than over TCP."""
+    from rollart.sim.costs.link import LINK_EFFICIENCY
+
+    w = _transfer()
+    nominal = w.weight_bytes / w.cross.bytes_per_s
+    assert w.broadcast_s() > nominal / LINK_EFFICIENCY["tcp"] * 0.999
+    rdma = _transfer(["cluster.links.cross_cluster={kind: rdma, bandwidth_gbps: 400}"])
+    assert rdma.broadcast_s() < w.broadcast_s()
+
+
+def test_gather_grows_with_tp_and_vanishes_at_tp1() -> None:
+    """TP shards are all-gathered over NVLink before publishing: (W/pp)·(tp−1)/tp / nvlink."""
+    assert _transfer(["placement.trainer.tp=1"]).gather_s == 0
+    assert _transfer(["placement.trainer.tp=8"]).gather_s > _transfer(["placement.trainer.tp=2"]).gather_s > 0
+
+
+def test_store_pays_a_measured_overhead_per_bucket() -> None:
+    """Each bucket is registered, put and handshaken once (overheads measured through the real
+    Mooncake store, calibration/data/weight_transfer/measured.yaml): smaller buckets cost more."""
+    from rollart.sim.costs.link import measured_store
+
+    m = measured_store()
+    assert m and m["publish_s"] > 0 and m["pull_s"] > 0
+    small, big = _transfer(["weight_sync.bucket_mb=64"]), _transfer(["weight_sync.bucket_mb=1024"])
+    assert small.publish_overhead_s == m["publish_s"]
+    assert small.publish_pull_s() > big.publish_pull_s()
+
+
+def test_store_stages_through_host_memory() -> None:
+    """The async store is CPU-resident: the publish also pays the device → host copy of each
+    pipeline stage, so it costs more trainer-side time than the GPU-direct broadcast."""
+    w = _transfer()
+    assert w.stage_s == pytest.approx(w.weight_bytes / w.h2d_bytes_per_s)
+    assert w.publish_pull_s() > w.broadcast_s()
+
+
+def test_every_swe_copy_is_the_fitted_profile() -> None:
+    """One calibration everywhere: each scenario's SWE task equals calibration/tasks/swe.yaml."""
+    import yaml
+
+    from rollart.plan.schema import TaskSpec
+
+    path = resolve("paper/qwen3-32b-128gpu").parents[1] / "calibration" / "tasks" / "swe.yaml"
+    if not path.is_file():  # installed layout
+        from rollart.calibration.profiles import PROFILE_DIR
+
+        path = PROFILE_DIR.parent / "tasks" / "swe.yaml"
+    fitted = TaskSpec.model_validate({**yaml.safe_load(path.read_text()), "share": 1})
+    for name in ("paper/qwen3-32b-128gpu", "paper/experiments/swe-step-breakdown",
+                 "paper/experiments/pd-disaggregation-swe"):
+        task = load_plan(resolve(name)).task("SWE")
+        assert task.model_dump(exclude={"share"}) == fitted.model_dump(exclude={"share"}), name

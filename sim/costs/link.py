@@ -1,25 +1,58 @@
-"""Weight transfer between the training and inference clusters (latency + bandwidth)."""
+"""Weight transfer between the training and inference clusters, term by term (issue 14, item 6)."""
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from rollart.plan.schema import Link, Plan
 
+# Share of a link's line rate a bulk weight transfer reaches. ASSUMED (not measurable here:
+# loopback TCP says nothing about 200 Gbps Ethernet): TCP pays per-flow congestion control and
+# kernel copies, RDMA/IB run near line rate. NVLink/PCIe rates are used as given.
+LINK_EFFICIENCY = {"tcp": 0.6, "rdma": 0.9, "ib": 0.9}
+HBM_COPY_EFFICIENCY = 0.7  # a strided layout conversion on the GPU reads and writes every byte
+MEASURED = Path(__file__).resolve().parents[2] / "calibration" / "data" / "weight_transfer" / "measured.yaml"
+
+
+@lru_cache(maxsize=1)
+def measured_store() -> dict[str, float]:
+    """Per-bucket overheads of the real Mooncake store (``python -m rollart.calibration.transfer_bench``)."""
+    try:
+        data = yaml.safe_load(MEASURED.read_text()) or {}
+        mc = data["mooncake_tcp_loopback"]
+        return {"publish_s": float(mc["publish"]["bucket_overhead_s"]), "pull_s": float(mc["pull"]["bucket_overhead_s"])}
+    except (OSError, KeyError, TypeError, ValueError):
+        return {}
+
 
 class WeightTransferCost:
-    """Synchronous: an NCCL broadcast over the cross-cluster link, ``lat + W / bw``
-    (the intra-cluster fan-out is pipelined behind it), during which rollout is stalled.
+    """What moving W bytes of weights from the trainer to the engines costs, per term:
 
-    Asynchronous: the trainer publishes ``n = ⌈W / bucket⌉`` buckets once,
-    ``n·(lat + o) + W / bw_cross`` with ``o`` the store's per-bucket overhead, and each worker
-    pulls bucket i over its intra-cluster link as soon as it lands, so the pull adds one
-    bucket's time; the swap into GPU memory then costs
-    ``W / tp / h2d`` per worker. When trainer and workers share a physical cluster the
-    intra-cluster link carries both.
+    1. **gather**: each pipeline stage's TP ranks all-gather their shards into whole tensors over
+       NVLink, ``(W/pp)·(tp−1)/tp / nvlink``; the stages work in parallel;
+    2. **convert**: layout and dtype from the trainer's format to the engine's (fused QKV per KV
+       group and fused gate/up split, contiguous copies) on the trainer GPUs: every byte read and
+       written at HBM rate, ``2·(W/pp) / (hbm·0.7)``;
+    3. **transfer** at the link's *effective* rate ``bw·eff`` (``LINK_EFFICIENCY``);
+    4. the **store** path also stages the buckets into the CPU-resident store, ``(W/pp) / h2d``,
+       and pays a per-bucket registration + put + handshake ``o_pub`` when publishing and
+       ``o_pull`` when pulling (measured through the real Mooncake store); the workers pull
+       bucket i over their intra-cluster link as soon as it lands, so the pull adds one bucket;
+    5. **receive**: each worker copies its ``W/tp`` shard host → device and re-shards it
+       (``swap_s``; a blocking NCCL broadcast lands on the GPU and only re-shards).
 
-    A measured train profile (``measured``) replaces all three with the times it measured."""
+    Synchronous (NCCL broadcast): 1 + 2 + ``lat + W/(bw·eff)``, rollout stalled throughout.
+    Asynchronous (bucketed store): 1 + 2 + 4 + ``n·(lat + o_pub) + W/(bw·eff)`` + one pulled bucket,
+    overlapped with rollout; then ``swap_s`` on the update. When trainer and workers share a
+    physical cluster the intra-cluster link carries both. Colocated: the engines load the new
+    weights in the switch (:class:`~rollart.sim.costs.train.ColocationSwitch`).
+
+    A measured train profile (``measured``) replaces all of it with the times it measured."""
 
     def __init__(self, plan: Plan, measured: Any = None):
         self.measured = measured
@@ -27,32 +60,47 @@ class WeightTransferCost:
         ws = plan.weight_sync
         links = plan.cluster.links
         pools = plan.cluster.gpu_pools
-        train_cluster = pools[plan.placement.trainer.pool].cluster
+        tr = plan.placement.trainer
+        train_cluster = pools[tr.pool].cluster
         same = all(pools[g.pool].cluster == train_cluster for g in plan.placement.generation)
         self.intra: Link = links.get("intra_cluster", links[ws.link])
         self.cross: Link = self.intra if same else links[ws.link]
         self.weight_bytes = plan.model.weight_bytes
         self.bucket_bytes = ws.bucket_mb * 2**20
         self.h2d_bytes_per_s = ws.h2d_gbps * 1e9 / 8
-        from rollart.calibration.links import STORE_BUCKET_OVERHEAD_S, calibrated_links
+        gpu = plan.gpu_of_pool(tr.pool)
+        stage = self.weight_bytes / tr.pp
+        self.gather_s = stage * (tr.tp - 1) / tr.tp / (gpu.nvlink_gbps * 1e9)
+        self.convert_s = 2 * stage / (gpu.hbm_tbps * 1e12 * HBM_COPY_EFFICIENCY)
+        self.stage_s = stage / self.h2d_bytes_per_s
+        from rollart.calibration.links import STORE_BUCKET_OVERHEAD_S
 
-        self.bucket_overhead_s = float(calibrated_links().get("store", {}).get("bucket_overhead_s",
-                                                                               STORE_BUCKET_OVERHEAD_S))
+        store = measured_store()
+        self.publish_overhead_s = store.get("publish_s", STORE_BUCKET_OVERHEAD_S)
+        self.pull_overhead_s = store.get("pull_s", STORE_BUCKET_OVERHEAD_S)
+        self.bucket_overhead_s = self.publish_overhead_s
+
+    @staticmethod
+    def effective_bytes_per_s(link: Link) -> float:
+        return link.bytes_per_s * LINK_EFFICIENCY.get(link.kind, 1.0)
 
     def broadcast_s(self) -> float:
         if self.measured is not None:
             return self.measured.broadcast_s
         if self.colocated:
             return 0.0  # the engines load the new weights in the colocation switch (ColocationSwitch)
-        return self.cross.latency_s + self.weight_bytes / self.cross.bytes_per_s
+        wire = self.cross.latency_s + self.weight_bytes / self.effective_bytes_per_s(self.cross)
+        return self.gather_s + self.convert_s + wire
 
     def publish_pull_s(self) -> float:
         if self.measured is not None:
             return self.measured.publish_pull_s
         buckets = max(1, math.ceil(self.weight_bytes / self.bucket_bytes))
-        publish = buckets * (self.cross.latency_s + self.bucket_overhead_s) + self.weight_bytes / self.cross.bytes_per_s
+        publish = buckets * (self.cross.latency_s + self.publish_overhead_s) \
+            + self.weight_bytes / self.effective_bytes_per_s(self.cross)
         last_bucket = min(self.bucket_bytes, self.weight_bytes)
-        return publish + self.intra.latency_s + self.bucket_overhead_s + last_bucket / self.intra.bytes_per_s
+        pull = self.intra.latency_s + self.pull_overhead_s + last_bucket / self.effective_bytes_per_s(self.intra)
+        return self.gather_s + self.convert_s + self.stage_s + publish + pull
 
     def swap_s(self, tp: int) -> float:
         if self.measured is not None:
