@@ -97,3 +97,50 @@ def test_full_kv_cache_counts_as_saturated_and_triggers_fallback() -> None:
     assert proxy.route("FrozenLake").pool == "h20"    # KV full: fall back
     proxy.release(ws[0], 2_000)
     assert not ws[0].saturated and ws[0].kv_tokens == 9_000
+
+
+def _scan_route(proxy: LLMProxy, tag: str, last_worker: int | None, role: str) -> int:
+    """The routing policy as a scan of every worker (the reference for the indexed router)."""
+    pool = proxy.preferred_pool(tag)
+    candidates = [w for w in proxy.workers if w.role == role]
+    preferred = candidates if pool is None else [w for w in candidates if w.pool == pool]
+    open_preferred = [w for w in preferred if not w.saturated]
+    if open_preferred:
+        for w in open_preferred:
+            if w.id == last_worker:
+                return w.id
+        return min(open_preferred, key=lambda w: (w.load, w.id)).id
+    others = [w for w in candidates if w not in preferred and not w.saturated]
+    if others:
+        return min(others, key=lambda w: (w.load, w.id)).id
+    return min(preferred or candidates, key=lambda w: (w.load, w.id)).id
+
+
+@pytest.mark.parametrize("affinity", [AFF, None])
+def test_indexed_route_matches_a_scan_of_every_worker(affinity) -> None:
+    import random
+
+    rnd = random.Random(7)
+    spec = [(rnd.choice(["h800", "h20"]), rnd.choice(["both", "both", "prefill", "decode"])) for _ in range(40)]
+    ws = workers(spec, cap=4)
+    for w in ws[::3]:
+        w.kv_capacity_tokens = 5_000
+    proxy = LLMProxy(ws, affinity)
+    inflight: list[tuple[WorkerInfo, int]] = []
+    for _ in range(2_000):
+        op = rnd.random()
+        if op < 0.5 or not inflight:
+            tag, role = rnd.choice(["FrozenLake", "GEM-Math"]), rnd.choice(["both", "prefill", "decode"])
+            last = rnd.choice([None, rnd.randrange(len(ws))])
+            want = _scan_route(proxy, tag, last, role)
+            got = proxy.route(tag, last, role=role)
+            assert got.id == want
+            kv = rnd.randrange(0, 3_000)
+            proxy.dispatch(got, kv)
+            inflight.append((got, kv))
+        elif op < 0.9:
+            w, kv = inflight.pop(rnd.randrange(len(inflight)))
+            proxy.release(w, kv)
+        else:  # someone else changes what routing reads
+            w = rnd.choice(ws)
+            w.max_num_seqs = rnd.choice([2, 4, 6])

@@ -45,7 +45,8 @@ class _LoadIndex:
 
     A heap per group with lazy invalidation: a worker whose load or KV changed gets a new stamp
     and (while unsaturated) a new entry; entries with an old stamp are dropped when they reach
-    the top, and a heap that grew past a few entries per worker is rebuilt."""
+    the top, and a heap that grew past a few entries per worker is rebuilt. A group's heap is
+    built when it is first routed to (with affinity on, the all-pools groups never are)."""
 
     def __init__(self, workers: list[WorkerInfo]):
         self.stamp: dict[int, int] = {w.id: 0 for w in workers}
@@ -54,37 +55,45 @@ class _LoadIndex:
             self.groups.setdefault((w.pool, w.role), []).append(w)
             self.groups.setdefault((None, w.role), []).append(w)
         self.heaps: dict[tuple[Optional[str], str], list[tuple[int, int, int, WorkerInfo]]] = {}
-        for key, ws in self.groups.items():
-            self._rebuild(key)
+        # each worker's built heaps, with the size that triggers a rebuild and the group's key
+        self._heaps_of: dict[int, list[tuple[list[Any], int, tuple[Optional[str], str]]]] = {
+            w.id: [] for w in workers}
         for w in workers:
             object.__setattr__(w, "_index", self)
 
-    def _rebuild(self, key: tuple[Optional[str], str]) -> None:
-        heap = [(w.load, w.id, self.stamp[w.id], w) for w in self.groups[key] if not w.saturated]
+    def _rebuild(self, heap: list[tuple[int, int, int, WorkerInfo]], key: tuple[Optional[str], str]) -> None:
+        heap[:] = [(w.load, w.id, self.stamp[w.id], w) for w in self.groups[key] if not w.saturated]
         heapq.heapify(heap)
-        self.heaps[key] = heap
 
     def touch(self, w: WorkerInfo) -> None:
-        stamp = self.stamp[w.id] = self.stamp[w.id] + 1
-        if w.saturated:
-            return
-        entry = (w.load, w.id, stamp, w)
-        for key in ((w.pool, w.role), (None, w.role)):
-            heap = self.heaps[key]
+        wid = w.id
+        stamp = self.stamp[wid] = self.stamp[wid] + 1
+        heaps = self._heaps_of[wid]
+        if not heaps or w.load >= w.max_num_seqs or (
+                w.kv_capacity_tokens is not None and w.kv_tokens >= w.kv_capacity_tokens):
+            return  # saturated (not routable), or in no built group
+        entry = (w.load, wid, stamp, w)
+        for heap, limit, key in heaps:
             heapq.heappush(heap, entry)
-            if len(heap) > 4 * len(self.groups[key]) + 16:
-                self._rebuild(key)
+            if len(heap) > limit:
+                self._rebuild(heap, key)
 
     def least_loaded(self, key: tuple[Optional[str], str]) -> WorkerInfo | None:
         """The least-loaded unsaturated worker of the group (ties: lowest id), or None."""
         heap = self.heaps.get(key)
-        if not heap:
-            return None
+        if heap is None:
+            if key not in self.groups:
+                return None
+            heap = self.heaps[key] = []
+            self._rebuild(heap, key)
+            limit = 4 * len(self.groups[key]) + 16
+            for w in self.groups[key]:
+                self._heaps_of[w.id].append((heap, limit, key))
         stamp = self.stamp
         while heap:
-            load, wid, st, w = heap[0]
-            if st == stamp[wid]:
-                return w
+            entry = heap[0]
+            if entry[2] == stamp[entry[1]]:
+                return entry[3]
             heapq.heappop(heap)
         return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -10,11 +11,70 @@ from rollart.core.effects import EnvOutcome
 from rollart.plan.schema import TaskSpec
 
 
+_BLOCK = 32  # draws per block once a trajectory's stream is single-kind (see _Block)
+
+
+class _Block:
+    """A trajectory's stream drawn ``_BLOCK`` values at a time, for a stream that from here on is
+    used by one kind of draw only (``standard_normal`` or ``random``). numpy fills an array with
+    the same values, in the same order, as that many scalar calls, so the results are identical;
+    one call per block instead of one per draw is what saves the time. A draw of the other kind
+    is an AttributeError, never a silently different stream."""
+
+    __slots__ = ("_rng", "_vals", "_fill")
+
+    def __init__(self, rng: np.random.Generator, kind: str):
+        self._rng = rng
+        self._vals: list[float] = []
+        self._fill = getattr(rng, kind)
+
+    def _next(self) -> float:
+        if not self._vals:
+            self._vals = self._fill(_BLOCK).tolist()
+            self._vals.reverse()
+        return self._vals.pop()
+
+
+class _NormalBlock(_Block):
+    __slots__ = ()
+
+    def standard_normal(self) -> float:
+        return self._next()
+
+
+class _UniformBlock(_Block):
+    __slots__ = ()
+
+    def random(self) -> float:
+        return self._next()
+
+
+# which call of the stream a distribution makes per draw (None: no draw); others are mixed
+_DRAW_KIND = {"constant": None, "lognormal": "standard_normal", "gaussian": "standard_normal",
+              "uniform": "random", "pareto": "random", "empirical": "random", "spliced": "random"}
+
+
+def _single_kind(task: TaskSpec) -> str | None:
+    """The one kind of draw a task's stream makes after its reset (env.step latency, failure,
+    observation, response), or None when it mixes kinds or uses a distribution not listed."""
+    kinds = set()
+    for dist in (task.env.step, task.obs_tokens, task.response_tokens):
+        kind = getattr(dist, "kind", "?")
+        if kind not in _DRAW_KIND:
+            return None
+        kinds.add(_DRAW_KIND[kind])
+    if task.env.failure_prob:
+        kinds.add("random")
+    kinds.discard(None)
+    return kinds.pop() if len(kinds) == 1 else None
+
+
 @dataclass
 class _EnvState:
     rng: np.random.Generator
     turns_total: int = 0
     turn: int = 0
+    draws: Any = None  # after the reset: the stream, blocked when single-kind (_Block)
 
 
 class EnvModel:
@@ -28,6 +88,17 @@ class EnvModel:
     def __init__(self, seed: int):
         self.seed = seed
         self._state: dict[int, _EnvState] = {}
+        self._kinds: dict[str, str | None] = {}  # per task name: _single_kind
+
+    def _draws(self, task: TaskSpec, st: _EnvState) -> Any:
+        """What the trajectory draws from after its reset: its generator, or a block of it."""
+        if st.draws is None:
+            kind = self._kinds.get(task.name, "?")
+            if kind == "?":
+                kind = self._kinds[task.name] = _single_kind(task)
+            st.draws = st.rng if kind is None else (
+                _NormalBlock(st.rng, kind) if kind == "standard_normal" else _UniformBlock(st.rng, kind))
+        return st.draws
 
     def rng(self, traj_id: int) -> np.random.Generator:
         st = self._state.get(traj_id)
@@ -35,8 +106,8 @@ class EnvModel:
             st = self._state[traj_id] = _EnvState(np.random.default_rng([self.seed, traj_id]))
         return st.rng
 
-    def _call(self, task: TaskSpec, traj_id: int, latency_dist) -> tuple[float, str | None]:
-        rng = self.rng(traj_id)
+    def _call(self, task: TaskSpec, traj_id: int, latency_dist, rng: Any = None) -> tuple[float, str | None]:
+        rng = self.rng(traj_id) if rng is None else rng
         latency = latency_dist.sample(rng)
         if latency > task.env.timeout_s:
             return task.env.timeout_s, "timeout"
@@ -54,17 +125,25 @@ class EnvModel:
         return latency, EnvOutcome(ok=True, obs_tokens=max(1, round(task.prompt_tokens.sample(st.rng))))
 
     def step(self, task: TaskSpec, traj_id: int) -> tuple[float, EnvOutcome]:
-        latency, err = self._call(task, traj_id, task.env.step)
+        st = self._state.get(traj_id)
+        if st is None or not st.turns_total:  # not reset (a caller outside the core's protocol)
+            latency, err = self._call(task, traj_id, task.env.step)
+            st = self._state[traj_id]
+            rng = st.rng
+        else:
+            rng = self._draws(task, st)
+            latency, err = self._call(task, traj_id, task.env.step, rng)
         if err:
             return latency, EnvOutcome(ok=False, error=err)
-        st = self._state[traj_id]
         st.turn += 1
         done = st.turn >= st.turns_total
-        obs = 0 if done else max(0, round(task.obs_tokens.sample(st.rng)))
+        obs = 0 if done else max(0, round(task.obs_tokens.sample(rng)))
         return latency, EnvOutcome(ok=True, obs_tokens=obs, done=done)
 
     def response_tokens(self, task: TaskSpec, traj_id: int, limit: int) -> int:
-        return max(1, min(limit, round(task.response_tokens.sample(self.rng(traj_id)))))
+        st = self._state.get(traj_id)
+        rng = self._draws(task, st) if st is not None and st.turns_total else self.rng(traj_id)
+        return max(1, min(limit, round(task.response_tokens.sample(rng))))
 
     def forget(self, traj_id: int) -> None:
         self._state.pop(traj_id, None)
