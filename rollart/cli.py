@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 
 from rollart.cli_calibrate import calibrate_app
 from rollart.core.modes import mode_config
@@ -122,9 +123,10 @@ def run_simulation(plan: Plan, mode: Optional[str], seed: int, trace: Optional[P
     from rollart.trace import Tracer
 
     cfg = mode_config(plan, mode)
-    tracer = Tracer() if trace else None
+    tracer = Tracer(stream_to=trace) if trace else None  # streamed: a long run's trace is not held in memory
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("steps · simulated {task.fields[sim]}"), TimeElapsedColumn(),
+                  TextColumn("· ETA"), TimeRemainingColumn(),
                   console=err_console, transient=True, disable=not show_progress(progress)) as bar:
         task = bar.add_task(f"simulating {plan.name} ({cfg.name})", total=plan.algorithm.steps, sim="0 s")
         outcome = simulate_plan(plan, cfg, seed, tracer,
@@ -233,8 +235,8 @@ def _register_commands() -> None:
         except ImportError:  # pragma: no cover - the modules ship with the package
             continue
         for name in names:
-            if hasattr(mod, name):
-                app.command(name)(getattr(mod, name))
+            if hasattr(mod, name):  # a module may give the command its own class (lazy help)
+                app.command(name, cls=getattr(mod, f"{name}_command_cls", None))(getattr(mod, name))
 
 
 _register_commands()

@@ -20,6 +20,30 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _experiment_lines() -> str:
+    from rollart.reproduce import EXPERIMENTS
+
+    return "\n\n".join(f"{e.name}: {getattr(e, 'title', '')}" for e in EXPERIMENTS.values())
+
+
+try:
+    from typer.core import TyperCommand
+except ImportError:  # pragma: no cover
+    TyperCommand = None  # type: ignore[assignment,misc]
+
+if TyperCommand is not None:
+    class ReproduceCommand(TyperCommand):  # type: ignore[misc,valid-type]
+        """``rollart reproduce --help`` lists the experiments; they are imported (matplotlib and
+        all) only when the help is shown, not on every start of the CLI."""
+
+        def format_help(self, ctx, formatter):  # noqa: ANN001, ANN201
+            if "Experiments (--only" not in (self.help or ""):
+                self.help = f"{self.help}\n\nExperiments (--only NAME,...):\n\n{_experiment_lines()}"
+            return super().format_help(ctx, formatter)
+
+    reproduce_command_cls = ReproduceCommand
+
+
 def _fail(message: str) -> None:
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
@@ -46,9 +70,12 @@ def reproduce(
     except PlanError as exc:
         _fail("; ".join(exc.problems))
         return
+    from rollart.cli import prepare_output_dir, show_progress
+
+    prepare_output_dir(out, "--out")
     t0 = time.perf_counter()
     try:
-        runs = run_reproduce(experiments, out, steps=steps, batch_cap=batch_cap, progress=not quiet,
+        runs = run_reproduce(experiments, out, steps=steps, batch_cap=batch_cap, progress=show_progress(not quiet),
                              console=err_console)
     except OSError as exc:
         _fail(f"--out {out}: {exc.strerror or exc}")

@@ -4,6 +4,7 @@ parallel plan search) actually runs."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -11,7 +12,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from rollart.plan import MODES, PlanError, apply_overrides, plan_from_dict, read_yaml
 
@@ -27,10 +28,10 @@ def _fail(problems: list[str]) -> None:
 
 def _scenario_data(scenario: Optional[str], overrides: list[str]) -> tuple[dict[str, Any], Any]:
     """The scenario's data (``extends:`` merged) and its validated plan with ``overrides``."""
-    from rollart.scenarios_catalog import default_scenario, resolve
+    from rollart.scenarios_catalog import default_scenario, resolve_existing
 
-    path = resolve(scenario) if scenario else default_scenario()
     try:
+        path = resolve_existing(scenario) if scenario else default_scenario()
         data = read_yaml(path)
         return data, plan_from_dict(data, overrides)
     except PlanError as exc:
@@ -42,7 +43,9 @@ def _shortcuts(set_: list[str], steps: Optional[int], seed: Optional[int], mode:
     out = list(set_)
     if mode is not None:
         if mode not in MODES:
-            _fail([f"--mode: unknown mode '{mode}'; modes are: {', '.join(MODES)}"])
+            from rollart.plan.loader import did_you_mean
+
+            _fail([f"--mode: unknown mode '{mode}'{did_you_mean(mode, MODES, 'modes')}"])
         out.append(f"algorithm.mode={mode}")
     if steps is not None:
         out.append(f"algorithm.steps={steps}")
@@ -107,38 +110,61 @@ def sweep(
                  if line.startswith("--set") or "unknown field" in line]
         if typos:
             _fail(typos)
+    from rollart.cli import prepare_output_dir, show_progress
+
+    prepare_output_dir(out, "--out")
     points = lhs_points(dims, samples, sample_seed) if samples else grid_points(dims)
     what = (f"{len(points)} Latin-hypercube points" if samples else f"{len(points)} points") + \
         f" of {plan.name} ({' × '.join(str(len(d.values)) for d in dims)} grid)"
     err_console.print(f"[dim]sweep: {what} → {out}[/]", highlight=False)
     result = run_sweep(data, dims, points, out, RayPool(workers, address), base_overrides=base, console=err_console,
-                       progress=not quiet, title=plan.name)
-    _print_front(result)
+                       progress=show_progress(not quiet), title=plan.name)
+    _print_points(result)
     console.print(f"[dim]{result.ran} simulated, {result.skipped} already done, {result.failed} failed"
                   + (f", {result.lost} lost by Ray (rerun to retry)" if result.lost else "")
                   + f" · {result.wall_s:.1f} s wall · wrote {', '.join(str(p) for p in result.written)}[/]",
                   highlight=False)
     failed = [r for r in result.rows if r["error"]]
-    if failed:
-        console.print(f"[yellow]first failure:[/] {escape(failed[0]['error'])}", highlight=False)
+    if failed or result.lost:
+        raise typer.Exit(code=1)
 
 
-def _print_front(result: Any) -> None:
+def _num(row: dict[str, Any], key: str, spec: str) -> str:
+    v = row.get(key)
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def _print_points(result: Any) -> None:
+    """Every point, fastest first (failed ones last, with their error); * marks the frontier."""
     from rich import box
     from rich.table import Table
 
-    table = Table(title=f"Pareto frontier: {len(result.front)} of {len(result.rows)} points "
-                        "(cost per 1 000 trajectories vs throughput)", title_justify="left", box=box.SIMPLE_HEAD,
+    from rollart.report import decimals_for
+
+    front = {id(r) for r in result.front}
+    ok = sorted((r for r in result.rows if not r["error"]),
+                key=lambda r: -(r.get("trajectories_per_s") or 0.0))
+    bad = [r for r in result.rows if r["error"]]
+    table = Table(title=f"{len(result.rows)} points, fastest first; * the Pareto frontier ({len(result.front)}: "
+                        "cost per 1 000 trajectories vs throughput)", title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False)
+    table.add_column("*", justify="center")
     for d in result.dims:
         table.add_column(d.path, justify="right")
     for col in ("traj/s", "$/1k traj", "$/h", "GPUs", "step s"):
         table.add_column(col, justify="right")
-    for r in result.front:
-        table.add_row(*(_fmt(r.get(d.path)) for d in result.dims), f"{r['trajectories_per_s']:.3f}",
-                      f"{r['cost_per_1k_trajectories_usd']:.2f}", f"{r['cost_usd_per_hour']:,.0f}",
-                      _fmt(r.get("gpus")), f"{r['step_time_s_mean']:.1f}")
+    d = decimals_for([r.get("step_time_s_mean") or 0.0 for r in ok])
+    for r in ok:
+        table.add_row("*" if id(r) in front else "", *(_fmt(r.get(dim.path)) for dim in result.dims),
+                      _num(r, "trajectories_per_s", ".3f"), _num(r, "cost_per_1k_trajectories_usd", ".2f"),
+                      _num(r, "cost_usd_per_hour", ",.0f"), _fmt(r.get("gpus")), _num(r, "step_time_s_mean", f".{d}f"))
+    for r in bad:
+        table.add_row("", *(_fmt(r.get(dim.path)) for dim in result.dims), "[red]failed[/]", "-", "-", "-", "-")
     console.print(table)
+    for r in bad:
+        where = ", ".join(f"{dim.path}={_fmt(r.get(dim.path))}" for dim in result.dims)
+        console.print(f"[red]failed[/] {escape(where)}: {escape(str(r['error']).splitlines()[0])}", highlight=False,
+                      soft_wrap=True)
 
 
 # ---------------------------------------------------------------- plan
@@ -179,8 +205,9 @@ def plan(
     fixed_affinity: bool = typer.Option(False, "--fixed-affinity", help="do not search the affinity map: "
                                                                          "prefill-heavy tasks → compute GPUs"),
     search_seed: int = typer.Option(0, "--search-seed", help="seed of the random candidates"),
-    workers: int = typer.Option(1, "--workers", min=1, help="simulate this many candidates at once on a local "
-                                                             "Ray (1: in this process, no Ray)"),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1,
+                                          help="simulate this many candidates at once in local processes "
+                                               "(default: every core; 1: in this process)"),
     address: Optional[str] = typer.Option(None, "--address", help="run the simulations on an existing Ray cluster"),
     top: int = typer.Option(5, "--top", min=1, help="plans to list"),
     set_: list[str] = typer.Option([], "--set", help="override a scenario field first (repeatable)"),
@@ -196,15 +223,16 @@ def plan(
     from rollart.planner import Budget, Space, plan_data, search, top_table, why_lines, write_plan
     from rollart.planner.search import OBJECTIVES
     from rollart.sim.costs.price import require_prices
-    from rollart.sweep.runner import RAY_EXTRA_HINT, RayPool, SerialPool, ray_available
+    from rollart.cli import check_output_file, show_progress
+    from rollart.sweep.runner import RAY_EXTRA_HINT, ProcessPool, RayPool, SerialPool, ray_available
 
     if (budget_usd_per_hour is None) == (budget_gpus is None):
         _fail(["--budget-usd-per-hour / --budget-gpus: give exactly one budget"])
     if objective not in OBJECTIVES:
         _fail([f"--objective: unknown objective '{objective}'; objectives are: {', '.join(OBJECTIVES)}"])
-    use_ray = workers > 1 or address is not None
+    use_ray = address is not None
     if use_ray and not ray_available():
-        _fail([RAY_EXTRA_HINT.replace("rollart sweep runs its points", "--workers/--address run the simulations")])
+        _fail([RAY_EXTRA_HINT.replace("rollart sweep runs its points", "--address runs the simulations")])
     overrides = _shortcuts(set_, steps, seed, mode)
     data, base_plan = _scenario_data(scenario, overrides)
     budget = Budget(gpus=budget_gpus, usd_per_hour=budget_usd_per_hour)
@@ -218,11 +246,18 @@ def plan(
     except PlanError as exc:
         _fail(exc.problems)
         return
+    check_output_file(out, "--out")
     base = apply_overrides(data, overrides)
-    pool = RayPool(workers, address) if use_ray else SerialPool()
+    n = workers or os.cpu_count() or 1
+    pool = RayPool(workers, address) if use_ray else ProcessPool(n) if n > 1 else SerialPool()
     t0 = time.perf_counter()
+    if not quiet:
+        err_console.print(f"[dim]plan: simulating on {pool.workers if not use_ray else 'the Ray cluster'}"
+                          f"{' processes' if not use_ray and n > 1 else ' (this process)' if not use_ray else ''}; "
+                          "the bar shows each rung's time left[/]", highlight=False)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True, disable=quiet) as bar:
+                  TextColumn("· left"), TimeRemainingColumn(),
+                  console=err_console, transient=True, disable=not show_progress(not quiet)) as bar:
         task = bar.add_task("planning", total=0)
 
         def on_rung(what: str, n: int) -> None:

@@ -28,7 +28,8 @@ TRAINER_BYTES_PER_PARAM = 16
 def _hint(pools: list[str]) -> str:
     sets = " ".join(f"--set runtime.pools.{p}.devices=cpu" for p in pools)
     return ("map the pools onto CPU virtual devices with a tiny model, as scenarios/local/*.yaml do (runtime: {pools: "
-            f"{{<pool>: {{devices: cpu, count: N}}}}, model: Qwen3-tiny}}; here: --set runtime.model=Qwen3-tiny {sets}), "
+            f"{{<pool>: {{devices: cpu, count: N}}}}, model: Qwen3-tiny}}; "
+            f"here: --set runtime.model=Qwen3-tiny {sets}), "
             "or run on a GPU Ray cluster with --address HOST:PORT")
 
 

@@ -135,7 +135,7 @@ def local_ray():
     """One local Ray for the module (init takes seconds); RayPool reuses it and leaves it up."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, object_store_memory=200 * 1024 * 1024, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024 * 1024, include_dashboard=False,
              logging_level="ERROR", log_to_driver=False)
     yield ray
     ray.shutdown()
@@ -256,3 +256,31 @@ def test_serial_pool_runs_the_same_jobs():
         got = dict(pool.imap_unordered([("a", data, TINY, None, None), ("b", data, [*TINY, "algorithm.alpha=2"], 1,
                                                                             "areal")]))
     assert set(got) == {"a", "b"} and got["b"]["mode"] == "areal" and got["b"]["seed"] == 1
+
+
+def test_sweep_lists_every_point_marks_the_front_and_fails_when_a_point_failed(local_ray, tmp_path):
+    args = ["sweep", str(default_scenario()), "--grid", "algorithm.alpha=0,1,x", "--set", "algorithm.batch_size=16",
+            "--steps", "1", "--out", str(tmp_path), "-q"]
+    res = CliRunner().invoke(_app(), args, env={"COLUMNS": "200"})
+    assert res.exit_code == 1, res.output
+    assert "3 points, fastest first; * the Pareto frontier" in res.output
+    cells = [ln.split() for ln in res.output.splitlines()]
+    rows = {c[1] if c[0] == "*" else c[0]: c for c in cells if c and c[0] in ("0", "1", "x", "*")}
+    rows.pop("algorithm.alpha", None)  # the header
+    assert set(rows) == {"0", "1", "x"}, res.output  # every point, failed ones too
+    assert any(c[0] == "*" for c in rows.values()) and rows["x"][1] == "failed"
+    assert "failed algorithm.alpha=x: algorithm.alpha:" in res.output
+
+
+def test_process_pool_gives_the_serial_results():
+    from rollart.plan import read_yaml
+    from rollart.sweep.runner import ProcessPool, SerialPool
+
+    data = read_yaml(default_scenario())
+    jobs = [(f"k{a}", data, ["algorithm.steps=1", "algorithm.batch_size=16", f"algorithm.alpha={a}"], None, None)
+            for a in (0, 1, 2)]
+    with SerialPool() as serial:
+        want = {k: r["summary"]["trajectories_per_s"] for k, r in serial.imap_unordered(jobs)}
+    with ProcessPool(2) as pool:
+        got = {k: r["summary"]["trajectories_per_s"] for k, r in pool.imap_unordered(jobs)}
+    assert got == want

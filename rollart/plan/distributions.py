@@ -22,7 +22,6 @@ Sigma = Annotated[float, Field(ge=0, le=10)]
 # Every draw is finite and at most this (seconds, tokens or turns: far beyond any timeout,
 # context length or episode), whatever parameters the schema admits; see :func:`_safe`.
 SAMPLE_MAX = 1e12
-_LOG_SAMPLE_MAX = math.log(SAMPLE_MAX)
 
 
 def _safe(x: float) -> float:
@@ -31,11 +30,6 @@ def _safe(x: float) -> float:
     if not x < SAMPLE_MAX:  # also catches NaN
         return SAMPLE_MAX
     return x if x > 0 else 0.0
-
-
-def _exp_safe(log_x: float) -> float:
-    """exp(log_x) clipped to [0, SAMPLE_MAX] without overflowing."""
-    return SAMPLE_MAX if not log_x < _LOG_SAMPLE_MAX else math.exp(log_x)
 
 
 class _Dist(BaseModel):
@@ -70,7 +64,8 @@ class LogNormal(_Dist):
     max: Annotated[float, Field(gt=0)] | None = None
 
     def sample(self, rng: np.random.Generator) -> float:
-        x = _exp_safe(math.log(self.median) + self.sigma * rng.standard_normal())
+        e = self.sigma * rng.standard_normal()
+        x = self.median * math.exp(e) if e < 700 else math.inf  # a float product overflows to inf, exp raises
         return _safe(min(x, self.max) if self.max is not None else x)
 
     def mean(self) -> float:
@@ -135,8 +130,10 @@ class Pareto(_Dist):
     max: Annotated[float, Field(gt=0)] | None = None
 
     def sample(self, rng: np.random.Generator) -> float:
-        # in log space: (1 − u)^(−1/shape) overflows a float for small shapes
-        x = _exp_safe(math.log(self.scale) - math.log1p(-rng.random()) / self.shape)
+        try:
+            x = self.scale * (1.0 - rng.random()) ** (-1.0 / self.shape)
+        except OverflowError:  # small shapes: (1 − u)^(−1/shape) is beyond a float
+            x = math.inf
         return _safe(min(x, self.max) if self.max is not None else x)
 
     def mean(self) -> float:
@@ -241,7 +238,7 @@ class Spliced(_Dist):
             y = -beta * math.log1p(-r)
         else:
             try:
-                y = beta / xi * math.expm1(-xi * math.log1p(-r))
+                y = beta / xi * ((1 - r) ** -xi - 1)
             except OverflowError:
                 y = math.inf
         return self.threshold + y

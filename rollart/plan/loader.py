@@ -73,7 +73,8 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
                 idx = _list_index(node, part)
                 if idx is None:
                     names = [str(x["name"]) for x in node if isinstance(x, dict) and "name" in x]
-                    hint = did_you_mean(part, names, path[i - 1] if i else "items") if names else f"; indexes are 0 to {len(node) - 1}"
+                    hint = (did_you_mean(part, names, path[i - 1] if i else "items") if names
+                            else f"; indexes are 0 to {len(node) - 1}")
                     raise PlanError([f"--set {'.'.join(path)}: no item '{part}' at {where}{hint}"])
                 if last:
                     node[idx] = value

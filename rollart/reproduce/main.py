@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterable
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from rollart.reproduce.experiments import EXPERIMENTS
 from rollart.reproduce.model import Experiment, MdTable, ReproduceError, Section
@@ -46,7 +46,7 @@ def run_reproduce(experiments: list[Experiment], out: Path, steps: int | None = 
     t_all = time.perf_counter()
     items = [(e, v, steps if steps is not None else e.steps) for e in experiments for v in e.variants]
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("variants"),
-                   TimeElapsedColumn(), console=console, transient=True, disable=not progress)
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True, disable=not progress)
     task = bar.add_task(f"reproducing {len(experiments)} experiment(s) on {jobs} process(es)", total=len(items))
     with ExitStack() as stack:
         outcomes = runner.run_many([(v, n) for _, v, n in items], jobs=jobs,

@@ -1,8 +1,8 @@
 """Running simulations as Ray tasks (or in-process), one task per point.
 
 :func:`evaluate_point` is the unit of work: scenario data + overrides → a JSON-able record with
-the run's summary or its error. :class:`RayPool` runs many of them as ``@ray.remote(num_cpus=1)``
-tasks on a local Ray (``num_cpus`` = workers, a small object store, no dashboard) or on an
+the run's summary or its error. :class:`ProcessPool` runs them on local processes;
+:class:`RayPool` runs many of them as ``@ray.remote(num_cpus=1)`` tasks on a local Ray (``num_cpus`` = workers, a small object store, no dashboard) or on an
 existing cluster (``address``); :class:`SerialPool` runs them here. Ray is imported only when a
 :class:`RayPool` starts."""
 
@@ -74,6 +74,56 @@ class SerialPool:
             yield key, evaluate_point(data, overrides, seed, mode)
 
 
+class ProcessPool:
+    """Jobs on ``workers`` local processes (default: every core), no Ray: what ``rollart plan``
+    uses by default. A worker process that dies takes only its job with it (a ``lost`` record)."""
+
+    def __init__(self, workers: int | None = None):
+        self.workers = max(1, workers or os.cpu_count() or 1)
+        self._ex: Any = None
+
+    def __enter__(self) -> "ProcessPool":
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # fork: the children start with the simulator already imported (spawn re-imports it)
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+        self._ex = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._ex is not None:
+            self._ex.shutdown(wait=True, cancel_futures=True)
+            self._ex = None
+
+    def imap_unordered(self, jobs: Iterable[Job]) -> Iterator[tuple[str, dict[str, Any]]]:
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        todo = iter(jobs)
+        inflight: dict[Any, str] = {}
+
+        def submit() -> bool:
+            job = next(todo, None)
+            if job is None:
+                return False
+            key, data, overrides, seed, mode = job
+            inflight[self._ex.submit(evaluate_point, data, overrides, seed, mode)] = key
+            return True
+
+        while len(inflight) < 2 * self.workers and submit():
+            pass
+        while inflight:
+            done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+            for fut in done:
+                key = inflight.pop(fut)
+                try:
+                    record = fut.result()
+                except Exception as exc:  # BrokenProcessPool: a worker died
+                    record = {"error": f"worker process: {type(exc).__name__}: {exc}", "summary": None, "lost": True}
+                yield key, record
+                submit()
+
+
 _REMOTE: Any = None
 
 
@@ -107,7 +157,10 @@ class RayPool:
 
         if not ray.is_initialized():
             if self.address is None:
-                ray.init(num_cpus=self.workers, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
+                # address="local": always a new Ray of our own, even when another cluster runs on
+                # this machine (ray.init() would join it and refuse num_cpus)
+                ray.init(address="local", num_cpus=self.workers, object_store_memory=OBJECT_STORE_BYTES,
+                         include_dashboard=False,
                          logging_level="ERROR", log_to_driver=False, configure_logging=True)
             else:
                 ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
