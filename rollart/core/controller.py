@@ -22,6 +22,11 @@ from rollart.plan.schema import Plan, TaskSpec
 from rollart.trace import NullTracer, Tracer
 
 
+def _gate_wait(traj: Trajectory) -> float:
+    """Seconds ``traj`` spent in reward segments (its own call plus any wait at the reward gate)."""
+    return sum(e - s for s, e, cat in traj.segments if cat == "reward")
+
+
 class RunAborted(RuntimeError):
     """The run cannot make progress (e.g. every environment keeps failing)."""
 
@@ -137,8 +142,9 @@ class Controller:
 
     def record_step(self, n: int, start: float, end: float, groups: list[Group], batch: tuple[Trajectory, ...],
                     wait_start: float, wait_end: float, sync_s: float, train_s: float) -> None:
-        last_group = max(groups, key=lambda g: (g.completed_at or 0.0, g.id))
-        critical = max(last_group.scored, key=lambda t: (t.finished_at or 0.0, t.id))
+        # The critical trajectory finished last; among those a gate released together (Sync's reward
+        # after the batch) it is the one that waited least at the gate, i.e. the one the gate waited for.
+        critical = max(batch, key=lambda t: (round(t.finished_at or 0.0, 3), -_gate_wait(t), t.id))
         breakdown = critical_path_breakdown(critical.segments, wait_start, wait_end)
         breakdown["weight_sync"] += sync_s
         breakdown["train"] += train_s
