@@ -25,9 +25,20 @@ class NullTracer:
     def release(self, traj: "Trajectory") -> None: ...
 
 
+_HEAD, _SEP, _TAIL = '{"traceEvents": [', ", ", '], "displayTimeUnit": "ms"}'
+FLUSH_EVERY = 20_000  # events held in memory between two writes of a streamed trace
+
+
 class Tracer(NullTracer):
-    def __init__(self) -> None:
+    """Records the spans of a run. With ``stream_to`` the events go to ``<path>.part`` as they
+    come (every ``FLUSH_EVERY``), so a long traced run holds only the last few thousand in memory;
+    :meth:`write` to that path finishes the file (the same bytes as an in-memory trace)."""
+
+    def __init__(self, stream_to: str | Path | None = None) -> None:
         self._events: list[dict[str, Any]] = []
+        self._stream_path = Path(stream_to) if stream_to is not None else None
+        self._stream: Any = None
+        self._streamed = 0  # events already written to the stream
         self._pids: dict[str, int] = {}
         self._threads: set[tuple[int, int]] = set()
         self._lanes: dict[str, dict[int, int]] = {}   # track -> traj id -> lane
@@ -52,6 +63,19 @@ class Tracer(NullTracer):
         if args:
             ev["args"] = args
         self._events.append(ev)
+        if self._stream_path is not None and len(self._events) >= FLUSH_EVERY:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._stream is None:
+            self._stream = open(self._stream_path.with_name(self._stream_path.name + ".part"), "w")
+            self._stream.write(_HEAD)
+        for ev in self._events:
+            if self._streamed:
+                self._stream.write(_SEP)
+            self._stream.write(json.dumps(ev))
+            self._streamed += 1
+        self._events.clear()
 
     def _lane(self, track: str, traj_id: int) -> int:
         lanes = self._lanes.setdefault(track, {})
@@ -91,7 +115,17 @@ class Tracer(NullTracer):
 
     @property
     def events(self) -> list[dict[str, Any]]:
+        """The events held in memory (all of them unless streamed)."""
         return self._events
 
     def write(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"traceEvents": self._events, "displayTimeUnit": "ms"}))
+        path = Path(path)
+        if self._stream_path is not None and path == self._stream_path:
+            self._flush()
+            self._stream.write(_TAIL)
+            self._stream.close()
+            self._stream = None
+            self._stream_path.with_name(path.name + ".part").replace(path)
+            self._stream_path = None  # finished: later events stay in memory
+            return
+        path.write_text(json.dumps({"traceEvents": self._events, "displayTimeUnit": "ms"}))
