@@ -75,10 +75,11 @@ def _kill_tree(tree: dict[int, str]) -> None:
 
 
 def test_a_run_listens_on_loopback_only_and_ray_wants_its_token(tmp_path: Path) -> None:
-    proc = _start(tmp_path, "--steps", "30", "-q")
+    # llm_judge: the reward is the serverless Ray Serve deployment, so Serve's HTTP proxy runs too
+    proc = _start(tmp_path, "--steps", "30", "-q", "--set", "tasks.Digits.reward=llm_judge")
     tree: dict[int, str] = {}
     try:
-        _wait_for(lambda: _has(proc.pid, "redis-server") and _has(proc.pid, "ray::TrainerWor"), 240, proc)
+        _wait_for(lambda: _has(proc.pid, "redis-server") and _has(proc.pid, "ray::ProxyActor"), 240, proc)
         seen: dict[tuple[str, int], tuple[str, ...]] = {}
         for _ in range(10):  # sample while the run works (workers open ports lazily)
             tree = _tree(proc.pid)
@@ -88,6 +89,7 @@ def test_a_run_listens_on_loopback_only_and_ray_wants_its_token(tmp_path: Path) 
             time.sleep(0.5)
         names = {n for ns in seen.values() for n in ns}
         assert {"gcs_server", "raylet", "redis-server"} <= names, seen
+        assert any(n.startswith("ray::ProxyActor") for n in names), seen  # Serve's HTTP proxy
         public = {k: v for k, v in seen.items() if not _listener_is_loopback(k[0])}
         assert not public, f"non-loopback listeners: {public}"
         # the dashboard agent's job API (remote code execution without auth) refuses a request without the token

@@ -136,8 +136,15 @@ class RuntimeBackend:
         self.head = start_head_services(self._service_host())
         self._closers.insert(0, lambda: ray.get(self.head.close.remote(), timeout=30))
         host, port, password = ray.get(self.head.redis_address.remote())
+        self.head_node = ray.get(self.head.node_id.remote())
         self.redis = redis.Redis(host=host, port=port, password=password)
         self.resources = ResourceManager(pool_capacities(plan), self.redis)
+        # which node offers which pool (the summary says where each worker ran)
+        self.cluster_nodes = {n["NodeID"]: {"address": n.get("NodeManagerAddress"),
+                                            "pools": sorted(k[len("rollart_pool_"):] for k in n.get("Resources", {})
+                                                            if k.startswith("rollart_pool_")),
+                                            "head": "node:__internal_head__" in n.get("Resources", {})}
+                              for n in ray.nodes() if n.get("Alive")}
         self.tokenizer = build_tokenizer(self.model.vocab)
         self.workers = []
         for w in self.ctl.proxy.workers:
@@ -542,6 +549,7 @@ class RuntimeBackend:
         previous = self._catch_signals()
         try:
             self.setup()
+            self._catch_signals()  # again: connecting to Ray installs its own (fatal) SIGTERM handler
             if self.interrupted is None:
                 error = asyncio.run(self._main())
                 stats = self._worker_stats()
@@ -550,7 +558,7 @@ class RuntimeBackend:
         finally:
             self.close()
             for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         return RuntimeOutcome(self, error, stats)
 
     def _catch_signals(self) -> dict[int, Any]:
@@ -596,7 +604,10 @@ def _describe(exc: BaseException) -> str:
 
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    text = str(exc)
+    if _worker_died(exc):  # Ray's paragraph (with its OOM guess): its first line says which actor died
+        text = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {text}{where}"
 
 
 class RuntimeOutcome:
@@ -657,8 +668,11 @@ class RuntimeOutcome:
                                      / effects if effects else 0.0,
             "host_idle_cores": b.counters.host_idle_cores,
             "engine_steps": [{"worker": w.id, "pool": w.pool, "steps": st.get("steps", 0),
-                              "busy_s": st.get("busy_seconds", 0.0)}
+                              "busy_s": st.get("busy_seconds", 0.0), "node": st.get("node_id")}
                              for w, st in zip(ctl.proxy.workers, self.worker_stats)],
+            "cluster_nodes": getattr(b, "cluster_nodes", {}),
+            "head_services_node": getattr(b, "head_node", None),  # where Redis (and a Mooncake master) ran
+            "weight_store": getattr(b, "store_note", None),
         })
         return RunResult(scenario=b.plan.name, mode=b.mode.name, seed=b.seed, backend="runtime", steps=steps,
                          summary=summary, calibration={"engine": b.plan.runtime.engine, "model": b.model.name},

@@ -7,6 +7,7 @@ Bindings are recorded in Redis: the live view the paper's resource manager keeps
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,32 +47,77 @@ def require_token_auth() -> None:
         pass
 
 
-def init_local_ray(num_cpus: int, resources: dict[str, float] | None = None,
-                   object_store_memory: int = 256 * 2**20) -> None:
-    """A local Ray whose every process listens on 127.0.0.1 only, with token auth and no
-    dashboard. ``ray.init(_node_ip_address="127.0.0.1")`` alone is not enough: Ray resolves a
-    loopback node address to the host's address unless it believes it runs single-node
-    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``); with a loopback node address its gRPC servers,
-    agents and monitor bind 127.0.0.1. The variable is set only while the node starts (its
-    processes inherit it), so the rest of this process is unaffected."""
-    import ray
+@contextlib.contextmanager
+def _loopback_addresses():  # noqa: ANN202
+    """Ray turns a loopback node or GCS address into the host's address unless it believes it
+    runs single-node (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``): while this is active a
+    loopback address stays loopback, so a node started here binds 127.0.0.1. Set only while a
+    node starts (its processes inherit it), so the rest of this process is unaffected."""
     from ray._private import ray_constants
 
-    require_token_auth()
     key = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
     old_env, old_const = os.environ.get(key), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[key] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        ray.init(num_cpus=num_cpus, resources=resources or {}, object_store_memory=object_store_memory,
-                 include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
-                 _node_ip_address=LOOPBACK)
+        yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = old_const
         if old_env is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = old_env
+
+
+def init_local_ray(num_cpus: int, resources: dict[str, float] | None = None,
+                   object_store_memory: int = 256 * 2**20) -> None:
+    """A local Ray whose every process listens on 127.0.0.1 only, with token auth and no
+    dashboard (node address 127.0.0.1, kept loopback: :func:`_loopback_addresses`)."""
+    import ray
+
+    require_token_auth()
+    with _loopback_addresses():
+        # address="local": always a new instance, never a `ray start` cluster found on this machine
+        ray.init(address="local", num_cpus=num_cpus, resources=resources or {},
+                 object_store_memory=object_store_memory, include_dashboard=False, ignore_reinit_error=True,
+                 log_to_driver=False, _node_ip_address=LOOPBACK)
+
+
+def _is_loopback_address(address: str) -> bool:
+    import ipaddress
+
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+_DEATH_MARKERS = ("OOM killer", "worker died or was killed", "Worker unexpectedly exits")
+
+
+def quiet_worker_death_messages() -> None:
+    """Ray's driver prints every worker death it hears of with a paragraph that suggests the
+    OOM killer, also when a worker was killed on purpose or crashed. The runtime restarts such
+    workers and counts what they lost, so one line says it instead (once per message)."""
+    import sys
+
+    from ray._private import worker as ray_worker
+
+    original = getattr(ray_worker.print_to_stdstream, "__wrapped__", ray_worker.print_to_stdstream)
+
+    def printer(data: dict, ignore_prefix: bool) -> None:
+        lines = data.get("lines") or []
+        if data.get("pid") == "raylet" and any(m in line for line in lines for m in _DEATH_MARKERS):
+            print("rollart: a Ray worker process died (killed, crashed or out of memory); the run restarts "
+                  "it and counts the work it lost", file=sys.stderr)
+            return
+        original(data, ignore_prefix)
+
+    printer.__wrapped__ = original  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = printer
 
 
 def start_ray(plan: Plan, address: str | None = None) -> None:
@@ -81,12 +127,16 @@ def start_ray(plan: Plan, address: str | None = None) -> None:
     ``~/.ray/auth_token``). A joined cluster must offer each pool's custom resource."""
     import ray
 
+    quiet_worker_death_messages()
     if ray.is_initialized():
         return
     if address:
         require_token_auth()
+        local = _is_loopback_address(address)  # a cluster on this machine's loopback (tests)
         try:
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            with _loopback_addresses() if local else contextlib.nullcontext():
+                ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
+                         _node_ip_address=LOOPBACK if local else None)
         except Exception as exc:  # noqa: BLE001 - one line for the user, not Ray's traceback
             raise ClusterError(f"--address {address}: cannot join the Ray cluster ({type(exc).__name__}: "
                                f"{str(exc).splitlines()[0] if str(exc) else ''}); is it running, and is its token "

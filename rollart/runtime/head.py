@@ -35,6 +35,11 @@ class HeadServices:
             self.master = mooncake_store.start_master(self.host)
         return self.master.spec()
 
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def pids(self) -> dict[str, int]:
         """The children's pids (tests check they die with the driver)."""
         out = {"actor": __import__("os").getpid()}

@@ -76,6 +76,16 @@ def _settle(fut: asyncio.Future, value: Any = None, error: Optional[BaseExceptio
         fut.set_result(value)
 
 
+def _node_id() -> str | None:
+    """The Ray node this process runs on (None outside Ray): where a pool's workers landed."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 class InferenceWorker(SettlesHeap):
     """One engine and its command loop (see the module docstring).
 
@@ -179,6 +189,7 @@ class InferenceWorker(SettlesHeap):
             engine_stats = getattr(self, "_engine_stats", None)
         if engine_stats:
             out["engine_stats"] = dict(engine_stats)
+        out["node_id"] = _node_id()
         return out
 
     async def record_steps(self, on: bool = True) -> list[dict[str, float]]:

@@ -273,6 +273,11 @@ class EnvWorker(SettlesHeap):
     def ping(self) -> bool:
         return True
 
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
     def warmup(self, tasks: Iterable[str] | None = None) -> dict[str, float]:
         """Build and close one env per task (default: every known task) to pay first-use
         import costs (gem-llm: ~3 s) before the first timed reset; seconds per task, or the
