@@ -241,3 +241,12 @@ def test_every_swe_copy_is_the_fitted_profile() -> None:
                  "paper/experiments/pd-disaggregation-swe"):
         task = load_plan(resolve(name)).task("SWE")
         assert task.model_dump(exclude={"share"}) == fitted.model_dump(exclude={"share"}), name
+
+
+def test_one_trainer_calibration_in_every_paper_scenario() -> None:
+    """No per-experiment constants: every paper scenario trains at the MFU fitted to the SWE step."""
+    from pathlib import Path
+
+    root = resolve("paper/qwen3-8b-128gpu").parent
+    mfus = {str(f): load_plan(f).placement.trainer.mfu for f in sorted(Path(root).rglob("*.yaml"))}
+    assert len(mfus) >= 10 and set(mfus.values()) == {0.125}, mfus

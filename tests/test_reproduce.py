@@ -41,7 +41,7 @@ def _app() -> typer.Typer:
 
 
 def test_every_experiment_has_its_scenarios_shipped():
-    assert len(EXPERIMENTS) == 11
+    assert len(EXPERIMENTS) == 12  # + colocation vs disaggregation (issue 14, item 4)
     assert len(SCENARIOS) >= 8
     used = {v.scenario for e in EXPERIMENTS.values() for v in e.variants}
     for name in used:
@@ -219,7 +219,7 @@ def test_select_names_and_errors():
 def test_report_generator_on_a_reduced_set(tmp_path):
     """Every experiment at 1 step with batches capped at 16: report.md, results.json, one PNG each."""
     runs = run_reproduce(select(None), tmp_path, steps=1, batch_cap=16, progress=False)
-    assert len(runs) == 11
+    assert len(runs) == 12
     report = (tmp_path / "report.md").read_text()
     data = json.loads((tmp_path / "results.json").read_text())
     for run in runs:

@@ -202,7 +202,7 @@ SWE = Experiment(
            "while it ran. Diagnostic variants rerun both modes with the work made constant at its mean, "
            "cumulatively (env.step, then response length, then env.reset), to show what drives the batched-env gap. "
            "Scenario `paper/experiments/swe-step-breakdown`."),
-    steps=6,
+    steps=20,
     variants=(
         Variant("Sync (batched env)", SWE_SCENARIO, "sync", params={"kind": "sync"}, probe_env_errors=True),
         Variant("Sync+ (trajectory-level env)", SWE_SCENARIO, "sync+", params={"kind": "sync+"},
@@ -413,12 +413,14 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
 THROUGHPUT = Experiment(
     name="throughput",
     title="End-to-end throughput of the five modes on 128 GPUs, and the incremental ablation",
-    setup=("Qwen3-8B, 14B and 32B on 96 H800 + 32 H20 (64 H800 train; 32 H800 + 32 H20 serve rollout; 14B and 32B "
-           "served with tp 2 and tp 4), the five-task agentic mix (SWE, FrozenLake, WebShop, GEM-Math, GEM-Game, "
-           "equal shares), GRPO batch 512 = 64 prompts × 8, α = 1, redundancy 0.25, serverless reward, bucketed "
-           "weight store over the 200 Gbps cross-cluster link. Each mode of `rollart compare` runs on the same "
-           "plan; the ablation adds ROLLART without redundancy and with blocking weight transfer. Scenarios "
-           "`paper/qwen3-{8b,14b,32b}-128gpu`."),
+    setup=("Qwen3-8B, 14B and 32B; the agentic mix FrozenLake, WebShop, GEM-Math, GEM-Game (equal shares), plus SWE "
+           "for Qwen3-32B only (the paper uses SWE only with 32B); GRPO batch 512 = 64 prompts × 8, α = 1, serverless "
+           "reward. As the paper sets them up: ROLLART on 96 H800 + 32 H20 (64 H800 train; 32 H800 + 32 H20 serve "
+           "rollout; 14B and 32B served with tp 2 and tp 4), redundancy 0.25, bucketed weight store over the 200 Gbps "
+           "cross-cluster link; every baseline on 128 H800 — Sync and Sync+ colocated (training and rollout "
+           "time-share all 128), One-off and AReaL-style 64 train + 64 rollout. The ablation adds ROLLART without "
+           "redundancy and with blocking weight transfer. Scenarios `paper/qwen3-{8b,14b,32b}-128gpu` "
+           "(`baseline_placement` gives the baselines' overrides)."),
     steps=4,
     variants=_throughput_variants(),
     analyse=_analyse_throughput,
@@ -469,7 +471,7 @@ SCALING = Experiment(
     name="scaling",
     title="Scaling from 64 to 128 H800 (Qwen3-14B), every mode",
     setup=("Qwen3-14B on an all-H800 cluster, half training (tp 4) and half rollout (workers of tp 2): 32 + 32 GPUs "
-           "vs 64 + 64, the five-task mix, batch 512, α = 1. Every affinity tag maps to the H800 pool. Scenario "
+           "vs 64 + 64, the four-task mix, batch 512, α = 1. Every affinity tag maps to the H800 pool. Scenario "
            "`paper/experiments/scaling-14b-h800` (the 128-GPU point; the 64-GPU point is three overrides)."),
     steps=3,
     variants=_scaling_variants(),
@@ -525,7 +527,7 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
 AFFINITY = Experiment(
     name="hw-affinity",
     title="Hardware affinity on a cost-matched 64 H800 + 24 H20 mix vs all-H800 and all-H20",
-    setup=("Qwen3-8B, the five-task mix, batch 512, ROLLART mode (α = 1, redundancy 0.25, async weight transfer); "
+    setup=("Qwen3-8B, the four-task mix, batch 512, ROLLART mode (α = 1, redundancy 0.25, async weight transfer); "
            "training on a separate 32 H800; rollout on 64 H800 + 24 H20 (prefill-heavy SWE, FrozenLake, WebShop "
            "routed to H800, decode-heavy GEM-Math and GEM-Game to H20, with fall-back when a pool is saturated), "
            "the same mix with least-loaded routing, or the same cost as 72 H800 or 216 H20. Scenario "
@@ -597,16 +599,16 @@ ENV_SIGMA = Experiment(
 REWARD = EXP + "reward-placement"
 MATH_ONLY = tuple(f"tasks.{t}.share=1e-6" for t in ("FrozenLake", "WebShop", "GEM-Game"))
 REWARD_VARIANTS = (  # key, label, short label (plots), mode, overrides
-    ("sync-dedicated", "Sync, 4 dedicated judge GPUs, five-task mix", "Sync\ndedicated\nmix", "sync", ()),
+    ("sync-dedicated", "Sync, 4 dedicated judge GPUs, four-task mix", "Sync\ndedicated\nmix", "sync", ()),
     ("sync-dedicated-math", "Sync, 4 dedicated judge GPUs, GEM-Math only", "Sync\ndedicated\nmath", "sync",
      MATH_ONLY),
-    ("rollart-dedicated", "ROLLART, 4 dedicated judge GPUs, five-task mix", "ROLLART\ndedicated\nmix", "rollart",
+    ("rollart-dedicated", "ROLLART, 4 dedicated judge GPUs, four-task mix", "ROLLART\ndedicated\nmix", "rollart",
      ()),
     ("rollart-dedicated-math", "ROLLART, 4 dedicated judge GPUs, GEM-Math only", "ROLLART\ndedicated\nmath",
      "rollart", MATH_ONLY),
-    ("rollart-serverless", "ROLLART, serverless judge (4 GPUs left idle), five-task mix",
+    ("rollart-serverless", "ROLLART, serverless judge (4 GPUs left idle), four-task mix",
      "ROLLART\nserverless\nmix", "rollart", ("placement.reward.where=serverless",)),
-    ("rollart-serverless-32", "ROLLART, serverless judge, the 4 GPUs serve rollout, five-task mix",
+    ("rollart-serverless-32", "ROLLART, serverless judge, the 4 GPUs serve rollout, four-task mix",
      "ROLLART\nserverless\n+4 rollout GPUs", "rollart",
      ("placement.reward={where: serverless}", "placement.trainer.gpus=32",
       "placement.generation=[{pool: h800, workers: 32, tp: 1}]")),
@@ -628,7 +630,7 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
     table = MdTable(["reward placement", "step s", "traj/s", "reward GPU busy", "serverless GPU·s / step",
                      "cold starts"], rows)
     comparison = MdTable(["quantity", "simulated", "paper"], [
-        ["utilisation of 4 dedicated reward GPUs (7B judge), five-task mix",
+        ["utilisation of 4 dedicated reward GPUs (7B judge), four-task mix",
          f"Sync {fp(head.get('sync-dedicated', {}).get('reward_util'), 1)} · ROLLART "
          f"{fp(head.get('rollart-dedicated', {}).get('reward_util'), 1)}", "7.4 %"],
         ["utilisation of 4 dedicated reward GPUs (7B judge), GEM-Math only",
@@ -638,20 +640,21 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
          fx(ratio(head.get("rollart-serverless-32", {}).get("throughput"),
                   head.get("rollart-dedicated", {}).get("throughput"))), "no number in our notes"],
     ])
-    notes = ["Utilisation = busy time of the judge engines over the run's elapsed time. In the five-task mix only "
-             "GEM-Math (a fifth of the groups) is scored by the LLM judge, the other tasks by rule checks; the "
+    notes = ["Utilisation = busy time of the judge engines over the run's elapsed time. In the four-task mix only "
+             "GEM-Math (a quarter of the groups) is scored by the LLM judge, the other tasks by rule checks; the "
              "GEM-Math-only variants switch the other tasks off (share 1e-6), so every trajectory is judged. The "
              "paper's profile workload is not in our notes.",
-             "A judge call reads at most 8,192 tokens (prompt and final answer) and writes a 64-token verdict "
+             "A judge call reads the whole trajectory (up to the judge's 32K window) and writes a 64-token verdict "
              "(`rollart.sim.reward`), on one tp-1 engine per GPU."] + _failures(outs)
     return Section(table, comparison, notes, headline=head)
 
 
 REWARD_EXP = Experiment(
     name="reward",
-    title="Serverless reward vs 4 dedicated reward GPUs (7B judge, 28 + 4 H800)",
-    setup=("Qwen3-8B on 32 H800: 12 train (tp 2) + 16 rollout workers, and a Qwen2.5-7B LLM judge on 4 dedicated "
-           "H800 (one tp-1 engine each), as in the paper's §2 profile; the five-task mix at batch 128 (GEM-Math "
+    title="Serverless reward vs 4 dedicated reward GPUs (7B judge, 28 colocated + 4 H800)",
+    setup=("Qwen3-8B on 32 H800: 28 colocated (trainer tp 2 and 28 rollout workers time-share them), and a "
+           "Qwen2.5-7B LLM judge on 4 dedicated H800 (one tp-1 engine each), as in the paper's §2 profile; the "
+           "four-task mix at batch 128 (GEM-Math "
            "is judged by the LLM, the rest by rules) and GEM-Math alone (every trajectory judged). Compared: Sync and "
            "ROLLART with the dedicated judge, ROLLART with the serverless judge (4 GPUs idle), and ROLLART with "
            "the serverless judge giving the 4 GPUs to rollout. Scenario `paper/experiments/reward-placement`."),
@@ -706,7 +709,7 @@ def _analyse_alpha(outs: list[Outcome]) -> Section:
 ALPHA = Experiment(
     name="alpha",
     title="Step time vs the staleness bound α ∈ {0, 1, 2, 4}, with aborted trajectories",
-    setup=("ROLLART mode on the 128-GPU plans of Qwen3-8B, 14B and 32B (five-task mix, batch 512, redundancy "
+    setup=("ROLLART mode on the 128-GPU plans of Qwen3-8B, 14B and 32B (four-task mix, + SWE for 32B, batch 512, redundancy "
            "0.25, serverless reward, async weight transfer), `algorithm.alpha` set to 0, 1, 2 and 4. Scenarios "
            "`paper/qwen3-{8b,14b,32b}-128gpu`."),
     steps=6,
@@ -807,7 +810,7 @@ def _analyse_redundancy(outs: list[Outcome]) -> Section:
 REDUNDANCY = Experiment(
     name="redundancy",
     title="Redundant environment rollout under env failures and stragglers",
-    setup=("ROLLART mode on the Qwen3-8B 128-GPU plan (five-task mix, batch 512, α = 1), launching 8 (redundancy "
+    setup=("ROLLART mode on the Qwen3-8B 128-GPU plan (four-task mix, batch 512, α = 1), launching 8 (redundancy "
            "0), 10 (0.25) or 12 (0.5) members per GRPO group of 8 and aborting the surplus once a group is full; "
            "with the calibrated env profiles, and with 5 % of env calls failing. Scenario "
            "`paper/qwen3-8b-128gpu`."),
@@ -897,5 +900,57 @@ PD = Experiment(
 )
 
 
+# ====================================================================== 12. colocation vs disaggregation
+
+COLOC_MODES = ("sync", "areal", "rollart")
+COLOC_LAYOUTS = (
+    ("colocated", "colocated: trainer and rollout time-share 128 H800",
+     ("placement.colocated=true", "placement.trainer.gpus=128", "placement.generation=[{pool: h800, workers: 128, tp: 1}]")),
+    ("disaggregated", "disaggregated: 64 H800 train + 64 H800 rollout",
+     ("placement.trainer.gpus=64", "placement.generation=[{pool: h800, workers: 64, tp: 1}]")),
+)
+COLOC_BASE = ("cluster.gpu_pools.h800.count=128", "placement.hw_affinity={}")
+
+
+def _analyse_colocation(outs: list[Outcome]) -> Section:
+    rows, head = [], {}
+    for m in COLOC_MODES:
+        for key, label, _ in COLOC_LAYOUTS:
+            o = _find(outs, mode=m, layout=key)
+            if o is None:
+                continue
+            head[f"{m}.{key}"] = throughput(o)
+            rows.append([MODE_LABEL[m], label, fs(step_s(o)), fr(throughput(o)),
+                         fs(breakdown_mean(steady(o), "train")), busy(o)])
+    table = MdTable(["mode", "placement", "step s", "traj/s", "train s / step (incl. switch)", "GPU busy"], rows)
+    comparison = MdTable(["quantity", "simulated", "paper"], [
+        [f"{MODE_LABEL[m]}: disaggregated ÷ colocated throughput",
+         fx(ratio(head.get(f"{m}.disaggregated"), head.get(f"{m}.colocated"))),
+         "Table 5 compares the two (no number in our notes)" if m == "sync" else ""] for m in COLOC_MODES])
+    notes = ["Colocated: every train step offloads the engines (KV and weights) and onloads the trainer's weights "
+             "and optimizer state, and back (`ColocationSwitch`, sim/costs/train.py); rollout cannot overlap "
+             "training, so asynchronous modes lose their overlap. Disaggregated: half the GPUs each, overlap "
+             "allowed (α = 1). Throughput over the steady-state steps."] + _failures(outs)
+    return Section(table, comparison, notes, headline=head)
+
+
+COLOCATION = Experiment(
+    name="colocation",
+    title="Colocated (time-shared) vs disaggregated trainer and rollout on 128 H800 (Qwen3-8B)",
+    setup=("Qwen3-8B, the four-task mix (no SWE), batch 512, on 128 H800: trainer and 128 rollout workers "
+           "time-sharing every GPU, or 64 train + 64 rollout; modes Sync, AReaL-style and ROLLART (α = 1; ROLLART "
+           "without H20 here, routing least-loaded). Scenario `paper/qwen3-8b-128gpu` with placement overrides."),
+    steps=4,
+    variants=tuple(Variant(f"{MODE_LABEL[m]} · {label}", B8, m, (*COLOC_BASE, *ov),
+                           params={"mode": m, "layout": key, "key": f"{m}.{key}"})
+                   for m in COLOC_MODES for key, label, ov in COLOC_LAYOUTS),
+    analyse=_analyse_colocation,
+    plot=lambda outs, path: plots.bars(outs, path, [(f"{m}.{k}", f"{MODE_LABEL[m]}\n{k}") for m in COLOC_MODES
+                                                    for k, _, _ in COLOC_LAYOUTS], "key", throughput,
+                                       "trajectories / s", "Colocation vs disaggregation (Qwen3-8B, 128 H800)"),
+    paper="The paper compares colocation with disaggregation (Table 5); the notes record no number.",
+)
+
+
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
-    SWE, H800_H20, THROUGHPUT, SCALING, AFFINITY, ENV_SIGMA, REWARD_EXP, ALPHA, TRANSFER, REDUNDANCY, PD)}
+    SWE, H800_H20, THROUGHPUT, SCALING, AFFINITY, ENV_SIGMA, REWARD_EXP, ALPHA, TRANSFER, REDUNDANCY, PD, COLOCATION)}
