@@ -420,3 +420,15 @@ def test_rule_rewards():
     assert rules.score("GEM-Math", {"final_answer": "7", "env_reward": 0.0}) == 0.0
     assert rules.score("Digits", {"final_answer": "4 7 x 1"}) == 0.75
     assert np.isclose(rules.score("code", {"steps": "garbage"}), 0.0)
+
+
+def test_code_exec_refuses_to_start_without_its_sandbox(monkeypatch):
+    from rollart.runtime.envs import code_exec
+    from rollart.runtime.envs.worker import EnvWorker
+
+    monkeypatch.setattr(code_exec, "_CHECKED", (False, "cannot create the sandbox's namespaces (EPERM)"))
+    with pytest.raises(code_exec.SandboxUnavailable, match="refusing to start"):
+        CodeExecTextEnv()
+    with pytest.raises(code_exec.SandboxUnavailable, match="EPERM"):
+        run_solution(PROBLEMS[0].solution, PROBLEMS[0])
+    assert "EPERM" in EnvWorker().sandbox_check()

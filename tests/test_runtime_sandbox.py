@@ -133,3 +133,29 @@ def test_a_wrong_answer_never_scores_one() -> None:
         assert res.reward == 0.0 and not res.info["passed"]
     env.reset(0)
     assert env.step(f"```python\n{ADD.solution}```").reward == 1.0
+
+
+@pytest.mark.slow
+def test_the_sandbox_works_inside_a_ray_env_worker() -> None:
+    """The env worker is a threaded Ray actor: each step's sandbox is started from one of its
+    threads; a correct answer passes, an escape attempt fails, nothing of it outlives the step."""
+    ray = pytest.importorskip("ray")
+    from rollart.runtime.cluster import init_local_ray
+    from rollart.runtime.envs.worker import remote_env_worker
+
+    started = not ray.is_initialized()
+    if started:
+        init_local_ray(1, object_store_memory=100 * 2**20)
+    try:
+        w = remote_env_worker(num_cpus=0)
+        assert ray.get(w.sandbox_check.remote(), timeout=120) is None
+        assert ray.get(w.reset.remote(0, "CodeExec", 0), timeout=60)["ok"]
+        bad = ray.get(w.step.remote(0, "```python\nimport os\ndef add(a, b):\n    os.kill(os.getppid(), 9)\n```"))
+        assert bad["ok"] and bad["reward"] == 0.0 and not bad["done"]
+        good = ray.get(w.step.remote(0, f"```python\n{ADD.solution}```"), timeout=60)
+        assert good["ok"] and good["reward"] == 1.0 and good["done"]
+        assert ray.get(w.ping.remote())
+        assert _sandbox_processes() == []
+    finally:
+        if started:
+            ray.shutdown()

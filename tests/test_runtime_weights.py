@@ -275,7 +275,7 @@ def test_redis_server_starts_records_bindings_and_stops():
         pytest.skip(why)
     t0 = time.perf_counter()
     with RedisServer() as srv:
-        assert srv.running and srv.url.startswith("redis://127.0.0.1:")
+        assert srv.running and srv.url == f"redis://:{srv.password}@127.0.0.1:{srv.port}/0"
         r = srv.client()
         assert r.ping()
         assert r.config_get("save")["save"] == "" and r.config_get("appendonly")["appendonly"] == "no"

@@ -158,6 +158,7 @@ class RuntimeBackend:
         self.env_workers = [remote_env_worker(num_cpus=0, tasks=self.plan, seed=self.seed + i,
                                               inject=rt.inject_env_latency, max_restarts=-1)
                             for i in range(rt.env_workers)]
+        self._check_code_sandbox()
         # the trainer computes log-probs under the same temperature the engines sample with
         self.trainer = TrainerActor.options(num_cpus=0).remote(self.model, lr=rt.learning_rate, seed=self.seed,
                                                                temperature=rt.temperature)
@@ -202,6 +203,22 @@ class RuntimeBackend:
         """What a worker runs to pull ``version`` from the run's store (as a puller)."""
         spec = self.store_spec.for_puller() if hasattr(self.store_spec, "for_puller") else self.store_spec
         return functools.partial(pull_version, spec, version)
+
+    def _check_code_sandbox(self) -> None:
+        """A plan with a code-execution task needs the sandbox on the env workers' machines:
+        refuse to start (one line) rather than fail every code trajectory later."""
+        import ray
+
+        from rollart.runtime.cluster import ClusterError
+        from rollart.runtime.reward.rules import kind_of
+
+        code = [t.name for t in self.plan.tasks if kind_of(t.name, t.tag) == "code"]
+        if not code:
+            return
+        for why in ray.get([w.sandbox_check.remote() for w in self.env_workers]):
+            if why is not None:
+                raise ClusterError(f"tasks.{code[0]}: the code sandbox cannot run on the env workers ({why}); "
+                                   "refusing to run model-written code unconfined")
 
     def _service_host(self) -> str:
         """Where the head's services (Redis, the Mooncake master) listen: loopback unless the

@@ -273,6 +273,13 @@ class EnvWorker(SettlesHeap):
     def ping(self) -> bool:
         return True
 
+    def sandbox_check(self) -> str | None:
+        """None when the code sandbox runs in this process's place, else why it cannot."""
+        from rollart.runtime.envs.code_exec import sandbox_available
+
+        ok, why = sandbox_available()
+        return None if ok else why
+
     def pid(self) -> int:
         import os
 
