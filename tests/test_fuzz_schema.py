@@ -32,7 +32,7 @@ FUZZ_MAX_SIM_REQUESTS = 3000
 CASE_TIMEOUT_S = 60
 BASES = ("default", "local/digits")
 # A problem line is "<field.path>: what is wrong" (or "--set <path>: ..." from an override).
-FIELD_LINE = re.compile(r"^(--set )?[A-Za-z_][\w\-+]*(\.[\w\-+]+)*( [^:]*)?: \S")
+FIELD_LINE = re.compile(r"^(--set )?[A-Za-z_][^\s:]*( [^:]*)?: \S")
 DIST_KINDS = ("constant", "lognormal", "gaussian", "uniform", "pareto", "empirical", "mixture", "spliced")
 
 
@@ -72,8 +72,9 @@ FLOATS = st.one_of(
 )
 INTS = st.one_of(st.integers(-3, 40), st.sampled_from([0, -1, 2**31, 2**63, 10**6, 10**9, 10**18, 10**30]),
                  st.integers(-(2**70), 2**70))
-JUNK = st.one_of(st.none(), st.booleans(), st.text(max_size=8), st.just([]), st.just({}), st.just([1, 2]),
-                 st.just({"kind": "bogus"}), st.just("1e-3"), st.just(".inf"))
+# fresh containers each draw (builds): a mutation must never edit a value another case shares
+JUNK = st.one_of(st.none(), st.booleans(), st.text(max_size=8), st.builds(list), st.builds(dict),
+                 st.builds(lambda: [1, 2]), st.builds(lambda: {"kind": "bogus"}), st.just("1e-3"), st.just(".inf"))
 
 
 def numbers() -> st.SearchStrategy:

@@ -3,13 +3,14 @@ into one line per problem: ``field.path: what is wrong``."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
 from pydantic import ValidationError
 
-from rollart.plan.schema import Plan
+from rollart.plan.schema import PROBLEM_SEPARATOR, Plan
 
 # Discriminator tags pydantic inserts into error locations after a distribution field;
 # a user never writes them.
@@ -38,7 +39,8 @@ class PlanError(Exception):
     """A plan the user wrote is wrong; ``problems`` are ``path: message`` lines."""
 
     def __init__(self, problems: list[str]):
-        self.problems = problems
+        # one line each, whatever a user's string holds
+        self.problems = [p.replace("\r", "\\r").replace("\n", "\\n") for p in problems]
         super().__init__("\n".join(problems))
 
 
@@ -133,14 +135,14 @@ def format_validation_error(err: ValidationError, data: dict[str, Any] | None = 
     for e in err.errors():
         raw = [str(x) for x in e["loc"]]
         if len(raw) > 1 and raw[0] == "tasks" and raw[1].isdigit() and int(raw[1]) < len(names) \
-                and names[int(raw[1])]:
+                and names[int(raw[1])] and re.fullmatch(r"[^\s.:]+", names[int(raw[1])]):
             raw[1] = names[int(raw[1])]
         loc = [x for i, x in enumerate(raw) if not (x in _UNION_TAGS and i and raw[i - 1] in _DIST_FIELDS)]
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
-        if not loc and "\n" in msg or (not loc and ":" in msg.split(" ")[0]):
-            lines.extend(msg.splitlines())  # cross-field checks already carry their paths
+        if not loc and PROBLEM_SEPARATOR in msg or (not loc and ":" in msg.split(" ")[0]):
+            lines.extend(msg.split(PROBLEM_SEPARATOR))  # cross-field checks already carry their paths
             continue
         path = ".".join(loc) or "plan"
         if e["type"] == "extra_forbidden":

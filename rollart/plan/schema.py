@@ -35,6 +35,7 @@ Count = Annotated[int, Field(gt=0, le=1_000_000)]
 # estimate (about an hour of wall time at the simulator's ~3-12 k requests/s on one core);
 # ROLLART_MAX_SIM_REQUESTS raises (or, in tests, lowers) it.
 MAX_SIM_REQUESTS = 20_000_000
+PROBLEM_SEPARATOR = "\x1e"  # between the cross-field problems of one ValueError
 
 
 class _Strict(BaseModel):
@@ -229,7 +230,9 @@ class EnvSpec(_Strict):
 class TaskSpec(_Strict):
     """One task domain of the multi-task mix."""
 
-    name: str
+    # no dots, colons or whitespace: --set addresses a task by name (tasks.FrozenLake.share) and errors
+    # name it on one line
+    name: str = Field(pattern=r"^[^\s.:]+$")
     tag: str | None = Field(None, description="hardware-affinity tag; the name when omitted")
     share: PosFloat = Field(description="relative share of the batch's prompt groups")
     turns: Distribution
@@ -422,8 +425,8 @@ class Plan(_Strict):
     @model_validator(mode="after")
     def _cross_checks(self) -> "Plan":
         problems = list(_cross_problems(self))
-        if problems:
-            raise ValueError("\n".join(problems))
+        if problems:  # one record per problem (a user's string may hold a newline)
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
         return self
 
     # Convenience lookups used by the core and the backends.
