@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from typing import Any, Callable, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -105,6 +106,20 @@ class Cluster:
                  actor_options: dict[str, Any] | None = None, **init_kwargs: Any):
         import ray
 
+        if not ray.is_initialized() and resources is not None:
+            # Used on its own (the README's Listing 1): a local Ray whose custom resources are the
+            # ResourceManager's pools, and workers that hold a pool's device, not a CPU each
+            # (else the fourth worker on a 2-core machine waits forever).
+            from rollart.runtime import cluster as _cluster
+
+            pools_as_resources = {_cluster.resource_name(p): float(n) for p, n in resources.capacity.items()}
+            start = getattr(_cluster, "init_local_ray", None)
+            if start is not None:
+                start(max(2, os.cpu_count() or 2), pools_as_resources)
+            else:  # pragma: no cover - older runtime
+                ray.init(num_cpus=max(2, os.cpu_count() or 2), resources=pools_as_resources, include_dashboard=False,
+                         log_to_driver=False)
+            actor_options = {"num_cpus": 0, **(actor_options or {})}
         self.worker_cls = worker_cls
         remote_cls = ray.remote(worker_cls)
         self.workers: list[Any] = []

@@ -1,0 +1,186 @@
+"""Every code block of README.md works as printed.
+
+Each shell command of a ```bash block and each ``$ ...`` line of a ```text block is run as a
+user would (the console script, from a scratch folder, in README order where one command uses
+another's files), with the extra arguments listed in COMMANDS appended to keep it short (later
+options win over earlier ones); the ones that start Ray or run a model are marked slow. A
+README command missing from COMMANDS fails ``test_every_readme_command_is_covered``, so a new
+example cannot go untested. The Python block (Listing 1) runs as printed. The sample outputs
+must be what ``scripts/readme_outputs.py`` regenerates (wall-clock figures aside)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
+INSTALL = "python3 -m venv .venv && . .venv/bin/activate && pip install -e "
+
+
+@dataclass(frozen=True)
+class Spec:
+    extra: tuple[str, ...] = ()         # appended to keep the run short
+    slow: bool = False
+    rc: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    needle: str = ""                    # expected in the output
+
+
+# README command (comment removed) → how it is run here
+COMMANDS: dict[str, Spec] = {
+    "rollart simulate": Spec(),
+    "rollart simulate --steps 4": Spec(),
+    "rollart compare default --steps 4": Spec(extra=("--steps", "1")),
+    "rollart simulate paper/qwen3-14b-128gpu --set algorithm.alpha=2 --set cluster.gpu_pools.h20.count=48":
+        Spec(extra=("--steps", "1")),
+    "rollart simulate --set tasks.CodeExec.env.failure_prob=0.05 --mode areal --json out.json --trace trace.json":
+        Spec(extra=("--steps", "2")),
+    "rollart simulate --set placement.hw_affinity.FrozenLake=H900": Spec(rc=2, needle="unknown pool 'H900'"),
+    "rollart simulate --set algorithm.alpah=2": Spec(rc=2, needle="did you mean 'alpha'"),
+    "rollart scenarios": Spec(needle="paper/qwen3-8b-128gpu"),
+    "rollart run default --steps 1": Spec(rc=2, needle="Qwen3-tiny"),
+    "rollart calibrate show h20 --plot h20.png": Spec(),
+    "rollart calibrate profile --engine torch --model Qwen3-tiny --out cpu.csv": Spec(extra=("--repeats", "1"), slow=True),
+    "rollart calibrate fit cpu.csv --gpu cpu-local --out cpu.yaml": Spec(slow=True),
+    "python -c \"from rollart.calibration.env_fit import synthetic_trace; synthetic_trace('trace.csv', 'SWE', 2000, 0)\"":
+        Spec(),
+    "rollart calibrate env trace.csv --task SWE": Spec(),
+    "rollart validate local/validate-sync --out v/": Spec(extra=("--steps", "3", "--sim-seeds", "2"), slow=True),
+    "rollart reproduce --out report/": Spec(extra=("--only", "h800-vs-h20", "--steps", "1", "-q"), slow=True,
+                                            env={"ROLLART_REPRODUCE_BATCH": "16"}),
+    "rollart sweep paper/qwen3-14b-128gpu --grid algorithm.alpha=0,1,2 --grid algorithm.redundancy=0,0.25 --out sweep/":
+        Spec(extra=("--steps", "1", "--set", "algorithm.batch_size=32", "-q"), slow=True),
+    "rollart plan paper/qwen3-14b-128gpu --budget-usd-per-hour 454 --out plan.yaml":
+        Spec(extra=("--candidates", "4", "--finalists", "1", "--local-rounds", "0", "--polish-rounds", "0",
+                    "--steps", "1", "--set", "algorithm.batch_size=32", "-q"), slow=True),
+    "rollart simulate plan.yaml": Spec(extra=("--steps", "1"), slow=True),
+    "rollart run scenarios/local/digits.yaml --steps 40 --json run.json --trace run.trace.json":
+        Spec(extra=("--steps", "2"), slow=True),
+    "python -m pytest tests/test_benchmark.py --benchmark-enable -s": Spec(slow=True),
+}
+# the install lines: their rollart / pytest tail is what is run (the install is what CI itself does)
+INSTALL_TAILS = {"rollart simulate": "rollart simulate", "python -m pytest": None}
+
+
+def blocks() -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for m in FENCE.finditer(README.read_text())]
+
+
+def strip_comment(line: str) -> str:
+    return re.sub(r"\s+#\s.*$", "", line).strip()
+
+
+def readme_commands() -> list[str]:
+    """Every command in README order (text blocks: the ``$`` lines; bash blocks: each line)."""
+    out = []
+    for lang, body in blocks():
+        for line in body.splitlines():
+            if lang == "text" and line.startswith("$ "):
+                out.append(strip_comment(line[2:]))
+            elif lang == "bash" and line.strip():
+                out.append(strip_comment(line))
+                for tail, run in INSTALL_TAILS.items():
+                    if out[-1].startswith(INSTALL) and out[-1].endswith("&& " + tail) and run:
+                        out.append(run)  # what follows the install is run like any command
+    return out
+
+
+def run_command(command: str, spec: Spec, cwd: Path) -> subprocess.CompletedProcess:
+    argv = [*shlex.split(command), *spec.extra]
+    if argv[0] == "rollart":
+        argv[0] = str(Path(sys.executable).parent / "rollart")
+    elif argv[0] == "python":
+        argv[0] = sys.executable
+    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1", "TERM": "dumb", **spec.env}
+    return subprocess.run(argv, cwd=cwd if argv[1:3] != ["-m", "pytest"] else ROOT, env=env, capture_output=True,
+                          text=True, timeout=1500)
+
+
+def check(command: str, spec: Spec, cwd: Path) -> None:
+    proc = run_command(command, spec, cwd)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == spec.rc, f"{command}: exit {proc.returncode}\n{out[-3000:]}"
+    assert "Traceback" not in out, f"{command}:\n{out[-3000:]}"
+    assert spec.needle in out, f"{command}: no '{spec.needle}' in\n{out[-3000:]}"
+
+
+def test_every_readme_command_is_covered():
+    missing = []
+    for command in readme_commands():
+        if command.startswith(INSTALL):
+            assert any(command.endswith("&& " + tail) for tail in INSTALL_TAILS), command
+        elif command not in COMMANDS:
+            missing.append(command)
+    assert not missing, f"README commands without a test (add them to COMMANDS): {missing}"
+    assert not set(COMMANDS) - set(readme_commands()), "COMMANDS lists commands the README no longer has"
+
+
+def test_install_lines_name_real_extras_and_ci_runs_the_test_line():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lines = [c for c in readme_commands() if c.startswith(INSTALL)]
+    assert len(lines) == 2
+    extras = re.findall(r'pip install -e "\.\[(\w+)\]"', lines[1])
+    assert extras and all(e in project["optional-dependencies"] for e in extras)
+    assert project["scripts"]["rollart"] == "rollart.cli:app"
+    assert lines[1] in (ROOT / ".ci" / "run").read_text()  # CI runs the README's test command verbatim
+
+
+def _fast() -> list[str]:
+    seen = []
+    for c in readme_commands():
+        if c in COMMANDS and not COMMANDS[c].slow and c not in seen:
+            seen.append(c)
+    return seen
+
+
+@pytest.mark.parametrize("command", _fast())
+def test_fast_readme_command_runs(command: str, tmp_path_factory: pytest.TempPathFactory):
+    cwd = tmp_path_factory.getbasetemp() / "readme-fast"
+    cwd.mkdir(exist_ok=True)  # one folder: trace.csv is written by the line before calibrate env
+    if command == "rollart run default --steps 1":
+        from rollart.preflight import Machine
+
+        if Machine.here().gpus >= 16:  # pragma: no cover - a machine that can run it
+            pytest.skip("this machine has the GPUs the default plan asks for")
+    check(command, COMMANDS[command], cwd)
+
+
+@pytest.mark.slow
+def test_slow_readme_commands_run_in_order(tmp_path: Path):
+    """calibrate profile → fit, plan → simulate plan.yaml, validate, reproduce, sweep, run,
+    the benchmark: one folder, README order."""
+    done: set[str] = set()
+    for command in readme_commands():
+        spec = COMMANDS.get(command)
+        if spec is not None and spec.slow and command not in done:
+            done.add(command)
+            check(command, spec, tmp_path)
+
+
+@pytest.mark.slow
+def test_listing_1_runs_as_printed(tmp_path: Path):
+    (code,) = [body for lang, body in blocks() if lang == "python"]
+    script = tmp_path / "listing1.py"
+    script.write_text(code + "\nprint('listing ok')\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, as a fresh shell has
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "listing ok" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+def test_sample_outputs_are_current():
+    """The README shows what the commands print now (scripts/readme_outputs.py regenerates it)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_outputs.py"), "--check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
