@@ -52,7 +52,7 @@ def run(
     cfg = mode_config(plan, mode)
     t0 = time.perf_counter()
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-                  TimeElapsedColumn(), console=err_console, transient=True, disable=quiet) as bar:
+                  TimeElapsedColumn(), console=err_console, transient=True, disable=quiet or not err_console.is_terminal) as bar:
         task = bar.add_task(f"running {plan.name} ({cfg.name}) on Ray", total=plan.algorithm.steps)
         backend = RuntimeBackend(plan, cfg, plan.algorithm.seed, address=address, tracer=tracer,
                                  on_step=lambda rec: bar.update(task, advance=1), checkpoint_dir=checkpoint_dir,

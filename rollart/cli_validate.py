@@ -137,7 +137,7 @@ def _validate_one(plan, out: Path, mode, profile_dir, reprofile: bool, max_profi
     from rollart.validate.main import validate as run_validation
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-                  TimeElapsedColumn(), console=err_console, transient=True, disable=quiet) as bar:
+                  TimeElapsedColumn(), console=err_console, transient=True, disable=quiet or not err_console.is_terminal) as bar:
         task = bar.add_task(f"{prefix}{plan.name}: profiling this machine", total=plan.algorithm.steps)
         try:
             v = run_validation(plan, out, mode=mode, profile_dir=profile_dir, reprofile=reprofile,
