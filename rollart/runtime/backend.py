@@ -227,9 +227,17 @@ class RuntimeBackend:
 
         if not self.address:
             return "127.0.0.1"
-        head = [n for n in ray.nodes() if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {})]
-        head_ip = head[0]["NodeManagerAddress"] if head else "127.0.0.1"
+        head_ip = self._head_address()
         return "127.0.0.1" if head_ip == ray.util.get_node_ip_address() else head_ip
+
+    def _head_address(self) -> str:
+        """The head node's address (127.0.0.1 for a local run)."""
+        import ray
+
+        if not self.address:
+            return "127.0.0.1"
+        head = [n for n in ray.nodes() if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {})]
+        return head[0]["NodeManagerAddress"] if head else "127.0.0.1"
 
     def _make_store(self) -> Any:
         """A picklable store spec the trainer publishes through and workers pull from: the
@@ -248,7 +256,7 @@ class RuntimeBackend:
                                      "runtime.allow_external_listeners=true to use it")
             if ok:
                 self.store_note = "mooncake"
-                return ray.get(self.head.start_mooncake.remote())
+                return ray.get(self.head.start_mooncake.remote(self._head_address()))
             self.store_note = f"ray object store (mooncake not used: {reason})"
         import uuid
 

@@ -27,12 +27,14 @@ class HeadServices:
         """(host, port, password) of the run's Redis."""
         return self.redis.host, self.redis.port, self.redis.password
 
-    def start_mooncake(self) -> Any:
-        """Start the Mooncake master here; its picklable store spec."""
+    def start_mooncake(self, host: str | None = None) -> Any:
+        """Start the Mooncake master here on ``host`` (default: where Redis listens; on a
+        multi-node cluster the head's address, which every node's clients must reach); its
+        picklable store spec."""
         from rollart.runtime.weights import mooncake_store
 
         if self.master is None:
-            self.master = mooncake_store.start_master(self.host)
+            self.master = mooncake_store.start_master(host or self.host)
         return self.master.spec()
 
     def node_id(self) -> str:

@@ -230,6 +230,26 @@ class MooncakeStoreSpec:
         return replace(self, segment_bytes=0)
 
 
+def _local_hostname(spec: MooncakeStoreSpec) -> str:
+    """The address this client's transfer engine announces to its peers: the spec's host when
+    the store is on this machine's loopback, else this node's address (multi-node)."""
+    import ipaddress
+
+    try:
+        if ipaddress.ip_address(spec.host).is_loopback:
+            return spec.host
+    except ValueError:
+        pass
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001
+        pass
+    return socket.gethostbyname(socket.gethostname())
+
+
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         raise MooncakeError(f"mooncake {what} failed (rc={rc})")
@@ -249,7 +269,8 @@ class MooncakeStore(AsyncPullMixin):
         self.spec = spec
         self.client = MooncakeDistributedStore()
         t0 = time.perf_counter()
-        rc = self.client.setup(spec.host, spec.metadata_server, int(spec.segment_bytes), int(spec.local_buffer_bytes),
+        rc = self.client.setup(_local_hostname(spec), spec.metadata_server, int(spec.segment_bytes),
+                               int(spec.local_buffer_bytes),
                                spec.protocol, "", spec.master_server)
         if rc != 0:
             raise MooncakeError(f"MooncakeDistributedStore.setup({spec.master_server}) failed (rc={rc})")
