@@ -20,6 +20,7 @@ import argparse
 import gc
 import inspect
 import json
+import resource
 import sys
 import time
 import tracemalloc
@@ -141,6 +142,11 @@ def main(argv: list[str] | None = None) -> None:
               f"(steady {steady:.1f}); {b['events_per_cpu_s']:,.0f} events/CPU-s = floor / "
               f"{floor / b['events_per_cpu_s']:.1f}; a simulated week ≈ {week_steps:,.0f} steps ≈ "
               f"{out['week']['cpu_h']:.2f} CPU-h", flush=True)
+    out["simpy_events_per_cpu_s_end"] = raw_simpy_events_per_cpu_s()
+    out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"raw SimPy at the end: {out['simpy_events_per_cpu_s_end']:,.0f} events per CPU-s (the machine's speed "
+          f"drifted by {out['simpy_events_per_cpu_s_end'] / floor - 1:+.0%}); peak RSS {out['max_rss_mb']:,.0f} MB",
+          flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

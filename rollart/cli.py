@@ -117,7 +117,8 @@ def _check_mode(mode: Optional[str], option: str = "--mode") -> None:
         _fail([f"{option}: unknown mode '{mode}'{did_you_mean(mode, MODES, 'modes')}"])
 
 
-def run_simulation(plan: Plan, mode: Optional[str], seed: int, trace: Optional[Path], progress: bool) -> RunResult:
+def run_simulation(plan: Plan, mode: Optional[str], seed: int, trace: Optional[Path], progress: bool,
+                   scale_approx: int = 1) -> RunResult:
     """Simulate ``plan`` with a progress bar over training steps."""
     from rollart.sim import simulate_plan
     from rollart.trace import Tracer
@@ -129,7 +130,7 @@ def run_simulation(plan: Plan, mode: Optional[str], seed: int, trace: Optional[P
                   TextColumn("· ETA"), TimeRemainingColumn(),
                   console=err_console, transient=True, disable=not show_progress(progress)) as bar:
         task = bar.add_task(f"simulating {plan.name} ({cfg.name})", total=plan.algorithm.steps, sim="0 s")
-        outcome = simulate_plan(plan, cfg, seed, tracer,
+        outcome = simulate_plan(plan, cfg, seed, tracer, scale_approx=scale_approx,
                                 on_step=lambda rec: bar.update(task, advance=1, sim=f"{rec.end_s:,.0f} s"))
     try:
         result = outcome.to_result()
@@ -151,20 +152,30 @@ def simulate(
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
     trace: Optional[Path] = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    scale_approx: bool = typer.Option(False, "--scale-approx",
+                                      help="very large clusters: simulate a representative 1/m of the exchangeable "
+                                           "workers and env managers, account for the rest by symmetry (stated)"),
 ) -> None:
     """Simulate a plan and print the step table."""
     _check_mode(mode)
     plan = _load(scenario, _overrides(set_, steps, seed))
     check_output_file(json_path, "--json")
     check_output_file(trace, "--trace")
+    from rollart.sim.scale import auto_factor
+
+    factor = auto_factor(plan) if scale_approx else 1
+    if scale_approx and factor == 1:
+        console.print("[dim]--scale-approx: the plan is too small to approximate; simulated in full[/]")
     t0 = time.perf_counter()
     try:
-        result = run_simulation(plan, mode, plan.algorithm.seed, trace, progress=not quiet)
+        result = run_simulation(plan, mode, plan.algorithm.seed, trace, progress=not quiet, scale_approx=factor)
     except PlanError as exc:
         _fail(exc.problems)
         return
     wall = time.perf_counter() - t0
     print_result(result, console)
+    if result.summary.get("scale_approx"):
+        console.print(f"[bold yellow]{result.summary['scale_approx']['note']}[/]")
     console.print(f"[dim]simulated {result.summary['simulated_s']:,.0f} s in {wall:.1f} s wall "
                   f"({result.summary['effects'] / max(wall, 1e-9):,.0f} effects/s)[/]")
     if json_path:

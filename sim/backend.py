@@ -34,7 +34,15 @@ SimGen = Generator[Any, Any, Any]
 
 class SimBackend:
     def __init__(self, plan: Plan, mode: ModeConfig, seed: int, tracer: Tracer | None = None,
-                 on_step: Callable[[StepRecord], None] | None = None, keep_history: bool = True):
+                 on_step: Callable[[StepRecord], None] | None = None, keep_history: bool = True,
+                 scale_approx: int = 1):
+        # scale_approx m > 1 (sim/scale.py): the rollout side is the 1/m plan; the trainer and the
+        # weight transfer are priced on the full plan, and the result is scaled back by m
+        self.full_plan, self.scale = plan, max(1, int(scale_approx))
+        if self.scale > 1:
+            from rollart.sim.scale import shrink_plan
+
+            plan = shrink_plan(plan, self.scale)
         self.plan = plan
         self.mode = mode
         self.env = simpy.Environment()
@@ -49,15 +57,19 @@ class SimBackend:
         self._build_engines()
         self._build_env_pools()
         self._build_reward()
-        gpu = plan.gpu_of_pool(plan.placement.trainer.pool)
+        full = self.full_plan
+        gpu = full.gpu_of_pool(full.placement.trainer.pool)
         try:
-            self.train_cost = train_cost(plan.model, gpu, plan.placement.trainer)
+            self.train_cost = train_cost(full.model, gpu, full.placement.trainer)
         except (OSError, ValueError) as exc:
             raise PlanError([f"placement.trainer.profile: {exc}"]) from None
         measured = self.train_cost.profile if isinstance(self.train_cost, ProfiledTrainCost) else None
-        self.transfer = WeightTransferCost(plan, measured)
+        self.transfer = WeightTransferCost(full, measured)
         self.trainer_shares_host = measured is not None  # measured on the engines' host: it contends
         self.contention = self._host_contention()
+        if self.scale > 1 and self.contention is not None:
+            raise PlanError(["--scale-approx: engines sharing a measured CPU host contend with each other; "
+                             "simulate such a plan in full"])
         self.trainer_busy_s = 0.0
         self.switch, self.shared_engines = self._colocation()
         self.colocated_pause_s = 0.0  # seconds each shared engine spent offloaded for training
@@ -301,7 +313,7 @@ class SimBackend:
         return 0.0  # the simulator models time, not scores
 
     def _train(self, eff: TrainStep) -> SimGen:
-        t = self.train_cost.step_time([tr.context_tokens for tr in eff.batch])
+        t = self.train_cost.step_time([tr.context_tokens for tr in eff.batch] * self.scale)
         if self._trainer_shares_contention:
             t *= self.contention.trainer_factor()  # the slowdown of the step's start
         if self.switch is not None:  # offload the engines, onload the trainer, train, and back
@@ -454,15 +466,22 @@ class SimOutcome:
                             "cost_usd_per_hour": cost.usd_per_hour})
         calibration = dict(b.cost_sources)
         calibration["trainer"] = b.train_cost.source
-        return RunResult(scenario=b.plan.name, mode=b.mode.name, seed=b.envs.seed, backend="sim",
-                         steps=steps, summary=summary, calibration=calibration, error=self.error)
+        result = RunResult(scenario=b.plan.name, mode=b.mode.name, seed=b.envs.seed, backend="sim",
+                           steps=steps, summary=summary, calibration=calibration, error=self.error)
+        if b.scale > 1:
+            from rollart.sim.scale import scale_result
+
+            return scale_result(result, b.full_plan, b.scale, b.plan)
+        return result
 
 
 def simulate_plan(plan: Plan, mode: ModeConfig, seed: int, tracer: Tracer | None = None,
-                  on_step: Callable[[StepRecord], None] | None = None, keep_history: bool = False) -> SimOutcome:
+                  on_step: Callable[[StepRecord], None] | None = None, keep_history: bool = False,
+                  scale_approx: int = 1) -> SimOutcome:
     """Simulate ``plan``; by default without the per-trajectory history (bounded memory: the
-    result's counts and per-step records are the same), ``keep_history`` to inspect it after."""
-    return SimBackend(plan, mode, seed, tracer, on_step, keep_history=keep_history).run()
+    result's counts and per-step records are the same), ``keep_history`` to inspect it after;
+    ``scale_approx`` m > 1 simulates 1/m of the cluster and accounts for the rest by symmetry."""
+    return SimBackend(plan, mode, seed, tracer, on_step, keep_history=keep_history, scale_approx=scale_approx).run()
 
 
 __all__ = ["SimBackend", "SimOutcome", "simulate_plan"]

@@ -1,0 +1,60 @@
+"""Scale-out approximation (sim/scale.py): 1/m of a large cluster simulated in full detail, the
+rest accounted for by symmetry, against full simulation at 128, 512 and 1,024 GPUs."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.sim_speed import scaled_overrides
+from rollart.core import mode_config
+from rollart.plan import PlanError, load_plan
+from rollart.scenarios_catalog import resolve
+from rollart.sim import simulate_plan
+from rollart.sim.scale import auto_factor, shrink_plan
+from tests.conftest import small_plan
+
+PAPER = "paper/qwen3-32b-128gpu"
+STEPS = 4  # the first step fills the pipeline; the steady ones are compared
+
+
+def _paper(k: int, steps: int = STEPS):
+    return load_plan(resolve(PAPER), [*scaled_overrides(k), f"algorithm.steps={steps}"])
+
+
+def test_auto_factor_keeps_a_representative_subset() -> None:
+    assert auto_factor(_paper(24)) == 48          # 3,072 GPUs: 4 workers per group, 32 groups per batch
+    assert auto_factor(_paper(8)) == 16
+    assert auto_factor(small_plan()) == 1         # too small to approximate
+    sub = shrink_plan(_paper(8), 16)
+    assert [g.workers for g in sub.placement.generation] == [4, 4]
+    assert sub.algorithm.batch_size == 8 * 512 // 16 and sub.placement.trainer.gpus == 8 * 64 // 16
+
+
+def test_refuses_what_is_not_symmetric_or_not_divisible() -> None:
+    with pytest.raises(PlanError, match="not a multiple of 3"):
+        shrink_plan(_paper(1), 3)
+
+
+def test_result_says_so_and_scales_counts_back() -> None:
+    plan = _paper(4, steps=2)
+    out = simulate_plan(plan, mode_config(plan), 0, scale_approx=8).to_result()
+    assert out.summary["scale_approx"]["factor"] == 8 and "1/8" in out.summary["scale_approx"]["note"]
+    assert [s.trajectories for s in out.steps] == [plan.algorithm.batch_size] * 2
+    assert out.scenario == plan.name
+
+
+def _steady(result) -> tuple[float, float]:
+    steps = result.steps[1:]
+    time = sum(s.time_s for s in steps)
+    return time / len(steps), sum(s.tokens for s in steps) / time
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 4, 8])  # 128, 512, 1,024 GPUs
+def test_matches_full_simulation_within_3_percent(k: int) -> None:
+    plan = _paper(k)
+    m = auto_factor(plan) if k > 1 else 2
+    full = _steady(simulate_plan(plan, mode_config(plan), 0).to_result())
+    approx = _steady(simulate_plan(plan, mode_config(plan), 0, scale_approx=m).to_result())
+    assert approx[0] == pytest.approx(full[0], rel=0.03), "steady step time"
+    assert approx[1] == pytest.approx(full[1], rel=0.03), "steady trained tokens per second"
