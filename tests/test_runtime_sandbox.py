@@ -16,13 +16,31 @@ pytestmark = pytest.mark.skipif(not ok, reason=f"code sandbox unavailable here: 
 ADD = PROBLEMS[0]  # add(a, b); tests (1, 2) → 3, (-5, 5) → 0, (100, 23) → 123
 
 
+USED_UIDS: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _record_uids(monkeypatch):
+    """Remember the uids this test's sandboxes ran as (other sandboxes may run on the machine)."""
+    from rollart.runtime.envs import code_exec
+
+    pick = code_exec._sandbox_uid
+
+    def recorded() -> int:
+        uid = pick()
+        USED_UIDS.add(uid)
+        return uid
+
+    monkeypatch.setattr(code_exec, "_sandbox_uid", recorded)
+
+
 def _sandbox_processes() -> list[int]:
-    """Live processes of the sandbox uids (200000–299999)."""
+    """Live processes of the uids this module's sandboxes ran as."""
     out = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                if 200_000 <= entry.stat().st_uid < 300_000:
+                if entry.stat().st_uid in USED_UIDS:
                     out.append(int(entry.name))
             except OSError:
                 pass
@@ -155,7 +173,10 @@ def test_the_sandbox_works_inside_a_ray_env_worker() -> None:
         good = ray.get(w.step.remote(0, f"```python\n{ADD.solution}```"), timeout=60)
         assert good["ok"] and good["reward"] == 1.0 and good["done"]
         assert ray.get(w.ping.remote())
-        assert _sandbox_processes() == []
+        from rollart.runtime.procs import descendants
+
+        left = [q for q in descendants(ray.get(w.pid.remote())) if os.stat(f"/proc/{q}").st_uid >= 200_000]
+        assert left == []  # nothing of the steps' sandboxes is left under the env worker
     finally:
         if started:
             ray.shutdown()
