@@ -175,7 +175,13 @@ def test_the_sandbox_works_inside_a_ray_env_worker() -> None:
         assert ray.get(w.ping.remote())
         from rollart.runtime.procs import descendants
 
-        left = [q for q in descendants(ray.get(w.pid.remote())) if os.stat(f"/proc/{q}").st_uid >= 200_000]
+        def uid(pid: int) -> int:
+            try:
+                return os.stat(f"/proc/{pid}").st_uid
+            except OSError:  # gone meanwhile
+                return 0
+
+        left = [q for q in descendants(ray.get(w.pid.remote())) if uid(q) >= 200_000]
         assert left == []  # nothing of the steps' sandboxes is left under the env worker
     finally:
         if started:
