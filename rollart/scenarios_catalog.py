@@ -63,7 +63,9 @@ def resolve(name: str) -> Path:
     if p.is_file():
         return p
     root = scenarios_root()
-    for candidate in (root / name, root / f"{name}.yaml"):
+    # "scenarios/local/digits.yaml" as typed in a clone's root also names the shipped file elsewhere
+    short = name[len("scenarios/"):] if name.startswith("scenarios/") else name
+    for candidate in (root / name, root / f"{name}.yaml", root / short, root / f"{short}.yaml"):
         if candidate.is_file():
             return candidate
     return p  # the loader reports it missing
