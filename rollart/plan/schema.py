@@ -426,7 +426,7 @@ class Plan(_Strict):
     def _cross_checks(self) -> "Plan":
         problems = list(_cross_problems(self))
         if problems:  # one record per problem (a user's string may hold a newline)
-            raise ValueError(PROBLEM_SEPARATOR.join(problems))
+            raise ValueError(PROBLEM_SEPARATOR.join(p.replace(PROBLEM_SEPARATOR, "\\x1e") for p in problems))
         return self
 
     # Convenience lookups used by the core and the backends.
