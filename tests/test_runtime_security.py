@@ -31,8 +31,9 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, COLUMNS="120")
     env.pop("RAY_AUTH_MODE", None)
     env.pop("RAY_ADDRESS", None)
+    # its own session: a signal to its process group (a terminal's Ctrl-C) does not reach pytest
     return subprocess.Popen([ROLLART, "run", str(DIGITS), *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
 def _tree(pid: int) -> dict[int, str]:
@@ -160,7 +161,10 @@ def test_a_signal_stops_the_run_and_keeps_its_finished_steps(tmp_path: Path, sig
         _wait_for(lambda: ckpt.is_dir() and len([p for p in ckpt.iterdir() if not p.name.startswith(".")]) >= 2,
                   300, proc)
         tree = _tree(proc.pid)
-        os.kill(proc.pid, sig)
+        if sig == signal.SIGINT:  # Ctrl-C: the whole foreground process group (Ray's GCS and raylet too)
+            os.killpg(proc.pid, sig)
+        else:  # SIGTERM: the driver alone (kill PID, a scheduler)
+            os.kill(proc.pid, sig)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

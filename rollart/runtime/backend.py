@@ -530,12 +530,14 @@ class RuntimeBackend:
         error = None
         while not main.done():
             await asyncio.sleep(0.05)
-            if driver.failures:  # a process raised: stop the run with its message
-                error = _describe(driver.failures[0])
-                break
+            # first: a Ctrl-C reaches Ray's own processes too (same process group), whose
+            # failures then follow; the interruption is the cause
             if self.interrupted is not None:  # SIGINT/SIGTERM: stop here, the finished steps are kept
                 error = (f"interrupted by {signal.Signals(self.interrupted).name} after "
                          f"{len(self.ctl.stats.steps)} finished steps")
+                break
+            if driver.failures:  # a process raised: stop the run with its message
+                error = _describe(driver.failures[0])
                 break
         if main.done() and not main.cancelled() and main.exception() is not None:
             error = _describe(main.exception())
