@@ -80,8 +80,9 @@ def test_extends_scenarios_inherit_from_parent():
     child = load_plan(SCENARIOS_DIR / "paper" / "qwen3-32b-128gpu.yaml")
     assert child.model.name == "Qwen3-32B"
     assert child.name == "qwen3-32b-128gpu"
+    # Restated (a list replaces the parent's): the base's tasks plus SWE, which the paper runs with 32B only.
+    assert [t.name for t in child.tasks] == ["SWE", *(t.name for t in base.tasks)]
     # Not restated in the child: inherited from qwen3-8b-128gpu.yaml.
-    assert [t.name for t in child.tasks] == [t.name for t in base.tasks]
     assert child.cluster == base.cluster
     assert child.algorithm == base.algorithm
     # Restated: the child's placement wins.
