@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mem-steps", type=int, default=10, help="paper-scale steps for the memory slope (0: skip)")
     ap.add_argument("--big", action="store_true", help="also time the 3,072-GPU plan (k = 24)")
     ap.add_argument("--big-steps", type=int, default=2)
+    ap.add_argument("--approx-steps", type=int, default=0,
+                    help="also time the 3,072-GPU plan under --scale-approx for this many steps (0: skip)")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args(argv)
     import rollart
@@ -142,6 +144,19 @@ def main(argv: list[str] | None = None) -> None:
               f"(steady {steady:.1f}); {b['events_per_cpu_s']:,.0f} events/CPU-s = floor / "
               f"{floor / b['events_per_cpu_s']:.1f}; a simulated week ≈ {week_steps:,.0f} steps ≈ "
               f"{out['week']['cpu_h']:.2f} CPU-h", flush=True)
+    if args.approx_steps:
+        from rollart.plan import load_plan
+        from rollart.scenarios_catalog import resolve
+        from rollart.sim.scale import auto_factor
+
+        m = auto_factor(load_plan(resolve(PAPER), scaled_overrides(24)))
+        a = out["big_approx"] = run_plan(scaled_overrides(24), args.approx_steps, extra={"scale_approx": m})
+        steady = a.get("steady_cpu_per_step_s", a["cpu_per_step_s"])
+        week_steps = SIM_WEEK_S / a.get("steady_sim_step_s", a["sim_step_s"])
+        out["week_approx"] = {"factor": m, "steps": week_steps, "cpu_min": steady * week_steps / 60}
+        print(f"3,072 GPUs with --scale-approx (1/{m} simulated, {args.approx_steps} steps): {a['cpu_per_step_s']:.2f} "
+              f"CPU-s/step (steady {steady:.2f}); a simulated week ≈ {week_steps:,.0f} steps ≈ "
+              f"{out['week_approx']['cpu_min']:.1f} CPU-min", flush=True)
     out["simpy_events_per_cpu_s_end"] = raw_simpy_events_per_cpu_s()
     out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"raw SimPy at the end: {out['simpy_events_per_cpu_s_end']:,.0f} events per CPU-s (the machine's speed "
