@@ -518,7 +518,7 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
         ["affinity ÷ least-loaded on the mix", fx(ratio(head.get("mix-affinity"), head.get("mix-least-loaded"))),
          "> 1 (qualitative)"],
     ])
-    notes = ["Training runs on its own 32 H800 in every variant; only the rollout hardware changes. Cost matching: "
+    notes = ["Training runs on its own 64 H800 in every variant (as in the base plans; with 32 the trainer bounds every variant); only the rollout hardware changes. Cost matching: "
              "1 H800 = 3 H20, the paper's 2 × H800 ≈ 6 × H20 pairing. Throughput over the steady-state steps."] \
         + _failures(outs)
     return Section(table, comparison, notes, headline=head)
@@ -528,7 +528,7 @@ AFFINITY = Experiment(
     name="hw-affinity",
     title="Hardware affinity on a cost-matched 64 H800 + 24 H20 mix vs all-H800 and all-H20",
     setup=("Qwen3-8B, the four-task mix, batch 512, ROLLART mode (α = 1, redundancy 0.25, async weight transfer); "
-           "training on a separate 32 H800; rollout on 64 H800 + 24 H20 (prefill-heavy SWE, FrozenLake, WebShop "
+           "training on a separate 64 H800; rollout on 64 H800 + 24 H20 (prefill-heavy SWE, FrozenLake, WebShop "
            "routed to H800, decode-heavy GEM-Math and GEM-Game to H20, with fall-back when a pool is saturated), "
            "the same mix with least-loaded routing, or the same cost as 72 H800 or 216 H20. Scenario "
            "`paper/experiments/hw-affinity-mix`."),
