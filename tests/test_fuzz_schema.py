@@ -347,3 +347,15 @@ def test_every_admitted_distribution_draws_finite_values(dist: dict[str, Any]):
     assert all(0 <= x <= SAMPLE_MAX for x in draws)
     m = d.mean()
     assert not math.isnan(m)
+
+
+@pytest.mark.parametrize("pool", ["x\ny", "a\x1eb", "c\rd"])
+def test_a_users_string_never_splits_an_error_line(pool: str):
+    from rollart.scenarios_catalog import default_scenario
+
+    data = load_plan(default_scenario()).model_dump(by_alias=True)
+    data["placement"]["hw_affinity"]["FrozenLake"] = pool
+    with pytest.raises(PlanError) as err:
+        plan_from_dict(data)
+    (line,) = err.value.problems
+    assert line.startswith("placement.hw_affinity.FrozenLake: unknown pool") and "\n" not in line and "\r" not in line
