@@ -350,7 +350,9 @@ def test_profiles_cover_the_paper_tasks():
 def test_profile_validates_and_states_provenance(path):
     text = path.read_text()
     head = text.split("\nname:")[0]
-    assert text.startswith("# ") and "From the paper" in head and "ASSUMED" in head
+    # Each profile says what comes from the paper (quoted, or FITTED to its measured profile) and
+    # what is ASSUMED.
+    assert text.startswith("# ") and ("From the paper" in head or "FITTED" in head) and "ASSUMED" in head
     spec = TaskSpec.model_validate(load_profile(path))
     for field in ("turns", "obs_tokens", "response_tokens", "env", "reward"):
         assert field in yaml.safe_load(text), field
@@ -370,7 +372,11 @@ def test_swe_reset_matches_the_paper_statements():
     assert isinstance(reset, Spliced)
     p_timeout = 1 - float(reset.cdf(timeout))
     assert 1 - (1 - p_timeout) ** 128 == pytest.approx(0.10, abs=0.02)  # ~1 in 10 steps of 128 resets
-    # a finished reset averages ~15 % of a 366 s step
-    finished = (Spliced(**{**reset.model_dump(), "max": timeout}).mean() - timeout * p_timeout) / (1 - p_timeout)
-    assert finished == pytest.approx(0.15 * 366, rel=0.05)
-    assert float(reset.ppf(0.99)) > 100  # the tail reaches hundreds of seconds
+    # On the success path the lockstep step waits for the slowest of its 128 resets, and that
+    # wait is env init's ~15 % of the 366 s step (calibration/tasks/swe-fit.md): E[max of 128
+    # resets, none timed out] = ∫ 1 − (F(x)/F(timeout))^128 dx over [0, timeout].
+    xs = np.linspace(0.0, timeout, 4001)
+    cdf = np.array([float(reset.cdf(x)) for x in xs])
+    slowest = np.trapezoid(1 - (cdf / cdf[-1]) ** 128, xs)
+    assert slowest == pytest.approx(0.15 * 366, rel=0.10)
+    assert float(reset.ppf(0.9999)) > 300  # the tail reaches hundreds of seconds
