@@ -24,6 +24,12 @@ Sigma = Annotated[float, Field(ge=0, le=10)]
 SAMPLE_MAX = 1e12
 
 
+def _midpoint(a: float, b: float) -> float:
+    """(a + b) / 2, without overflowing near the float maximum (nor underflowing near 0)."""
+    total = a + b
+    return total / 2 if math.isfinite(total) else a / 2 + b / 2
+
+
 def _safe(x: float) -> float:
     """A draw clipped to [0, SAMPLE_MAX]; NaN (inf − inf in a user's extreme parameters) maps
     to the ceiling, so a consumer never sees a non-finite number."""
@@ -117,7 +123,7 @@ class Uniform(_Dist):
         return _safe(self.low + (self.high - self.low) * rng.random())
 
     def mean(self) -> float:
-        return self.low / 2 + self.high / 2  # (low + high) / 2 overflows near the float maximum
+        return _midpoint(self.low, self.high)
 
 
 class Pareto(_Dist):
@@ -179,7 +185,7 @@ class Empirical(_Dist):
     def mean(self) -> float:
         ps = list(self.quantiles)
         vs = list(self.quantiles.values())
-        return sum((p1 - p0) * (v0 / 2 + v1 / 2) for p0, p1, v0, v1 in zip(ps, ps[1:], vs, vs[1:]))
+        return sum((p1 - p0) * _midpoint(v0, v1) for p0, p1, v0, v1 in zip(ps, ps[1:], vs, vs[1:]))
 
 
 class Spliced(_Dist):
