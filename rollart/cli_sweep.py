@@ -193,7 +193,7 @@ def plan(
     out: Path = typer.Option(Path("plan.yaml"), "--out", help="where to write the winning plan"),
     candidates: int = typer.Option(48, "--candidates", min=1, help="candidates in the first (shortest) rung"),
     finalists: int = typer.Option(4, "--finalists", min=1, help="plans simulated at full length"),
-    min_steps: int = typer.Option(1, "--min-steps", min=1, help="training steps simulated in the first rung"),
+    min_steps: int = typer.Option(2, "--min-steps", min=1, help="training steps simulated in the first rung (step 0 alone is the start-up transient)"),
     local_rounds: int = typer.Option(1, "--local-rounds", min=0, help="neighbour-search rounds in the first rung"),
     polish_rounds: int = typer.Option(1, "--polish-rounds", min=0, help="hill-climbing rounds from the winner at "
                                                                        "full length"),

@@ -1,9 +1,13 @@
 """The search: successive halving on short simulations, then full simulations of the finalists.
 
-1. **Start**: if the space has at most ``candidates`` members, all of them; else hand-made
+1. **Start**: if the space has at most ``candidates`` members, all of them, each simulated at
+   full length at once (the result is the grid's optimum: a one-step rung is mostly the start-up
+   transient and can rank a small space wrongly); else hand-made
    starting points (the scenario's own placement when it fits, even / single-pool splits with
    the heuristic affinity) plus seeded random candidates that use the whole budget.
-2. **Rung 0** simulates each for ``min_steps`` training steps; a local search then simulates the
+2. **Rung 0** simulates each for ``min_steps`` training steps (two by default: step 0 is the
+   start-up transient, with no overlap and no staleness, so one step cannot rank α or the
+   trainer/rollout split); a local search then simulates the
    untried neighbours (one move away: GPUs between pools, tp, one tag's affinity, α, redundancy,
    reward placement) of the leaders, ``local_rounds`` times.
 3. **Halving**: the best ``1/eta`` (at least ``finalists``) go on, each rung doubling the steps,
@@ -92,7 +96,7 @@ def rung_steps(full: int, min_steps: int) -> list[int]:
 
 def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objective: str = "throughput",
            full_steps: int | None = None, candidates: int = 48, eta: int = 3, finalists: int = 4,
-           min_steps: int = 1, local_rounds: int = 1, polish_rounds: int = 1, seed: int = 0,
+           min_steps: int = 2, local_rounds: int = 1, polish_rounds: int = 1, seed: int = 0,
            on_rung: Callable[[str, int], None] | None = None, on_done: Callable[[], None] | None = None) -> PlanSearch:
     """Search ``space`` (see the module docstring). ``base`` is the scenario data the candidates
     are applied to (overrides already in it); ``pool`` runs the simulations (entered here)."""
@@ -139,7 +143,7 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
                 if c is not None and c not in pop:
                     pop.append(c)
         steps_list = rung_steps(full, min_steps)
-        if len(pop) <= finalists:
+        if exhaustive or len(pop) <= finalists:
             steps_list = [full]
         for r, steps in enumerate(steps_list):
             last = r == len(steps_list) - 1
