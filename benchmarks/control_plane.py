@@ -10,11 +10,9 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def _median_ms(fn, n: int = 30) -> float:
@@ -31,6 +29,7 @@ def main() -> None:
     import torch
 
     from rollart.plan.schema import ModelSpec
+    from rollart.runtime.cluster import init_local_ray
     from rollart.runtime.inference_worker import InferenceWorkerActor, make_engine
     from rollart.runtime.reward.rules import score
     from rollart.runtime.reward.serverless import HttpReward, deploy_reward, shutdown_reward
@@ -46,7 +45,7 @@ def main() -> None:
             engine.step()
 
     engine_ms = _median_ms(in_process)
-    ray.init(num_cpus=2, object_store_memory=200_000_000, include_dashboard=False, log_to_driver=False)
+    init_local_ray(2, object_store_memory=200_000_000)  # loopback only, token auth
     worker = InferenceWorkerActor.options(num_cpus=0).remote(spec, "torch", seed=0)
     ray.get(worker.ping.remote())
     actor_ms = _median_ms(lambda: ray.get(worker.generate.remote(f"a{next(counter)}", prompt, 1)))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -133,10 +132,10 @@ def test_evaluate_point_reports_bad_points_instead_of_raising():
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray for the module (init takes seconds); RayPool reuses it and leaves it up."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024 * 1024, include_dashboard=False,
-             logging_level="ERROR", log_to_driver=False)
+    from rollart.runtime.cluster import init_local_ray
+
+    init_local_ray(2, object_store_memory=200 * 1024 * 1024)
     yield ray
     ray.shutdown()
 

@@ -140,8 +140,8 @@ class RayPool:
     """Ray tasks, one per job, at most ``workers`` running at once on a local Ray.
 
     A local Ray is started with ``num_cpus=workers`` (default: every core), a 200 MB object
-    store, no dashboard and token auth off (``RAY_AUTH_MODE=disabled``, as a local run needs with
-    Ray 2.60), and shut down on exit. With ``address`` the pool joins that cluster instead (its
+    store, no dashboard, every process on 127.0.0.1 and Ray's token auth on (the runtime's
+    :func:`~rollart.runtime.cluster.init_local_ray`), and shut down on exit. With ``address`` the pool joins that cluster instead (its
     CPUs set the parallelism). When Ray is already initialised in this process it is reused and
     left running."""
 
@@ -151,17 +151,13 @@ class RayPool:
         self._owned = False
 
     def __enter__(self) -> "RayPool":
-        if self.address is None:
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         import ray
 
         if not ray.is_initialized():
             if self.address is None:
-                # address="local": always a new Ray of our own, even when another cluster runs on
-                # this machine (ray.init() would join it and refuse num_cpus)
-                ray.init(address="local", num_cpus=self.workers, object_store_memory=OBJECT_STORE_BYTES,
-                         include_dashboard=False,
-                         logging_level="ERROR", log_to_driver=False, configure_logging=True)
+                from rollart.runtime.cluster import init_local_ray
+
+                init_local_ray(self.workers, object_store_memory=OBJECT_STORE_BYTES)
             else:
                 ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
                 self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
