@@ -7,7 +7,6 @@ establishes for CI."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
