@@ -84,15 +84,9 @@ def init_local_ray(num_cpus: int, resources: dict[str, float] | None = None,
 
 
 def _is_loopback_address(address: str) -> bool:
-    import ipaddress
+    from rollart.runtime.sockets import is_loopback_host
 
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(address.rsplit(":", 1)[0].strip("[]"))
 
 
 _DEATH_MARKERS = ("OOM killer", "worker died or was killed", "Worker unexpectedly exits")

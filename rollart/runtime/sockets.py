@@ -22,10 +22,21 @@ class Listener:
 
     @property
     def loopback(self) -> bool:
-        ip = ipaddress.ip_address(self.address)
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        return ip.is_loopback
+        return is_loopback_host(self.address)
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost``, or an IPv4/IPv6 loopback address (IPv4-mapped included); a name or a
+    malformed address is not."""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
 
 
 def _addr(hex_addr: str, v6: bool) -> str:

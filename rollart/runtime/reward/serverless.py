@@ -19,7 +19,6 @@ timeout, retries with exponential backoff, and counters. It never raises: each c
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import socket
 import threading
@@ -31,6 +30,7 @@ import warnings
 from typing import Any
 
 from rollart.runtime.reward import rules
+from rollart.runtime.sockets import is_loopback_host
 
 DEPLOYMENT_NAME = "RewardDeployment"
 
@@ -161,13 +161,7 @@ _RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
 
 def _is_loopback(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(urllib.parse.urlsplit(url).hostname or "")
 
 
 class HttpReward:
