@@ -223,7 +223,6 @@ def profile_kernels_cli(out: Path, device: str, shapes: Optional[str], repeats: 
     """``--engine kernels``: time the grid's kernels into the folder ``out`` (see
     ``rollart.calibration.gpu_kernels``)."""
     import shlex
-    import sys
 
     from rollart.calibration import gpu_kernels as gk
 
@@ -247,7 +246,10 @@ def profile_kernels_cli(out: Path, device: str, shapes: Optional[str], repeats: 
         except (RuntimeError, AssertionError, ValueError) as exc:
             _fail(f"--device: cannot use '{device}': {str(exc).splitlines()[0]}")
     grid = gk.GRIDS[shapes]
-    command = shlex.join(["rollart", "calibrate", "profile", *sys.argv[3:]]) if len(sys.argv) > 3 else ""
+    # the command as parsed (not sys.argv, which is the caller's: pytest's, a script's)
+    command = shlex.join(["rollart", "calibrate", "profile", "--engine", "kernels", "--device", device,
+                          "--shapes", shapes, "--repeats", str(repeats), "--out", str(out),
+                          *(["--peak-tflops", f"{peak_tflops:g}"] if peak_tflops is not None else [])])
     t0 = time.perf_counter()
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar:
