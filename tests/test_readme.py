@@ -65,7 +65,10 @@ COMMANDS: dict[str, Spec] = {
     "rollart simulate plan.yaml": Spec(extra=("--steps", "1"), slow=True),
     "rollart run scenarios/local/digits.yaml --steps 40 --json run.json --trace run.trace.json":
         Spec(extra=("--steps", "2"), slow=True),
-    "python -m pytest tests/test_benchmark.py --benchmark-enable -s": Spec(slow=True),
+    # one round each: the README command's point is that the benchmarks run and print their ratios
+    "python -m pytest tests/test_benchmark.py --benchmark-enable -s":
+        Spec(extra=("--benchmark-min-rounds", "1", "--benchmark-max-time", "0", "--benchmark-warmup", "off"),
+             slow=True),
 }
 # the install lines: their rollart / pytest tail is what is run (the install is what CI itself does)
 INSTALL_TAILS = {"rollart simulate": "rollart simulate", "python -m pytest": None}

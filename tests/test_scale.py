@@ -3,6 +3,8 @@ rest accounted for by symmetry, against full simulation at 128, 512 and 1,024 GP
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from benchmarks.sim_speed import scaled_overrides
@@ -59,6 +61,9 @@ STEP_TOLERANCE = {1: 0.03, 4: 0.03, 8: 0.05}
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 4, 8])  # 128, 512, 1,024 GPUs
 def test_matches_full_simulation(k: int) -> None:
+    if k == 8 and not os.environ.get("ROLLART_SCALE_1024"):
+        # the full 1,024-GPU simulation alone costs ~3 CPU-min, a fifth of the suite's budget
+        pytest.skip("1,024 GPUs: set ROLLART_SCALE_1024=1 (about 3 CPU-min; measured −3.6 % step time, see above)")
     plan = _paper(k)
     m = auto_factor(plan) if k > 1 else 2
     full = _steady(simulate_plan(plan, mode_config(plan), 0).to_result())
