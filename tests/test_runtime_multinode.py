@@ -48,16 +48,15 @@ def _free_port() -> int:
 def _stop(temp_dir: str) -> None:
     """Stop this cluster's processes only (``ray stop`` would stop every Ray on the machine):
     each of them names the cluster's own temp dir on its command line."""
-    from rollart.runtime.procs import descendants
+    from rollart.runtime.procs import descendants, pids
 
     mine = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if temp_dir.encode() in Path(entry.path, "cmdline").read_bytes():
-                    mine.add(int(entry.name))
-            except OSError:
-                pass
+    for pid, path in pids():
+        try:
+            if temp_dir.encode() in Path(path, "cmdline").read_bytes():
+                mine.add(pid)
+        except OSError:
+            pass
     for pid in list(mine):
         mine |= set(descendants(pid))
     for pid in mine:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rollart.runtime.envs.code_exec import PROBLEMS, CodeExecTextEnv, run_solution, sandbox_available
+from rollart.runtime.procs import pids
 
 ok, why = sandbox_available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"code sandbox unavailable here: {why}")
@@ -37,13 +38,12 @@ def _record_uids(monkeypatch):
 def _sandbox_processes() -> list[int]:
     """Live processes of the uids this module's sandboxes ran as."""
     out = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid in USED_UIDS:
-                    out.append(int(entry.name))
-            except OSError:
-                pass
+    for pid, path in pids():
+        try:
+            if os.stat(path).st_uid in USED_UIDS:
+                out.append(pid)
+        except OSError:
+            pass
     return out
 
 

@@ -20,7 +20,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from rollart.runtime.procs import _start_time, descendants  # noqa: E402
-from rollart.runtime.sockets import listening  # noqa: E402
+from rollart.runtime.sockets import is_loopback_host, listening  # noqa: E402
 
 pytestmark = pytest.mark.slow
 DIGITS = Path(__file__).parents[1] / "scenarios" / "local" / "digits.yaml"
@@ -91,7 +91,7 @@ def test_a_run_listens_on_loopback_only_and_ray_wants_its_token(tmp_path: Path) 
         names = {n for ns in seen.values() for n in ns}
         assert {"gcs_server", "raylet", "redis-server"} <= names, seen
         assert any(n.startswith("ray::ProxyActor") for n in names), seen  # Serve's HTTP proxy
-        public = {k: v for k, v in seen.items() if not _listener_is_loopback(k[0])}
+        public = {k: v for k, v in seen.items() if not is_loopback_host(k[0])}
         assert not public, f"non-loopback listeners: {public}"
         # the dashboard agent's job API (remote code execution without auth) refuses a request without the token
         codes = [_post_job(port) for (addr, port), ns in seen.items() if any(n.startswith("ray::Dashboard") for n in ns)]
@@ -117,15 +117,6 @@ def _post_job(port: int) -> int | str:
         return exc.code
     except Exception as exc:  # noqa: BLE001 - a gRPC port does not speak HTTP/1.1
         return type(exc).__name__
-
-
-def _listener_is_loopback(address: str) -> bool:
-    import ipaddress
-
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
 
 
 def test_sigkill_of_the_driver_leaves_no_process_behind(tmp_path: Path) -> None:

@@ -48,17 +48,21 @@ def pdeathsig_preexec():  # noqa: ANN201 - returns a preexec_fn
 # ---------------------------------------------------------------- the watchdog
 
 
+def pids() -> list[tuple[int, str]]:
+    """(pid, /proc/PID path) of every process listed now; one may be gone by the time its files
+    are read, so callers catch OSError per process."""
+    return [(int(e.name), e.path) for e in os.scandir("/proc") if e.name.isdigit()]
+
+
 def _children_map() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid, path in pids():
         try:
-            stat = Path(entry.path, "stat").read_text()
+            stat = Path(path, "stat").read_text()
         except OSError:
             continue
         ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        kids.setdefault(ppid, []).append(int(entry.name))
+        kids.setdefault(ppid, []).append(pid)
     return kids
 
 

@@ -10,6 +10,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollart.runtime.procs import pids
+
 _LISTEN = "0A"
 
 
@@ -49,17 +51,15 @@ def _addr(hex_addr: str, v6: bool) -> str:
 
 def _socket_owners() -> dict[int, set[int]]:
     owners: dict[int, set[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid, path in pids():
         try:
-            for fd in os.scandir(f"/proc/{entry.name}/fd"):
+            for fd in os.scandir(f"{path}/fd"):
                 try:
                     target = os.readlink(fd.path)
                 except OSError:
                     continue
                 if target.startswith("socket:["):
-                    owners.setdefault(int(target[8:-1]), set()).add(int(entry.name))
+                    owners.setdefault(int(target[8:-1]), set()).add(pid)
         except OSError:
             continue
     return owners
