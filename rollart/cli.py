@@ -219,6 +219,8 @@ def compare(
         write_output("--json", json_path,
                      lambda p: p.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n"))
         console.print(f"[dim]wrote {json_path}[/]")
+    if any(r.error for r in results):  # as simulate: the table and JSON are kept, the exit says it stopped
+        raise typer.Exit(code=1)
 
 
 @app.command()

@@ -203,6 +203,16 @@ def test_compare_two_modes(tmp_path: Path):
     assert tps[1] > tps[0]  # the async design beats the synchronous baseline
 
 
+def test_compare_exits_1_when_a_mode_stopped_early_and_keeps_the_results(tmp_path: Path):
+    # a sim-time budget too short for 3 steps: every mode stops early, as simulate does it exits 1
+    proc = rollart("compare", "default", "--modes", "sync,rollart", "--steps", "3", "--quiet",
+                   "--set", "algorithm.max_sim_hours=0.01", "--json", "c.json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "stopped early" in proc.stdout and "Traceback" not in proc.stderr
+    results = json.loads((tmp_path / "c.json").read_text())  # what was computed is written all the same
+    assert [r["mode"] for r in results] == ["sync", "rollart"] and all(r["error"] for r in results)
+
+
 def test_trace_is_a_chrome_trace(tmp_path: Path):
     proc = rollart("simulate", "--quiet", "--steps", "2", "--trace", "t.json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
