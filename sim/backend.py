@@ -40,7 +40,7 @@ class SimBackend:
         # weight transfer are priced on the full plan, and the result is scaled back by m
         self.full_plan, self.scale = plan, max(1, int(scale_approx))
         if self.scale > 1:
-            from rollart.sim.scale import shrink_plan
+            from rollart.sim.scale import TailProbe, shrink_plan
 
             plan = shrink_plan(plan, self.scale)
         self.plan = plan
@@ -50,6 +50,7 @@ class SimBackend:
         # keep_history=False: memory follows what is in flight (ctl.trajectories/batches stay empty)
         self.ctl = Controller(plan, mode, clock=lambda: self.env.now, tracer=self.tracer, on_step=on_step,
                               keep_history=keep_history)
+        self.tail = TailProbe(self.ctl, self.scale) if self.scale > 1 else None  # the tail the subset misses
         self.envs = EnvModel(seed)
         self.effects_handled = 0
         self._procs: dict[Hashable, simpy.Process] = {}
@@ -471,7 +472,7 @@ class SimOutcome:
         if b.scale > 1:
             from rollart.sim.scale import scale_result
 
-            return scale_result(result, b.full_plan, b.scale, b.plan)
+            return scale_result(result, b.full_plan, b.scale, b.plan, b.tail)
         return result
 
 
