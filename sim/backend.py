@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any, Callable, Generator, Hashable
 
 import simpy
+from functools import partial
+from heapq import heappush
+from simpy.events import NORMAL
 
 from rollart.calibration import generation_cost, train_cost
 from rollart.calibration.cost import ProfiledTrainCost
@@ -32,6 +35,22 @@ from rollart.trace import NullTracer, Tracer
 SimGen = Generator[Any, Any, Any]
 
 
+class _Wake:
+    """A bare SimPy timeout for a process to wait on (what SimPy's step and a process read of
+    one: callbacks, _ok, _value); ``Timeout`` costs an ``__init__`` and five attributes more."""
+
+    __slots__ = ("callbacks",)
+    _ok = True
+    _value = None
+
+    def __init__(self, env: simpy.Environment, delay: float):
+        if delay < 0:
+            raise ValueError(f"negative delay {delay}")
+        self.callbacks: list[Any] = []
+        # Environment.schedule(self, NORMAL, delay), inlined (the same queue entry)
+        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), self))  # type: ignore[attr-defined]
+
+
 class SimBackend:
     def __init__(self, plan: Plan, mode: ModeConfig, seed: int, tracer: Tracer | None = None,
                  on_step: Callable[[StepRecord], None] | None = None, keep_history: bool = True,
@@ -48,13 +67,15 @@ class SimBackend:
         self.env = simpy.Environment()
         self.tracer = tracer or NullTracer()
         # keep_history=False: memory follows what is in flight (ctl.trajectories/batches stay empty)
-        self.ctl = Controller(plan, mode, clock=lambda: self.env.now, tracer=self.tracer, on_step=on_step,
-                              keep_history=keep_history)
+        # the clock, read at every effect: getattr(env, "_now") through C calls only (= env.now)
+        self.ctl = Controller(plan, mode, clock=partial(getattr, self.env, "_now"), tracer=self.tracer,
+                              on_step=on_step, keep_history=keep_history)
         self.tail = TailProbe(self.ctl, self.scale) if self.scale > 1 else None  # the tail the subset misses
         self.envs = EnvModel(seed)
         self.effects_handled = 0
         self._procs: dict[Hashable, simpy.Process] = {}
         self._holding_cpu: dict[int, tuple[str, float]] = {}
+        self._step_overhead: dict[str, float] = {}  # per task: its env pool's step_overhead_s
         self._build_engines()
         self._build_env_pools()
         self._build_reward()
@@ -179,6 +200,8 @@ class SimBackend:
     def _drive(self, gen: Generator[Any, Any, Any], key: Hashable | None) -> SimGen:
         handlers = self._handlers
         note = self.contention.note_effect if self.contention is not None else None
+        env, envs, engines, tasks = self.env, self.envs, self.engines, self.plan.tasks_by_name
+        step_overhead = self._step_overhead
         send: Any = None
         throw: BaseException | None = None
         try:
@@ -191,8 +214,31 @@ class SimBackend:
                 self.effects_handled += 1
                 if note is not None:  # the driver's own CPU load (measured hosts)
                     note()
+                kind = type(effect)
                 try:
-                    send = yield from handlers[type(effect)](effect)
+                    # The two effects of every turn, handled here rather than by a handler
+                    # generator each (the same events, in the same order, as their handlers).
+                    if kind is EnvStep:  # = _env_step
+                        task = tasks[effect.traj.task]
+                        latency, send = envs.step(task, effect.traj.id)
+                        overhead = step_overhead.get(task.name)
+                        if overhead is None:
+                            overhead = step_overhead[task.name] = self._env_pool(task).step_overhead_s
+                        yield _Wake(env, latency + overhead)
+                    elif kind is Generate and effect.prefill_worker is None \
+                            and engines[effect.worker].request_overhead_s <= 0:  # = _generate's common case
+                        traj = effect.traj
+                        tokens = envs.response_tokens(tasks[traj.task], traj.id, effect.max_new_tokens)
+                        engine = engines[effect.worker]
+                        req = engine.add(traj.id, effect.context_tokens, tokens, False)
+                        try:
+                            yield req.done
+                        except simpy.Interrupt:
+                            engine.abort(req)
+                            raise
+                        send = GenOutcome(tokens=tokens)
+                    else:
+                        send = yield from handlers[kind](effect)
                 except simpy.Interrupt as intr:
                     send, throw = None, Aborted(str(intr.cause))
         finally:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from heapq import heappop, heappush
 from collections import OrderedDict, deque
 from typing import Any, Callable, Generator
 
@@ -39,13 +40,14 @@ class _Timer:
     closure per plan cost more than the plan; a superseded timer has its callback list
     emptied, so when it fires it is just popped from the queue (no call into the engine)."""
 
-    __slots__ = ("callbacks", "_ok", "_value")
+    __slots__ = ("callbacks",)
+    _ok = True      # class attributes: what SimPy's step reads of a fired event
+    _value = None
 
     def __init__(self, env: simpy.Environment, delay: float, callback: Callable[[Any], None]):
         self.callbacks: list[Callable[[Any], None]] = [callback]
-        self._ok = True
-        self._value = None
-        env.schedule(self, NORMAL, delay)  # type: ignore[arg-type]
+        # Environment.schedule(self, NORMAL, delay), inlined (the same queue entry)
+        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), self))  # type: ignore[attr-defined]
 
 
 class Request:
@@ -104,6 +106,7 @@ class GenerationEngine:
         self._update_started = 0.0
         self.contention: Any = None  # a HostContention when engines share a host's cores
         self.busy = False
+        self._on_timer_cb = self._on_timer  # one bound method for every timer
 
     # ---- commands (applied between engine steps) ------------------------------------
 
@@ -245,11 +248,20 @@ class GenerationEngine:
         if not self.busy:
             self._set_busy(True)  # first, so a contention change applies to this plan too
         batch = len(self.running)
-        line = self.cost.decode_line(batch) if batch else None
         x0 = self.ctx_sum if not self.padded_kv else self._decode_context()
-        total = lead + (line.total(x0, batch, k_next) if line is not None else 0.0)
-        self._plan = (self.env.now, lead, x0, batch, line, k_next, total)
-        self._schedule(total, self._on_timer)
+        if batch:
+            line = self.cost.decode_line(batch)
+            total = lead + (line.total(x0, batch, k_next) if k_next > 0 else 0.0)
+        else:
+            line, total = None, lead + 0.0
+        env = self.env
+        self._plan = (env._now, lead, x0, batch, line, k_next, total)
+        # _schedule(total, self._on_timer), inlined: this runs at every command and completion
+        if total < 0:
+            raise ValueError(f"negative delay {total}")
+        if self._timer is not None:
+            self._timer.callbacks.clear()  # stale: popped when due, calls nothing
+        self._timer = _Timer(env, total, self._on_timer_cb)
 
     def _on_timer(self, _: object) -> None:
         self._timer = None
@@ -264,8 +276,10 @@ class GenerationEngine:
             return
         t0, lead, x0, batch, line, k_next, total = self._plan
         self._plan = None
-        self._cancel_timer()  # the pending timer is now stale
-        now = self.env.now
+        if self._timer is not None:  # _cancel_timer, inlined: the pending timer is now stale
+            self._timer.callbacks.clear()
+            self._timer = None
+        now = self.env._now
         elapsed = now - t0
         # Remainders below the clock's resolution at this time can never elapse: treat them as
         # done, or the engine would re-schedule them forever without time advancing.
@@ -371,16 +385,19 @@ class GenerationEngine:
         return ctx
 
     def _complete_finished(self) -> None:
-        while self._heap and self._heap[0][0] <= self.it:
-            _, _, req = heapq.heappop(self._heap)
+        heap, it = self._heap, self.it
+        while heap and heap[0][0] <= it:
+            req = heappop(heap)[2]
             if not req.running:
                 continue
             ctx = self._remove(req)
-            if self.prefix_cache and not req.aborted:
-                self._cache_put(req.traj_id, ctx)
             if not req.aborted:
+                if self.prefix_cache:
+                    self._cache_put(req.traj_id, ctx)
                 req.done.succeed(req.decode_tokens)
-                self._note_calls()  # its result goes back through the worker's event loop
+                # _note_calls, inlined: its result goes back through the worker's event loop
+                if self.call_step_s and self.env._now >= self._charged_until:
+                    self._calls_handled = True
 
     def _apply_aborts(self) -> None:
         for req in self._aborts:

@@ -24,23 +24,35 @@ def _wait(ctl: "Controller", traj: Trajectory, signal: Signal, category: str) ->
 
 def _env_call(ctl: "Controller", traj: Trajectory, effect_type: type, category: str) -> Proc:
     """Call the env with the task's retry policy; returns the last :class:`EnvOutcome`."""
+    now = ctl.now
+    t0 = now()
+    outcome = yield effect_type(traj, 0)
+    t1 = now()
+    traj.record(t0, t1, category)
+    if outcome.ok:  # the common case: no retry policy to read
+        ctl.tracer.env_span(traj, category, t0, t1)
+        return outcome
+    ctl.tracer.env_span(traj, f"{category} ({outcome.error})", t0, t1)
+    _count_error(ctl, outcome)
     spec = ctl.plan.task(traj.task).env
-    outcome = EnvOutcome(ok=False, error="not attempted")
-    for attempt in range(spec.max_retries + 1):
-        if attempt:
-            t0 = ctl.now()
-            yield Sleep(spec.retry_backoff_s * 2 ** (attempt - 1))
-            traj.record(t0, ctl.now(), category)
-        t0 = ctl.now()
+    for attempt in range(1, spec.max_retries + 1):
+        t0 = now()
+        yield Sleep(spec.retry_backoff_s * 2 ** (attempt - 1))
+        traj.record(t0, now(), category)
+        t0 = now()
         outcome = yield effect_type(traj, attempt)
-        traj.record(t0, ctl.now(), category)
-        ctl.tracer.env_span(traj, category if outcome.ok else f"{category} ({outcome.error})", t0, ctl.now())
+        traj.record(t0, now(), category)
+        ctl.tracer.env_span(traj, category if outcome.ok else f"{category} ({outcome.error})", t0, now())
         if outcome.ok:
             return outcome
-        ctl.stats.env_errors += 1
-        if is_timeout(outcome.error):
-            ctl.stats.env_timeouts += 1
+        _count_error(ctl, outcome)
     return outcome
+
+
+def _count_error(ctl: "Controller", outcome: EnvOutcome) -> None:
+    ctl.stats.env_errors += 1
+    if is_timeout(outcome.error):
+        ctl.stats.env_timeouts += 1
 
 
 def is_timeout(error: str | None) -> bool:
