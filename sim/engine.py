@@ -113,7 +113,14 @@ class GenerationEngine:
     def add(self, traj_id: int, context: int, decode_tokens: int, prefilled: bool = False) -> Request:
         req = Request(traj_id, context, max(1, decode_tokens), self.env.event(), prefilled)
         self.waiting.append(req)
-        if self._plan is not None or self._updating:  # an idle engine loses nothing to the call
+        if self._plan is not None:  # _note_calls and _command, inlined for the busy engine
+            if self.call_step_s and self.env._now >= self._charged_until:
+                self._calls_handled = True
+            if not (self._updating or self._replan_pending):
+                self._settle()
+                self._next()
+            return req
+        if self._updating:  # an idle engine loses nothing to the call
             self._note_calls()
         self._command()
         return req

@@ -141,17 +141,25 @@ class LLMProxy:
         return self.affinity.get(tag, self.affinity.get("default"))
 
     def route(self, tag: str, last_worker: int | None = None, role: str = "both") -> WorkerInfo:
-        pool = self.preferred_pool(tag)
-        candidates = self._by_role.get(role, [])
+        affinity = self.affinity  # preferred_pool(tag), inlined: this runs at every turn
+        pool = None if affinity is None else affinity.get(tag, affinity.get("default"))
+        candidates = self._by_role.get(role)
         if not candidates:
             raise LookupError(f"no generation worker has role '{role}'")
         index = self._index
-        best = index.least_loaded((pool, role))  # pool None: every pool
+        key = (pool, role)  # pool None: every pool
+        heap = index.heaps.get(key)
+        if heap and heap[0][2] == index.stamp[heap[0][1]]:  # least_loaded's answer when its top is current
+            best: WorkerInfo | None = heap[0][3]
+        else:
+            best = index.least_loaded(key)
         if best is not None:
             self.routed_preferred += 1
             if last_worker is not None:
                 w = self._by_id.get(last_worker)
-                if w is not None and w.role == role and (pool is None or w.pool == pool) and not w.saturated:
+                if w is not None and w.role == role and (pool is None or w.pool == pool) and not (
+                        w.load >= w.max_num_seqs or (w.kv_capacity_tokens is not None
+                                                     and w.kv_tokens >= w.kv_capacity_tokens)):  # saturated
                     return w
             return best
         if pool is not None:
@@ -166,14 +174,16 @@ class LLMProxy:
 
     def dispatch(self, worker: WorkerInfo, context_tokens: int = 0) -> None:
         """ADD: a request holding ``context_tokens`` of KV is on its way to ``worker``."""
-        object.__setattr__(worker, "load", worker.load + 1)
-        object.__setattr__(worker, "kv_tokens", worker.kv_tokens + context_tokens)
+        d = worker.__dict__  # past WorkerInfo.__setattr__: the index is touched once, below
+        d["load"] += 1
+        d["kv_tokens"] += context_tokens
         self._index.touch(worker)
 
     def release(self, worker: WorkerInfo, context_tokens: int = 0) -> None:
         """The request returned (completed or ABORTed)."""
-        object.__setattr__(worker, "load", worker.load - 1)
-        object.__setattr__(worker, "kv_tokens", worker.kv_tokens - context_tokens)
+        d = worker.__dict__
+        d["load"] -= 1
+        d["kv_tokens"] -= context_tokens
         self._index.touch(worker)
 
     # ---- weight sync gate -----------------------------------------------------------

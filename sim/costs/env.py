@@ -130,9 +130,14 @@ class EnvModel:
             latency, err = self._call(task, traj_id, task.env.step)
             st = self._state[traj_id]
             rng = st.rng
-        else:
-            rng = self._draws(task, st)
-            latency, err = self._call(task, traj_id, task.env.step, rng)
+        else:  # _call, inlined (the same draws in the same order): this runs at every turn
+            rng = st.draws if st.draws is not None else self._draws(task, st)
+            spec = task.env
+            latency, err = spec.step.sample(rng), None
+            if latency > spec.timeout_s:
+                latency, err = spec.timeout_s, "timeout"
+            elif spec.failure_prob and rng.random() < spec.failure_prob:
+                err = "error"
         if err:
             return latency, EnvOutcome(ok=False, error=err)
         st.turn += 1
@@ -142,7 +147,10 @@ class EnvModel:
 
     def response_tokens(self, task: TaskSpec, traj_id: int, limit: int) -> int:
         st = self._state.get(traj_id)
-        rng = self._draws(task, st) if st is not None and st.turns_total else self.rng(traj_id)
+        if st is not None and st.turns_total:
+            rng = st.draws if st.draws is not None else self._draws(task, st)
+        else:
+            rng = self.rng(traj_id)
         return max(1, min(limit, round(task.response_tokens.sample(rng))))
 
     def forget(self, traj_id: int) -> None:
