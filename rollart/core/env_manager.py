@@ -66,6 +66,23 @@ def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:
         yield from _wait(ctl, traj, ctl.proxy.resumed, WEIGHT_SYNC)
     proxy = ctl.proxy
     prefill = None
+    if not ctl.plan.placement.pd_disaggregation:  # the common case, without the try/finally's pair
+        worker = proxy.route(traj.tag, traj.last_worker)
+        kv = traj.context_tokens
+        proxy.dispatch(worker, kv)
+        t0 = ctl.now()
+        try:
+            out: GenOutcome = yield Generate(traj, worker.id, kv, max_new_tokens, None)
+        finally:
+            proxy.release(worker, kv)
+        traj.record(t0, ctl.now(), GEN)
+        traj.last_worker = worker.id
+        tokens = out.tokens
+        traj.context_tokens += tokens
+        traj.generated_tokens += tokens
+        traj.turns += 1
+        ctl.stats.generated_tokens += tokens
+        return
     if ctl.plan.placement.pd_disaggregation:
         prefill = proxy.route(traj.tag, None, role="prefill")
         worker = proxy.route(traj.tag, traj.last_worker, role="decode")
