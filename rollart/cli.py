@@ -154,7 +154,8 @@ def simulate(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
     scale_approx: bool = typer.Option(False, "--scale-approx",
                                       help="very large clusters: simulate a representative 1/m of the exchangeable "
-                                           "workers and env managers, account for the rest by symmetry (stated)"),
+                                           "workers and env managers, account for the rest by symmetry and for the "
+                                           "slowest groups it does not sample by order statistics (stated)"),
 ) -> None:
     """Simulate a plan and print the step table."""
     _check_mode(mode)

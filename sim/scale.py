@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from collections import deque
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -117,11 +118,17 @@ def _member_survival(events: list[float], censored: list[float], grid: np.ndarra
     last = ev[-1]
     s_last = surv[np.searchsorted(times, last, side="right") - 1]
     if s_last > 0:
-        top = ev[int(0.8 * len(ev)):]
+        top = ev[len(ev) - _top_k(len(ev)):]
         theta = max(float(np.mean(top - top[0])), 1e-3 * max(last, 1.0))
         tail = s_last * np.exp(-(grid - last) / theta)
         out = np.where(grid > last, tail, out)
     return out
+
+
+def _top_k(n: int) -> int:
+    """How many of the slowest scored members the tail scale is the mean excess of: √n, the usual
+    compromise of extreme-value fits (few: close to the tail; not too few: not all noise)."""
+    return max(2, math.ceil(math.sqrt(n)))
 
 
 def _at_least(p: np.ndarray, n: int, k: int) -> np.ndarray:
@@ -133,7 +140,7 @@ def _at_least(p: np.ndarray, n: int, k: int) -> np.ndarray:
 GRID_POINTS = 4000
 
 
-def tail_delay(cohort: list[GroupTail], m: int) -> float:
+def tail_delay(cohort: list[GroupTail], m: int, history: Sequence[GroupTail] = ()) -> float:
     """Seconds by which the last of m × len(cohort) groups finishes later than the last of the
     cohort, in expectation (0 when there is nothing to extrapolate).
 
@@ -145,7 +152,8 @@ def tail_delay(cohort: list[GroupTail], m: int) -> float:
     cohort is done by x with probability Π_g F_g(x − launch_g), the full cluster's with that
     product to the power m, and the delay is the difference of the two expectations. Redundancy
     helps the estimate: the slowest of many groups needs only its (n − s + 1)-th slowest member
-    to be slow, a quantile the subset's members do sample. The difference of two expectations
+    to be slow, a quantile the subset's members do sample; ``history`` (earlier cohorts of the same
+    kind) adds members to G_t and nothing to the product. The difference of two expectations
     under one model is what is added to the simulated ready time, so the model's own bias cancels
     to first order."""
     cohort = [g for g in cohort if g.events]
@@ -153,7 +161,7 @@ def tail_delay(cohort: list[GroupTail], m: int) -> float:
         return 0.0
     lo = min(g.launch_s for g in cohort)
     by_task: dict[str, tuple[list[float], list[float]]] = {}
-    for g in cohort:
+    for g in [*cohort, *history]:
         ev, ce = by_task.setdefault(g.task, ([], []))
         ev.extend(g.events)
         ce.extend(g.censored)
@@ -189,6 +197,9 @@ class StepTail:
     delay_s: float        # tail_delay for the batch's cohort (0: the batch did not wait for its slowest)
 
 
+HISTORY_COHORTS = 32  # cohorts whose members are pooled for the tail: ~10k members at 32 groups each
+
+
 class TailProbe:
     """Watches the subset's groups for :func:`tail_delay`. It wraps two methods of the run's
     controller and tracer (``new_group``: every admitted group; the trainer's ``get_batch`` span:
@@ -201,6 +212,7 @@ class TailProbe:
         self._live: dict[int, Any] = {}                       # admitted, not yet complete/evicted
         self._done: dict[int, list[tuple[Any, GroupTail]]] = {}  # version -> completed groups
         self._taken: set[int] = set()                          # ids of the completed groups already trained on
+        self._history: deque[tuple[set[int], list[GroupTail]]] = deque(maxlen=HISTORY_COHORTS)
         new_group, span = ctl.new_group, ctl.tracer.trainer_span
 
         def traced_new_group(task: Any, batch_index: int) -> Any:
@@ -242,7 +254,13 @@ class TailProbe:
         # only a batch that waited for all it could be formed from sits on the tail; one formed
         # while usable groups were still running is an inner quantile, the same in both
         waited_for_all = not any(ctl.buffer.usable(g, n) for g in ctl.buffer.open.values())
-        delay = tail_delay(cohort, self.m) if waited_for_all and batch else 0.0
+        delay = 0.0
+        if waited_for_all and batch:
+            # earlier cohorts like this one (as many groups: the same load) sharpen the members' tail
+            history = [rec for vs, past in self._history if not vs & versions and len(past) == len(cohort)
+                       for rec in past]
+            delay = tail_delay(cohort, self.m, history)
+            self._history.append((versions, cohort))
         self.steps.append(StepTail(n, t0, t1, ready, delay))
         for v in [v for v in self._done if v < n - ctl.mode.alpha - 1]:
             self._taken.difference_update(g.id for g, _ in self._done.pop(v))

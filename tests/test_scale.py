@@ -11,8 +11,10 @@ from benchmarks.sim_speed import scaled_overrides
 from rollart.core import mode_config
 from rollart.plan import PlanError, load_plan
 from rollart.scenarios_catalog import resolve
-from rollart.sim import simulate_plan
-from rollart.sim.scale import auto_factor, shrink_plan
+import numpy as np
+
+from rollart.sim import SimBackend, simulate_plan
+from rollart.sim.scale import GroupTail, auto_factor, shrink_plan, tail_delay
 from tests.conftest import small_plan
 
 PAPER = "paper/qwen3-32b-128gpu"
@@ -43,6 +45,40 @@ def test_result_says_so_and_scales_counts_back() -> None:
     assert out.summary["scale_approx"]["factor"] == 8 and "1/8" in out.summary["scale_approx"]["note"]
     assert [s.trajectories for s in out.steps] == [plan.algorithm.batch_size] * 2
     assert out.scenario == plan.name
+
+
+def _cohort(rng: np.random.Generator, groups: int) -> tuple[list[GroupTail], np.ndarray]:
+    """Groups of 10 members of which 8 must score; a member's duration is uniform (its turn count)
+    plus noise (its per-turn latencies), the shape of the paper's long-horizon tasks."""
+    d = np.sort(rng.uniform(100, 300, (groups, 10)) + rng.normal(0, 5, (groups, 10)), axis=1)
+    return [GroupTail("t", 0.0, 8, list(r[:8]), [r[7], r[7]]) for r in d], d[:, 7]
+
+
+def test_tail_delay_matches_the_order_statistics_it_estimates() -> None:
+    rng = np.random.default_rng(7)
+    # the truth by Monte Carlo: E[slowest of 32 m groups] − E[slowest of 32]
+    slowest = {k: np.mean([_cohort(rng, 32 * k)[1].max() for _ in range(300)]) for k in (1, 4, 16)}
+    estimates: dict[int, list[float]] = {4: [], 16: []}
+    for _ in range(6):  # one estimate is a sample (±25 %): its mean over cohorts is what must be right
+        cohort, _ = _cohort(rng, 32)
+        history = [g for _ in range(8) for g in _cohort(rng, 32)[0]]
+        for m in estimates:
+            estimates[m].append(tail_delay(cohort, m, history))
+        assert tail_delay(cohort, 1, history) == 0.0
+        assert 0 < estimates[4][-1] < estimates[16][-1]
+    for m, est in estimates.items():
+        assert np.mean(est) == pytest.approx(slowest[m] - slowest[1], rel=0.2), m
+
+
+def test_only_batches_that_wait_for_their_slowest_group_are_corrected() -> None:
+    plan = _paper(4, steps=3)
+    b = SimBackend(plan, mode_config(plan), 0, keep_history=False, scale_approx=8)
+    out = b.run().to_result()
+    delays = [t.delay_s for t in b.tail.steps]
+    assert delays[0] == 0.0               # step 0: the first half of 2 batches' groups (an inner quantile)
+    assert all(d > 0 for d in delays[1:])  # then each batch is its whole cohort: its slowest group sits on the tail
+    added = out.summary["scale_approx"]["tail_s"]
+    assert added >= 0 and out.steps[-1].end_s == pytest.approx(b.ctl.stats.steps[-1].end_s + added)
 
 
 def _steady(result) -> tuple[float, float]:
