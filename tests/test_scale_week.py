@@ -1,0 +1,32 @@
+"""benchmarks/week.py: the 3,072-GPU plan under the scale-out approximation, run short."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import week
+
+
+def test_a_short_run_reports_its_figures_and_says_the_approximation_is_on(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out_json = tmp_path / "week.json"
+    # 30 simulated minutes: the first step (the pipeline's fill) ends after ~26
+    assert week.main(["--sim-hours", "0.5", "-q", "--json", str(out_json)]) == 0
+    printed = capsys.readouterr().out
+    assert "3,072 GPUs" in printed and "--scale-approx on (1/48" in printed
+    assert "scale-out approximation: simulated 1/48 of the cluster" in printed
+    assert "wall" in printed and "CPU" in printed and "peak RSS" in printed
+    out = json.loads(out_json.read_text())
+    assert out["gpus"] == 3072 and out["scale_factor"] == 48 and out["scale_approx"]["factor"] == 48
+    assert out["steps"] == 1 and 0 < out["simulated_s"] <= 0.5 * 3600
+    assert out["wall_s"] > 0 and out["cpu_s"] > 0 and out["peak_rss_mb"] > 0
+
+
+@pytest.mark.parametrize("argv", [["--sim-hours", "0"], ["--sim-hours", "-1"], ["--k", "0"]])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert week.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(argv[0])
