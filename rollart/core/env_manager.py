@@ -32,6 +32,13 @@ def _env_call(ctl: "Controller", traj: Trajectory, effect_type: type, category: 
     if outcome.ok:  # the common case: no retry policy to read
         ctl.tracer.env_span(traj, category, t0, t1)
         return outcome
+    return (yield from _env_retry(ctl, traj, effect_type, category, outcome, t0, t1))
+
+
+def _env_retry(ctl: "Controller", traj: Trajectory, effect_type: type, category: str, outcome: EnvOutcome,
+               t0: float, t1: float) -> Proc:
+    """The first call (``t0``–``t1``) failed with ``outcome``: retry with the task's policy."""
+    now = ctl.now
     ctl.tracer.env_span(traj, f"{category} ({outcome.error})", t0, t1)
     _count_error(ctl, outcome)
     spec = ctl.plan.task(traj.task).env
@@ -130,7 +137,8 @@ def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | Non
              reward_gate: LockstepBarrier | None) -> Proc:
     """reset → (generate → step)* → reward → SampleBuffer."""
     task = ctl.plan.task(traj.task)
-    t0 = ctl.now()
+    now = ctl.now
+    t0 = now()
     yield AcquireEnv(traj)
     traj.record(t0, ctl.now(), ENV_RESET)
     # Join the batch's barriers once the env holds its slot and before its reset: a trajectory
@@ -151,7 +159,15 @@ def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | Non
         yield from _generate(ctl, traj, max(1, task.max_context_tokens - traj.context_tokens))
         if barrier is not None and (sig := barrier.arrive(traj.id)) is not None:  # the slowest generation
             yield from _wait(ctl, traj, sig, GEN)
-        step = yield from _env_call(ctl, traj, EnvStep, ENV_STEP)
+        # _env_call(ctl, traj, EnvStep, ENV_STEP), its first attempt inlined: this runs every turn
+        t0 = now()
+        step = yield EnvStep(traj, 0)
+        t1 = now()
+        traj.record(t0, t1, ENV_STEP)
+        if step.ok:
+            ctl.tracer.env_span(traj, ENV_STEP, t0, t1)
+        else:
+            step = yield from _env_retry(ctl, traj, EnvStep, ENV_STEP, step, t0, t1)
         if not step.ok:
             yield from _on_failure(ctl, traj, f"env.step {step.error}")
             return
