@@ -306,7 +306,7 @@ class GenerationEngine:
         if k:  # _advance, inlined: this runs at every command and completion
             self.it += k
             self.ctx_sum += k * len(self.running)
-        if self._carry == 0:
+        if self._carry == 0 and self._heap and self._heap[0][0] <= self.it:  # something to complete
             self._complete_finished()
 
     def _busy(self, t0: float, t1: float, name: str, *args: object) -> None:
@@ -332,34 +332,43 @@ class GenerationEngine:
         decode step of the running batch); returns the iteration's duration. The batch state
         is updated now; completions wait until the iteration has elapsed."""
         new_tokens, pairs = 0, 0.0
+        cache = self.cache if self.prefix_cache else None
+        transferred = []
         for req in admitted:
-            if self.prefix_cache and req.new_tokens:
-                cached = self.cache.pop(req.traj_id, 0)
+            if cache is not None and req.new_tokens:
+                cached = cache.pop(req.traj_id, 0)
                 self.cache_tokens -= cached
                 hit = min(cached, req.context)
                 self.cache_hits_tokens += hit
                 req.new_tokens = req.context - hit
-            pairs += req.new_tokens * (req.context - req.new_tokens + req.new_tokens / 2)
-            new_tokens += req.new_tokens
-        # Requests whose KV arrived from a prefill worker (PD disaggregation) only decode.
-        transferred = [r for r in admitted if r.new_tokens == 0]
-        decoders = len(self.running) + len(transferred)
+            n = req.new_tokens
+            if n:
+                pairs += n * (req.context - n + n / 2)
+                new_tokens += n
+            else:  # its KV arrived from a prefill worker (PD disaggregation): it only decodes
+                transferred.append(req)  # (its term of the sums is 0: adding it changes nothing)
+        running = self.running
+        decoders = len(running) + len(transferred)
         dt = self.cost.mixed_step_time(new_tokens, pairs, decoders,
                                        self._decode_context(transferred) if decoders else 0.0)
         self.prefill_tokens += new_tokens
-        self._advance(1)
+        # _advance(1), inlined
+        it = self.it = self.it + 1
+        self.ctx_sum += len(running)
+        heap, seq, ctx_sum, reserved = self._heap, self._seq, self.ctx_sum, self.reserved
         for req in admitted:
             # The prefill produces the first token; the request joins the decode batch.
             req.running = True
-            req.admit_iter = self.it
-            req.finish_iter = self.it + req.decode_tokens - 1
-            self.running.add(req)
-            self.ctx_sum += req.context + 1
-            self.reserved += req.kv_final
-            self._seq += 1
-            heapq.heappush(self._heap, (req.finish_iter, self._seq, req))
+            req.admit_iter = it
+            req.finish_iter = it + req.decode_tokens - 1
+            running.add(req)
+            ctx_sum += req.context + 1
+            reserved += req.kv_final
+            seq += 1
+            heappush(heap, (req.finish_iter, seq, req))
             if req.aborted:
                 self._aborts.append(req)
+        self._seq, self.ctx_sum, self.reserved = seq, ctx_sum, reserved
         self._trim_cache()
         return dt
 
@@ -392,15 +401,22 @@ class GenerationEngine:
         return ctx
 
     def _complete_finished(self) -> None:
-        heap, it = self._heap, self.it
+        heap, it, running, cache = self._heap, self.it, self.running, self.cache
         while heap and heap[0][0] <= it:
             req = heappop(heap)[2]
             if not req.running:
                 continue
-            ctx = self._remove(req)
+            # _remove, inlined
+            ctx = req.context + 1 + (it - req.admit_iter)
+            req.running = False
+            running.discard(req)
+            self.ctx_sum -= ctx
+            self.reserved -= req.kv_final
             if not req.aborted:
-                if self.prefix_cache:
-                    self._cache_put(req.traj_id, ctx)
+                if self.prefix_cache:  # _cache_put, inlined
+                    self.cache_tokens += ctx - cache.pop(req.traj_id, 0)
+                    cache[req.traj_id] = ctx
+                    self._trim_cache()
                 req.done.succeed(req.decode_tokens)
                 # _note_calls, inlined: its result goes back through the worker's event loop
                 if self.call_step_s and self.env._now >= self._charged_until:
