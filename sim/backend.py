@@ -362,7 +362,8 @@ class SimBackend:
         return 0.0  # the simulator models time, not scores
 
     def _train(self, eff: TrainStep) -> SimGen:
-        t = self.train_cost.step_time([tr.context_tokens for tr in eff.batch] * self.scale)
+        t = self.train_cost.step_time(self.tail.train_lengths(eff.batch) if self.tail is not None
+                                      else [tr.context_tokens for tr in eff.batch])  # the full plan's batch
         if self._trainer_shares_contention:
             t *= self.contention.trainer_factor()  # the slowdown of the step's start
         if self.switch is not None:  # offload the engines, onload the trainer, train, and back

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from benchmarks.sim_speed import scaled_overrides
 from rollart.core import mode_config
 from rollart.plan import PlanError, load_plan
 from rollart.scenarios_catalog import resolve
-import numpy as np
-
 from rollart.sim import SimBackend, simulate_plan
-from rollart.sim.scale import GroupTail, auto_factor, shrink_plan, tail_delay
+from rollart.sim.scale import GroupTail, auto_factor, cohort_done_s, shrink_plan
 from tests.conftest import small_plan
 
 PAPER = "paper/qwen3-32b-128gpu"
@@ -54,20 +53,19 @@ def _cohort(rng: np.random.Generator, groups: int) -> tuple[list[GroupTail], np.
     return [GroupTail("t", 0.0, 8, list(r[:8]), [r[7], r[7]]) for r in d], d[:, 7]
 
 
-def test_tail_delay_matches_the_order_statistics_it_estimates() -> None:
+def test_cohort_done_matches_the_order_statistics_it_estimates() -> None:
     rng = np.random.default_rng(7)
-    # the truth by Monte Carlo: E[slowest of 32 m groups] − E[slowest of 32]
-    slowest = {k: np.mean([_cohort(rng, 32 * k)[1].max() for _ in range(300)]) for k in (1, 4, 16)}
-    estimates: dict[int, list[float]] = {4: [], 16: []}
-    for _ in range(6):  # one estimate is a sample (±25 %): its mean over cohorts is what must be right
+    # the truth by Monte Carlo: E[slowest of 32 m groups]
+    slowest = {m: np.mean([_cohort(rng, 32 * m)[1].max() for _ in range(300)]) for m in (1, 4, 16)}
+    estimates: dict[int, list[float]] = {m: [] for m in slowest}
+    for _ in range(6):  # one estimate is a sample: its mean over cohorts is what must be right
         cohort, _ = _cohort(rng, 32)
         history = [g for _ in range(8) for g in _cohort(rng, 32)[0]]
         for m in estimates:
-            estimates[m].append(tail_delay(cohort, m, history))
-        assert tail_delay(cohort, 1, history) == 0.0
-        assert 0 < estimates[4][-1] < estimates[16][-1]
-    for m, est in estimates.items():
-        assert np.mean(est) == pytest.approx(slowest[m] - slowest[1], rel=0.2), m
+            estimates[m].append(cohort_done_s(cohort, m, history))
+        assert estimates[1][-1] < estimates[4][-1] < estimates[16][-1]
+    for m, est in estimates.items():  # within a fifth of the growth past the slowest of 32
+        assert abs(np.mean(est) - slowest[m]) < 0.2 * (slowest[16] - slowest[1]), m
 
 
 def test_only_batches_that_wait_for_their_slowest_group_are_corrected() -> None:
@@ -75,8 +73,8 @@ def test_only_batches_that_wait_for_their_slowest_group_are_corrected() -> None:
     b = SimBackend(plan, mode_config(plan), 0, keep_history=False, scale_approx=8)
     out = b.run().to_result()
     delays = [t.delay_s for t in b.tail.steps]
-    assert delays[0] == 0.0               # step 0: the first half of 2 batches' groups (an inner quantile)
-    assert all(d > 0 for d in delays[1:])  # then each batch is its whole cohort: its slowest group sits on the tail
+    assert delays[0] == 0.0                # step 0: the first half of 2 batches' groups (an inner quantile)
+    assert all(d != 0 for d in delays[1:])  # then each batch waits for its whole cohort: the tail
     added = out.summary["scale_approx"]["tail_s"]
     assert added >= 0 and out.steps[-1].end_s == pytest.approx(b.ctl.stats.steps[-1].end_s + added)
 
@@ -87,22 +85,34 @@ def _steady(result) -> tuple[float, float]:
     return time / len(steps), sum(s.tokens for s in steps) / time
 
 
-# Measured (09:39 UTC, this tree, seed 0, 4 steps): step time −0.1 % / −1.6 % / −3.6 % and steady trained
-# tokens/s +0.7 % / +1.4 % / +2.3 % at 128 / 512 / 1,024 GPUs. The full simulation's step grows with the
-# cluster (the batch waits for the slowest of more groups) while the 1/m subset's does not, so the step
-# time misses the issue's 3 % at 1,024 GPUs: the bound there is what was measured, not the target.
-STEP_TOLERANCE = {1: 0.03, 4: 0.03, 8: 0.05}
+def _mean(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    return sum(r[0] for r in runs) / len(runs), sum(r[1] for r in runs) / len(runs)
+
+
+# Measured (12:40 UTC, this tree, 4 steps; steady step time / trained tokens per second, mean of full
+# seeds 0-1 against the approximation's seeds 0-3):
+#                 before the tail correction        after
+#   128 GPUs      +1.5 % / -0.4 %  (m = 2)           +0.7 % / +0.0 %
+#   512 GPUs      +0.0 % / +0.5 %  (m = 8)           -0.0 % / +0.5 %
+#   1,024 GPUs    -0.5 % / +0.9 %  (m = 16)          -0.3 % / +0.6 %
+# One approximate run of 4 steps is a sample of 32 groups (256 trajectories) whatever the cluster:
+# its steady step spreads by ±2 % (sd) from seed to seed, so single seeds differ from the full
+# simulation by up to ±3.5 % (1,024 GPUs: -2.4 % at seed 0, +3.5 % at seed 1); the bound is on the
+# approximation's expectation (4 seeds, ~5 CPU-s each) against the full simulation's (2 seeds).
+APPROX_SEEDS = (0, 1, 2, 3)
+FULL_SEEDS = (0, 1)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 4, 8])  # 128, 512, 1,024 GPUs
 def test_matches_full_simulation(k: int) -> None:
     if k == 8 and not os.environ.get("ROLLART_SCALE_1024"):
-        # the full 1,024-GPU simulation alone costs ~3 CPU-min, a fifth of the suite's budget
-        pytest.skip("1,024 GPUs: set ROLLART_SCALE_1024=1 (about 3 CPU-min; measured −3.6 % step time, see above)")
+        # two full 1,024-GPU simulations cost ~5 CPU-min, a third of the suite's budget
+        pytest.skip("1,024 GPUs: set ROLLART_SCALE_1024=1 (about 5 CPU-min)")
     plan = _paper(k)
     m = auto_factor(plan) if k > 1 else 2
-    full = _steady(simulate_plan(plan, mode_config(plan), 0).to_result())
-    approx = _steady(simulate_plan(plan, mode_config(plan), 0, scale_approx=m).to_result())
-    assert approx[0] == pytest.approx(full[0], rel=STEP_TOLERANCE[k]), "steady step time"
+    full = _mean([_steady(simulate_plan(plan, mode_config(plan), s).to_result()) for s in FULL_SEEDS])
+    approx = _mean([_steady(simulate_plan(plan, mode_config(plan), s, scale_approx=m).to_result())
+                    for s in APPROX_SEEDS])
+    assert approx[0] == pytest.approx(full[0], rel=0.03), "steady step time"
     assert approx[1] == pytest.approx(full[1], rel=0.03), "steady trained tokens per second"
