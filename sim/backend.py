@@ -418,10 +418,13 @@ class SimBackend:
         error: str | None = None
         # The collector: what exists now (plan, cost models, the cluster) lives for the whole run,
         # so it is frozen out of every collection; young collections run 10× less often (most of a
-        # step's objects die by reference count first). Both are restored after the run.
+        # step's objects die by reference count first), full ones as often as before (every
+        # t0·t1·t2 net allocations: garbage cycles of finished trajectories are freed as soon).
+        # Both are restored after the run.
         thresholds = gc.get_threshold()
+        t0, t1, t2 = thresholds
         gc.freeze()
-        gc.set_threshold(10 * thresholds[0], *thresholds[1:])
+        gc.set_threshold(10 * t0, t1, max(1, t2 // 10))
         try:
             _run_until(self.env, simpy.AnyOf(self.env, [main, self.env.timeout(horizon)]))
             if not main.triggered and self.env.peek() == float("inf"):
