@@ -25,7 +25,8 @@ cluster, so one short approximate run's steady step differs from seed to seed by
 averages out over a long run (or over seeds).
 
 Rollout-side only: in lockstep modes (sync) every trajectory waits for the batch's slowest env at
-each turn, a maximum over the batch the subset also under-samples and this does not correct.
+each turn, a maximum over the batch the subset also under-samples; members are not independent
+there, so the tail is left uncorrected.
 
 Not for plans where the symmetry does not hold: colocated placement (the engines on the
 trainer's GPUs), CPU-host contention (measured profiles), or counts m does not divide.
@@ -302,7 +303,8 @@ class TailProbe:
             # earlier cohorts like this one (as many groups: the same load) sharpen the members' tail
             history = [rec for vs, past in self._history if not vs & versions and len(past) == len(cohort)
                        for rec in past]
-            delay = cohort_done_s(cohort, self.m, history) - ready
+            if not ctl.mode.lockstep_env:  # lockstep couples every member to the batch's slowest env
+                delay = cohort_done_s(cohort, self.m, history) - ready
             self._history.append((versions, cohort))
             if len(batch) == len(groups):  # the whole cohort: an unselected sample of each task's trajectories
                 self._plan_train(batch)
