@@ -135,6 +135,14 @@ def main(argv: list[str] | None = None) -> int:
           if steady else f"{out['steps']} steps in {out['simulated_s'] / 3600:,.2f} simulated hours")
     print(f"wall {out['wall_s']:,.1f} s ({out['wall_s'] / 60:.2f} min), CPU {out['cpu_s']:,.1f} s, "
           f"peak RSS {out['peak_rss_mb']:,.0f} MB", flush=True)
+    if out["simulated_s"] and out["sim_hours"] < SIM_WEEK_S / 3600:
+        # not measured: a week at this run's pace (the steady state is stationary; the start-up
+        # step's extra cost is spread over the week, so this errs high for short runs)
+        scale = SIM_WEEK_S / out["simulated_s"]
+        out["week_extrapolated"] = {"wall_min": out["wall_s"] * scale / 60, "cpu_min": out["cpu_s"] * scale / 60}
+        print(f"a simulated week at this pace (extrapolated, not measured): "
+              f"{out['week_extrapolated']['wall_min']:,.1f} min wall, {out['week_extrapolated']['cpu_min']:,.1f} "
+              f"CPU-min", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0

@@ -23,6 +23,7 @@ def test_a_short_run_reports_its_figures_and_says_the_approximation_is_on(tmp_pa
     assert out["gpus"] == 3072 and out["scale_factor"] == 48 and out["scale_approx"]["factor"] == 48
     assert out["steps"] == 1 and 0 < out["simulated_s"] <= 0.5 * 3600
     assert out["wall_s"] > 0 and out["cpu_s"] > 0 and out["peak_rss_mb"] > 0
+    assert "extrapolated, not measured" in printed and out["week_extrapolated"]["wall_min"] > 0
 
 
 @pytest.mark.parametrize("argv", [["--sim-hours", "0"], ["--sim-hours", "-1"], ["--k", "0"]])
