@@ -209,3 +209,33 @@ def test_dtype_fields_are_validated() -> None:
         small_plan(["model.weight_dtype=int4"])
     assert any(p.startswith("model.weight_dtype:") for p in err.value.problems)
     assert small_plan(["model.kv_dtype=fp8"]).model.kv_bytes_per_token == 2 * 36 * 8 * 128
+
+
+# ---------------------------------------------------------------- KV heads under tensor parallelism
+
+
+@pytest.mark.parametrize("model,kv_heads", [("Qwen3-8B", 8), ("Qwen3-32B", 8), ("Qwen2.5-7B", 4)])
+@pytest.mark.parametrize("gpu", GPUS)
+def test_kv_per_gpu_stops_shrinking_at_one_whole_kv_head(model: str, kv_heads: int, gpu: str) -> None:
+    # A KV head is not split across GPUs: beyond tp = kv_heads every rank still holds (and reads)
+    # one whole head, so a token's KV per GPU stays at 1/kv_heads of it and the worker's KV
+    # capacity grows only by the weights' share of memory it frees.
+    from rollart.sim.costs.gpu import RooflineEfficiency, kv_bytes_per_token_held, kv_capacity
+    from rollart.sim.costs.moe import worker_weight_bytes
+
+    m, sheet = ModelSpec.model_validate(model), GpuType(**GPU_PRESETS[gpu])
+    assert m.kv_heads == kv_heads
+    per_gpu = {tp: kv_bytes_per_token_held(m, tp) / tp for tp in (1, 2, kv_heads, 2 * kv_heads, 4 * kv_heads)}
+    assert per_gpu[1] == m.kv_bytes_per_token and per_gpu[2] == m.kv_bytes_per_token / 2
+    assert per_gpu[kv_heads] == per_gpu[2 * kv_heads] == per_gpu[4 * kv_heads] == m.kv_bytes_per_token / kv_heads
+    eff = RooflineEfficiency()
+    for tp in (kv_heads, 2 * kv_heads):
+        free = tp * sheet.memory_gb * 2**30 * eff.memory_utilization - worker_weight_bytes(m, 1) \
+            - tp * eff.activation_reserve_gb * 2**30
+        assert kv_capacity(m, sheet, tp, eff) == int(free // (tp * m.kv_bytes_per_token / kv_heads))
+    # twice the GPUs past kv_heads: less than twice the tokens (the KV is copied, not spread) ...
+    assert kv_capacity(m, sheet, 2 * kv_heads, eff) < 2 * kv_capacity(m, sheet, kv_heads, eff) * 0.75
+    # ... and each GPU reads as many KV bytes per cached token as at tp = kv_heads, in both cost models
+    for profile in (None, "datasheet"):
+        lines = {tp: _cost(model, gpu, tp, profile).decode_line(16) for tp in (kv_heads, 2 * kv_heads)}
+        assert lines[2 * kv_heads].m1 == pytest.approx(lines[kv_heads].m1, rel=1e-9)
