@@ -31,6 +31,11 @@ DECODE_FORMULA = ("t0 + t_seq·B + max(4·H·d·B·L / (P·e_c), 2·B·L·H_kv·
 DECODE_FP8_KV_FORMULA = ("the decode-attention formula with these t0 and e_bw, 1 byte per KV element "
                          "(other parameters: attn_decode's)")
 COLLECTIVE_FORMULA = "alpha_s + 2(n−1)/n · bytes / (beta_gbps·1e9/8)"
+STREAM_FORMULA = ("t0 + bytes / (BW·e_bw) over the decode-attention rows reading ≥ 1 GB that the decode fit "
+                  "puts on the memory side (split-KV geometries)")
+# A long read: at ≥ 1 GB a transfer takes ≥ ~300 µs, so the ~20 µs launch cost is ≤ 7 % of it and
+# the fit's t0 absorbs the rest; a decode step's weight read is 16–64 GB (8B–32B BF16).
+STREAM_MIN_BYTES = 1e9
 
 
 def _component(fit: K.Fit, formula: str, files: list[str], derived: str | None = None,
@@ -99,6 +104,16 @@ def _fp8_kv_decode(gpu: str, key: str, bf16: K.Fit, peak: float, bw: float) -> C
                                 "BF16-KV fitted e_bw, the same FlashInfer kernel)")
 
 
+def _stream(gpu: str) -> tuple[K.Fit, list[str]]:
+    """The HBM streaming fit (``kernels.fit_stream``) of ``gpu``'s decode-attention rows (H100: H800's)."""
+    key = {"h800": "H800", "h20": "H20", "h100": "H100"}[gpu]
+    sheet = GPU_PRESETS[key]
+    peak, bw = sheet["tflops_bf16"] * 1e12, sheet["hbm_tbps"] * 1e12
+    X, y, files = D.infersim_decode_attention("h800" if gpu == "h100" else gpu)
+    decode = K.fit_decode_attention(X, y, peak, bw, SMS[key])
+    return K.fit_stream(X, y, decode.params, peak, bw, STREAM_MIN_BYTES), files
+
+
 def build(gpu: str) -> KernelProfile:
     key = {"h800": "H800", "h20": "H20", "h100": "H100"}[gpu]
     sheet = GPU_PRESETS[key]
@@ -121,6 +136,10 @@ def build(gpu: str) -> KernelProfile:
         assumptions.append(f"decode attention timings of head geometry {', '.join(unsplit)} (q-kv-dim) fit a kernel "
                            f"without split-KV (flat in the batch until batch × KV heads fills the {SMS[key]} SMs); "
                            "the composition applies that occupancy to this geometry only, all others split")
+
+    stream_fit = K.fit_stream(X, y, fit.params, peak, bw, STREAM_MIN_BYTES)
+    stream = _component(stream_fit, STREAM_FORMULA, files, dtype="bf16 KV cache reads",
+                        derived="H800 FlashInfer timings (same HBM3 bandwidth)" if gpu == "h100" else None)
 
     attn_decode_fp8_kv = _fp8_kv_decode(gpu, key, fit, peak, bw)
     if attn_decode_fp8_kv.derived:
@@ -145,17 +164,17 @@ def build(gpu: str) -> KernelProfile:
         ix, iy, _ = _fp8_rows("h800")
         h800_fp8 = K.fit_gemm(ix, iy, FP8_PEAK_RATIO * h800_peak, h800_bw, K.FP8_BYTES)
         e_max_ratio = round(h100.params["e_max"] / h800_fp8.params["e_max"], 4)
-        h800_e_bw = K.fit_decode_attention(*D.infersim_decode_attention("h800")[:2], h800_peak, h800_bw,
-                                           SMS["H800"]).params["e_bw"]
-        stream_ratio = round(fit.params["e_bw"] / h800_e_bw, 4)
+        # the same streaming rule on both GPUs: long (≥ 1 GB) memory-bound reads' asymptotic rate
+        h20_e, h800_e = stream_fit.params["e_bw"], _stream("h800")[0].params["e_bw"]
+        stream_ratio = round(h20_e / h800_e, 4)
         params = {"t0": fp8.params["t0"], "e_max": min(1.0, fp8.params["e_max"] * e_max_ratio),
                   "m_half": fp8.params["m_half"], "e_mem": min(1.0, h100.params["e_mem"] * stream_ratio)}
         gemm = ComponentFit(formula=GEMM_FORMULA, params={k: float(f"{v:.6g}") for k, v in params.items()},
                             data=fp8_files + vidur_files + files, dtype="bf16",
                             derived=(f"compute: H20 DeepGEMM FP8 fit (t0, m_half) with e_max × {e_max_ratio:g} (H800 "
                                      f"BF16 ÷ FP8 fitted e_max); weight reads: H800 BF16 GEMM e_mem × {stream_ratio:g} "
-                                     f"(H20 ÷ H800 decode-attention streaming efficiency, "
-                                     f"{fit.params['e_bw']:.3g} ÷ {h800_e_bw:.3g})"))
+                                     f"(H20 ÷ H800 HBM streaming efficiency of long reads, {h20_e:.3f} ÷ {h800_e:.3f}: "
+                                     f"{h20_e * bw / 1e12:.2f} vs {h800_e * h800_bw / 1e12:.2f} TB/s, the `stream` fits)"))
         assumptions.append(gemm.derived or "")
         # held-out GEMM error: the measured FP8 rows the BF16 model derives from, as the FP8 fit predicts them
         X, y, held_fit = fx, fy, fp8
@@ -209,7 +228,7 @@ def build(gpu: str) -> KernelProfile:
         peak_tflops_fp8=FP8_PEAK_RATIO * sheet["tflops_bf16"],
         iteration_overhead_s=ITERATION_OVERHEAD_S, gemm=gemm, gemm_fp8=gemm_fp8,
         attn_prefill=attn_prefill, attn_decode=attn_decode, attn_decode_fp8_kv=attn_decode_fp8_kv,
-        allreduce=allreduce,
+        stream=stream, allreduce=allreduce,
         fit_error=PhaseError(prefill_mape_heldout=round(float(prefill.mean()), 4),
                              decode_mape_heldout=round(float(decode.mean()), 4), note=note),
         assumptions=[a for a in assumptions if a],

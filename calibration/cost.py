@@ -24,7 +24,7 @@ from __future__ import annotations
 from rollart.calibration.kernels import BF16_BYTES, FP8_BYTES, unsplit_key
 from rollart.calibration.profiles import EngineProfile, KernelProfile, TrainProfile
 from rollart.plan.schema import GpuType, Link, ModelSpec
-from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity
+from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, kv_heads_per_gpu
 from rollart.sim.costs.moe import all_to_all_s, rank_expert_rows, rank_experts_touched
 
 
@@ -37,7 +37,7 @@ class KernelProfileGeneration:
         self._bw = profile.hbm_tbps * 1e12
         rank_tp = tp // ep  # GPUs per expert-parallel rank; attention and dense layers are TP over them
         self._rank_tp = rank_tp
-        heads, kv = max(1, model.heads // rank_tp), max(1, model.kv_heads // rank_tp)
+        heads, kv = max(1, model.heads // rank_tp), kv_heads_per_gpu(model, rank_tp)  # ≥ 1 whole KV head
         self._heads, self._kv = heads, kv
         self._kv_elem = 1.0 if model.kv_dtype == "fp8" else 2.0
         h, d, inter = model.hidden, model.head_dim, model.intermediate  # per expert for a MoE model

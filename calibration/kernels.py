@@ -14,6 +14,9 @@ absolute percentage error (MAPE) on rows held out of the fit.
                                 (many query heads per KV head make it compute-bound on H20);
                                 occ = 1 with split-KV, min(1, B·H_kv / n_SM) for a head geometry
                                 whose timings show its kernel ran without it (see ``fit_decode_attention``)
+* HBM streaming (long reads):    t = t0 + bytes / (BW·e_bw) over the decode-attention rows that read
+                                at least ``min_bytes`` and are memory-bound under the decode fit: the
+                                asymptotic byte rate of a long transfer (see ``fit_stream``)
 * all-reduce / point-to-point:  t = α + c(n)·bytes / β,  c = 2(n−1)/n for a ring all-reduce, 1 for p2p
 """
 
@@ -168,6 +171,36 @@ def fit_decode_attention(X: np.ndarray, y: np.ndarray, peak_flops: float, bw: fl
             break
         marks = new
     return Fit(params, fit.rows, fit.heldout_rows, fit.mape_train, fit.mape_heldout)
+
+
+def stream_rows(X: np.ndarray, p: dict[str, float], peak_flops: float, bw: float,
+                min_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """(row mask, KV bytes read) of the decode-attention rows that measure the memory system's
+    streaming rate: at least ``min_bytes`` read, the memory term above the compute term under
+    the GPU's own decode fit ``p``, and split-KV (a kernel that leaves SMs idle does not stream at
+    the HBM's rate)."""
+    b, length, h, hkv, d, nbytes = (X[:, i] for i in range(6))
+    kv_bytes = b * length * 2 * hkv * d * nbytes
+    compute = 4 * h * d * b * length / (peak_flops * p["e_c"])
+    unsplit = np.array([bool(p.get(unsplit_key(*row[2:5]))) for row in X], bool)
+    return (kv_bytes >= min_bytes) & (kv_bytes / (bw * p["e_bw"]) > compute) & ~unsplit, kv_bytes
+
+
+def stream_time(X: np.ndarray, p: dict[str, float], bw: float) -> np.ndarray:
+    """X column 0: bytes read."""
+    return p["t0"] + X[:, 0] / (bw * p["e_bw"])
+
+
+def fit_stream(X: np.ndarray, y: np.ndarray, decode: dict[str, float], peak_flops: float, bw: float,
+               min_bytes: float) -> Fit:
+    """The asymptotic byte rate of long reads on one GPU: ``t = t0 + bytes / (BW·e_bw)`` over the
+    decode-attention rows ``stream_rows`` selects. One rule for every GPU, so the ratio of two
+    GPUs' e_bw·BW is the ratio of what their memory systems sustain on a long stream (a weight
+    read of GBs per decode step), free of the small rows' launch costs and of compute-bound
+    head geometries."""
+    mask, kv_bytes = stream_rows(X, decode, peak_flops, bw, min_bytes)
+    return fit_model(lambda x, p: stream_time(x, p, bw), kv_bytes[mask][:, None], y[mask],
+                     ["t0", "e_bw"], [1e-5, 0.8], [0, 0.05], [1e-3, 1.5])
 
 
 # ---------------------------------------------------------------- collectives

@@ -62,6 +62,9 @@ class KernelProfile(BaseModel):
     attn_decode: ComponentFit
     # Decode attention over an FP8 KV cache: t0 and e_bw replacing attn_decode's (1 byte per element)
     attn_decode_fp8_kv: ComponentFit | None = None
+    # HBM streaming rate of long reads (decode-attention rows of ≥ 1 GB, memory-bound): the evidence
+    # for the weight-read rate gemm.e_mem where BF16 GEMMs are not measured. None: older profiles.
+    stream: ComponentFit | None = None
     allreduce: ComponentFit
     fit_error: PhaseError
     assumptions: list[str] = Field(default_factory=list)
@@ -96,6 +99,10 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
     else:
         out.append(("decode attention, FP8 KV", "fp8 KV cache",
                     "no FP8-KV timings: the BF16-KV kernel's byte rate, 1 byte per element"))
+    if profile.stream is not None:
+        e = profile.stream.params.get("e_bw", 0.0)
+        out.append(("HBM streaming (long reads)", profile.stream.dtype or "bf16",
+                    how(profile.stream) + f" → {e:.3g} × {profile.hbm_tbps:g} = {e * profile.hbm_tbps:.3g} TB/s"))
     out.append(("all-reduce / all-to-all", profile.allreduce.dtype or "bf16 activations", how(profile.allreduce)))
     out.append(("iteration overhead", "-", f"assumed {profile.iteration_overhead_s * 1e3:g} ms per engine step"))
     return out

@@ -56,7 +56,7 @@ def show(name: str = typer.Argument(..., help="a shipped GPU profile (h800, h20,
     if isinstance(profile, KernelProfile):
         components = [("gemm", profile.gemm), ("gemm fp8", profile.gemm_fp8), ("attn prefill", profile.attn_prefill),
                       ("attn decode", profile.attn_decode), ("attn decode fp8 kv", profile.attn_decode_fp8_kv),
-                      ("all-reduce", profile.allreduce)]
+                      ("hbm stream", profile.stream), ("all-reduce", profile.allreduce)]
         components = [(label, c) for label, c in components if c is not None]
     elif isinstance(profile, TrainProfile):
         components = [("train step", profile.step)]

@@ -195,8 +195,8 @@ def plan(
     finalists: int = typer.Option(4, "--finalists", min=1, help="plans simulated at full length"),
     min_steps: int = typer.Option(2, "--min-steps", min=1, help="training steps simulated in the first rung (step 0 alone is the start-up transient)"),
     local_rounds: int = typer.Option(1, "--local-rounds", min=0, help="neighbour-search rounds in the first rung"),
-    polish_rounds: int = typer.Option(1, "--polish-rounds", min=0, help="hill-climbing rounds from the winner at "
-                                                                       "full length"),
+    polish_rounds: int = typer.Option(4, "--polish-rounds", min=0, help="most hill-climbing rounds from the winner at "
+                                                                       "full length (stops when a round finds nothing better)"),
     gpu_step: Optional[int] = typer.Option(None, "--gpu-step", min=1, help="GPU counts move in steps of this "
                                                                             "(default 8, a node, for big budgets)"),
     tp: str = typer.Option("1,2,4,8", "--tp", help="generation tensor-parallel degrees to try"),

@@ -5,8 +5,12 @@
 * prefill is compute-bound: H800 (989 TFLOP/s) is several times faster per GPU than H20 (148);
 * a weight-read-bound decode step runs at the memory system's byte rate, the same on either GPU
   whatever kernel the profile's GEMM data came from: H20's per-GPU time follows the measured
-  H20 ÷ H800 streaming bandwidth, not DeepGEMM-FP8's small-m rate (which made H20 1.2–1.4×
-  slower); with the datasheet roofline (equal efficiencies) H20's 4.0 TB/s beats H800's 3.35.
+  H20 ÷ H800 streaming rate of long reads (the profiles' ``stream`` fits, one rule for both
+  GPUs), not DeepGEMM-FP8's small-m rate (which made H20 1.2–1.4× slower). The issue asked for
+  H20 to be faster there; the measured long reads do not support it: on the same ≥ 1 GB
+  memory-bound transfers H20 sustains ~3.0 TB/s (75 % of 4.0) and H800 ~3.2 TB/s (95 % of 3.35),
+  so the model keeps weight-read-bound decode level, and a test pins that measured fact. With
+  the datasheet roofline (equal efficiencies) H20's 4.0 TB/s beats H800's 3.35.
 """
 
 from __future__ import annotations
@@ -68,18 +72,55 @@ def test_compute_bound_prefill_is_faster_on_h800(model: str, n: int) -> None:
 @pytest.mark.parametrize("batch", [1, 4, 16])
 def test_weight_read_bound_decode_runs_at_the_memory_system_rate(model: str, batch: int) -> None:
     profiles = {g: load_profile(shipped_profile_path(g)) for g in GPUS}
-    # the GEMM weight reads go at each GPU's measured streaming rate (decode attention's e_bw),
-    # the same relation on H20 as on H800 where BF16 GEMMs are measured ...
+    # the GEMM weight reads go at each GPU's measured streaming rate of long reads (the stream
+    # fit), the same relation on H20 as on H800 where BF16 GEMMs are measured ...
     rate = {g: p.hbm_tbps * p.gemm.params["e_mem"] for g, p in profiles.items()}
-    stream = {g: p.hbm_tbps * p.attn_decode.params["e_bw"] for g, p in profiles.items()}
-    assert rate["H20"] / rate["H800"] == pytest.approx(stream["H20"] / stream["H800"], rel=0.01)
+    stream = {g: p.hbm_tbps * p.stream.params["e_bw"] for g, p in profiles.items()}
+    assert rate["H20"] / rate["H800"] == pytest.approx(stream["H20"] / stream["H800"], rel=0.005)
     # ... so per GPU the weight-read-bound H20 step is within the measured streaming gap of H800's
-    # (both ~3.1–3.2 TB/s sustained), not the 1.2–1.4× the FP8-derived byte rate gave
+    # (~3.0 vs ~3.2 TB/s sustained), not the 1.2–1.4× the FP8-derived byte rate gave
     d20, d800 = _decode(model, "H20", batch), _decode(model, "H800", batch)
     gap = stream["H800"] / stream["H20"]
+    assert 1.0 < gap < 1.1
     assert d800 / gap * 0.97 < d20 < d800 * gap * 1.02
     # equal datasheet efficiencies: H20's 4.0 TB/s beats H800's 3.35 TB/s
     assert _decode(model, "H20", batch, profile="datasheet") < _decode(model, "H800", batch, profile="datasheet")
+
+
+def _paired_long_reads() -> list[float]:
+    """H20 ÷ H800 byte rate on identical decode-attention transfers (geometry, batch, KV length)
+    of ≥ 1 GB that both GPUs' decode fits put on the memory side."""
+    from rollart.calibration import datasets as D
+    from rollart.calibration import kernels as K
+    from rollart.calibration.build import SMS, STREAM_MIN_BYTES
+
+    rows = {}
+    for gpu in GPUS:
+        sheet = GPU_PRESETS[gpu]
+        peak, bw = sheet["tflops_bf16"] * 1e12, sheet["hbm_tbps"] * 1e12
+        X, y, _ = D.infersim_decode_attention(gpu.lower())
+        fit = K.fit_decode_attention(X, y, peak, bw, SMS[gpu])
+        mask, _ = K.stream_rows(X, fit.params, peak, bw, STREAM_MIN_BYTES)
+        rows[gpu] = {tuple(x): t for x, t, m in zip(X.tolist(), y, mask) if m}
+    both = rows["H20"].keys() & rows["H800"].keys()
+    return [rows["H800"][k] / rows["H20"][k] for k in both]
+
+
+def test_measured_long_reads_do_not_stream_faster_on_h20() -> None:
+    # The fact that decides the issue's "H20 decodes faster when weight-read-bound": it would
+    # need H20 to sustain > 3.35 TB/s (H800's GEMM weight-read rate). Measured, on the same
+    # transfers, H20 is 2–11 % slower per geometry; the best single H20 row (3.36 TB/s) is not
+    # its sustained rate. If new measurements overturn this, this test fails and the weight-read
+    # decode test above should become strict (H20 < H800).
+    import statistics
+
+    ratios = _paired_long_reads()
+    assert len(ratios) >= 50
+    assert 0.85 < statistics.median(ratios) < 1.0
+    p = {g: load_profile(shipped_profile_path(g)).stream for g in GPUS}
+    assert all(c is not None and c.derived is None and c.mape_heldout < 0.1 for c in p.values())
+    h20, h800 = (GPU_PRESETS[g]["hbm_tbps"] * p[g].params["e_bw"] for g in GPUS[::-1])
+    assert 2.8 < h20 < h800 < GPU_PRESETS["H800"]["hbm_tbps"]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -168,3 +209,33 @@ def test_dtype_fields_are_validated() -> None:
         small_plan(["model.weight_dtype=int4"])
     assert any(p.startswith("model.weight_dtype:") for p in err.value.problems)
     assert small_plan(["model.kv_dtype=fp8"]).model.kv_bytes_per_token == 2 * 36 * 8 * 128
+
+
+# ---------------------------------------------------------------- KV heads under tensor parallelism
+
+
+@pytest.mark.parametrize("model,kv_heads", [("Qwen3-8B", 8), ("Qwen3-32B", 8), ("Qwen2.5-7B", 4)])
+@pytest.mark.parametrize("gpu", GPUS)
+def test_kv_per_gpu_stops_shrinking_at_one_whole_kv_head(model: str, kv_heads: int, gpu: str) -> None:
+    # A KV head is not split across GPUs: beyond tp = kv_heads every rank still holds (and reads)
+    # one whole head, so a token's KV per GPU stays at 1/kv_heads of it and the worker's KV
+    # capacity grows only by the weights' share of memory it frees.
+    from rollart.sim.costs.gpu import RooflineEfficiency, kv_bytes_per_token_held, kv_capacity
+    from rollart.sim.costs.moe import worker_weight_bytes
+
+    m, sheet = ModelSpec.model_validate(model), GpuType(**GPU_PRESETS[gpu])
+    assert m.kv_heads == kv_heads
+    per_gpu = {tp: kv_bytes_per_token_held(m, tp) / tp for tp in (1, 2, kv_heads, 2 * kv_heads, 4 * kv_heads)}
+    assert per_gpu[1] == m.kv_bytes_per_token and per_gpu[2] == m.kv_bytes_per_token / 2
+    assert per_gpu[kv_heads] == per_gpu[2 * kv_heads] == per_gpu[4 * kv_heads] == m.kv_bytes_per_token / kv_heads
+    eff = RooflineEfficiency()
+    for tp in (kv_heads, 2 * kv_heads):
+        free = tp * sheet.memory_gb * 2**30 * eff.memory_utilization - worker_weight_bytes(m, 1) \
+            - tp * eff.activation_reserve_gb * 2**30
+        assert kv_capacity(m, sheet, tp, eff) == int(free // (tp * m.kv_bytes_per_token / kv_heads))
+    # twice the GPUs past kv_heads: less than twice the tokens (the KV is copied, not spread) ...
+    assert kv_capacity(m, sheet, 2 * kv_heads, eff) < 2 * kv_capacity(m, sheet, kv_heads, eff) * 0.75
+    # ... and each GPU reads as many KV bytes per cached token as at tp = kv_heads, in both cost models
+    for profile in (None, "datasheet"):
+        lines = {tp: _cost(model, gpu, tp, profile).decode_line(16) for tp in (kv_heads, 2 * kv_heads)}
+        assert lines[2 * kv_heads].m1 == pytest.approx(lines[kv_heads].m1, rel=1e-9)

@@ -81,6 +81,43 @@ def test_neighbours_and_random_candidates_stay_within_the_budget():
     assert any(dict((p, tp) for p, _, tp in n.gen) != dict((p, tp) for p, _, tp in space.baseline.gen) for n in moves)
 
 
+MOE_MODEL = {"name": "Qwen3-30B-A3B", "layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128,
+             "intermediate": 768, "vocab": 151936, "moe_experts": 128, "moe_active_experts": 8}
+
+
+def test_expert_parallelism_is_searched_for_moe_models_only():
+    space, _ = small_space()  # dense Qwen3-8B: no ep dimension, the space is what it was
+    assert space.gen_ep == {} and all(c.ep == () for c in space.enumerate())
+    assert all(n.ep == () for n in space.neighbours(space.baseline))
+    base, _ = _base()
+    base["model"] = dict(MOE_MODEL)
+    plan = plan_from_dict(base)
+    space = Space.from_plan(plan, Budget(gpus=12), step=4, tps=[1, 2, 4], alphas=[1], redundancies=[0.0])
+    space.rewards = [SERVERLESS]
+    # ep options, kept small: 1, or one rank per GPU (ep = tp, which divides the 128 experts)
+    assert space.gen_ep and all(space.eps(p, tp) == ([1, tp] if tp > 1 else [1])
+                                for p, tps in space.gen_tp.items() for tp in tps)
+    cands = list(space.enumerate())
+    with_ep = [c for c in cands if c.ep]
+    assert with_ep and len(cands) == len(set(cands))
+    for c in random.Random(0).sample(with_ep, 6):
+        plan_c = plan_from_dict(c.apply(base))  # the schema accepts it: ep divides tp and the experts
+        got = {g.pool: g.ep for g in plan_c.placement.generation}
+        assert got == {pool: c.ep_of(pool) for pool, _, _ in c.gen}
+        assert all(c.ep_of(pool) in (1, tp) for pool, _, tp in c.gen)
+        assert f"ep {max(e for _, e in c.ep)}" in " ".join(c.dims().values())
+        moves = space.neighbours(c)
+        assert all(space.valid(n) for n in moves)
+        assert any(n.ep != c.ep and n.gen == c.gen for n in moves)  # the ep move
+    rng = random.Random(3)
+    drawn = [space.random(rng) for _ in range(30)]
+    assert all(c is not None and space.valid(c) for c in drawn) and any(c.ep for c in drawn)
+    # the scenario's own ep comes back as a candidate
+    base["placement"]["generation"] = [{"pool": "h800", "workers": 1, "tp": 4, "ep": 4},
+                                       {"pool": "h20", "workers": 2, "tp": 2}]
+    assert Space.from_plan(plan_from_dict(base), Budget(gpus=16), step=4, tps=[1, 2, 4]).baseline.ep == (("h800", 4),)
+
+
 def test_rung_schedule():
     assert rung_steps(4, 1) == [1, 2, 4]
     assert rung_steps(2, 1) == [1, 2]

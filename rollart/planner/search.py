@@ -14,7 +14,8 @@
    until the last rung runs the scenario's full ``algorithm.steps``; the scenario's own placement
    (when it fits the budget) is simulated in full too, as the reference.
 4. **Polish**: the winner's untried neighbours are simulated at full length, and the climb
-   repeats from a better one, ``polish_rounds`` times.
+   repeats from a better one while that improves, at most ``polish_rounds`` times (a climb that
+   stops after one move can end one tp change short of the optimum).
 
 Every simulation is deterministic (same data + seed ⇒ same result), so the winner's figures are
 exactly what ``rollart simulate`` prints for the plan file written from it.
@@ -96,7 +97,7 @@ def rung_steps(full: int, min_steps: int) -> list[int]:
 
 def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objective: str = "throughput",
            full_steps: int | None = None, candidates: int = 48, eta: int = 3, finalists: int = 4,
-           min_steps: int = 2, local_rounds: int = 1, polish_rounds: int = 1, seed: int = 0,
+           min_steps: int = 2, local_rounds: int = 1, polish_rounds: int = 4, seed: int = 0,
            on_rung: Callable[[str, int], None] | None = None, on_done: Callable[[], None] | None = None) -> PlanSearch:
     """Search ``space`` (see the module docstring). ``base`` is the scenario data the candidates
     are applied to (overrides already in it); ``pool`` runs the simulations (entered here)."""

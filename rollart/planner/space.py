@@ -2,7 +2,8 @@
 them that a budget allows.
 
 A candidate fixes the trainer's GPUs (in the scenario's trainer pool, with its tp/pp), the GPUs
-and tensor-parallel degree of generation in each GPU pool, the hardware-affinity map (every task
+and tensor-parallel degree of generation in each GPU pool (for a MoE model also its
+expert-parallel ranks per worker, ``ep``), the hardware-affinity map (every task
 tag → a generation pool), α, redundancy and where the LLM judge runs (serverless, or dedicated
 GPUs in a pool). :meth:`Candidate.apply` turns it into scenario data that ``rollart simulate``
 accepts: the GPU pools are sized to exactly what is placed (a pool left empty is dropped), so the
@@ -47,6 +48,10 @@ class Candidate:
     alpha: int
     redundancy: float
     reward: tuple[str, str | None, int]      # ("serverless", None, 0) or ("dedicated", pool, GPUs)
+    ep: tuple[tuple[str, int], ...] = ()     # (pool, expert-parallel ranks per worker) where > 1 (MoE only)
+
+    def ep_of(self, pool: str) -> int:
+        return dict(self.ep).get(pool, 1)
 
     def gpus_by_pool(self) -> dict[str, int]:
         used: dict[str, int] = {self.trainer_pool: self.trainer_gpus}
@@ -67,7 +72,8 @@ class Candidate:
         """Each choice as readable text (what the reasons compare)."""
         out = {"trainer": f"{self.trainer_pool} ×{self.trainer_gpus}"}
         for pool, n, tp in self.gen:
-            out[f"gen {pool}"] = f"{n} GPUs (tp {tp})"
+            ep = self.ep_of(pool)
+            out[f"gen {pool}"] = f"{n} GPUs (tp {tp}" + (f", ep {ep})" if ep > 1 else ")")
         by_pool: dict[str, list[str]] = {}
         for tag, pool in self.affinity:
             by_pool.setdefault(pool, []).append(tag)
@@ -78,7 +84,8 @@ class Candidate:
         return out
 
     def label(self) -> str:
-        gen = " + ".join(f"{pool} {n}(tp{tp})" for pool, n, tp in self.gen)
+        gen = " + ".join(f"{pool} {n}(tp{tp}" + (f"·ep{self.ep_of(pool)})" if self.ep_of(pool) > 1 else ")")
+                         for pool, n, tp in self.gen)
         reward = "serverless" if self.reward[0] == "serverless" else f"{self.reward[1]}×{self.reward[2]}"
         return (f"train {self.trainer_pool}×{self.trainer_gpus} · gen {gen} · α{self.alpha} · "
                 f"r{self.redundancy:g} · reward {reward}")
@@ -100,9 +107,10 @@ class Candidate:
         templates: dict[str, dict[str, Any]] = {}
         for g in pl.get("generation") or []:
             templates.setdefault(g.get("pool"), {k: v for k, v in g.items()
-                                                 if k not in ("pool", "workers", "tp", "role")})
+                                                 if k not in ("pool", "workers", "tp", "role", "ep")})
         pl["trainer"] = trainer
-        pl["generation"] = [{"pool": pool, "workers": n // tp, "tp": tp, **templates.get(pool, {})}
+        pl["generation"] = [{"pool": pool, "workers": n // tp, "tp": tp, **templates.get(pool, {}),
+                             **({"ep": self.ep_of(pool)} if self.ep_of(pool) > 1 else {})}
                             for pool, n, tp in self.gen if n > 0]
         biggest = max(self.gen, key=lambda g: g[1])[0]
         pl["hw_affinity"] = {**{tag: pool for tag, pool in self.affinity}, "default": biggest}
@@ -145,6 +153,12 @@ class Space:
     heuristic_affinity: dict[str, str] = field(default_factory=dict)  # tag → pool kind ("compute"/"bandwidth")
     compute_rank: list[str] = field(default_factory=list)              # pools, most FLOP/byte first
     baseline: Candidate | None = None
+    # per pool and tp, the expert-parallel degrees > 1 a MoE model can use there (empty: ep 1 only)
+    gen_ep: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+
+    def eps(self, pool: str, tp: int) -> list[int]:
+        """Expert-parallel options for a worker of ``tp`` GPUs in ``pool``: 1, plus ``gen_ep``'s."""
+        return [1, *self.gen_ep.get(pool, {}).get(tp, [])]
 
     # ---- construction from a scenario -------------------------------------------------------
 
@@ -195,6 +209,8 @@ class Space:
         longest = max(t.max_context_tokens for t in plan.tasks)
         gen_tp: dict[str, list[int]] = {}
         gen_gpus: dict[str, list[int]] = {}
+        gen_ep: dict[str, dict[int, list[int]]] = {}
+        experts = plan.model.moe_experts
         for p in pools:
             gpu_name = c.gpu_pools[p].gpu
             ok = []
@@ -204,6 +220,14 @@ class Space:
                 cost = generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp, c.gpu_pools[p].profile)
                 if cost.kv_capacity_tokens >= longest:
                     ok.append(tp)
+                    # MoE: one rank per GPU (ep = tp) besides ep 1, when tp divides the experts and the
+                    # context still fits (each rank replicates the dense weights). Intermediate ep
+                    # (ranks of several GPUs) would multiply the space for a finer trade-off; not searched.
+                    eps = [tp] if (experts and tp > 1 and experts % tp == 0
+                                   and generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp,
+                                                       c.gpu_pools[p].profile, tp).kv_capacity_tokens >= longest) else []
+                    if eps:
+                        gen_ep.setdefault(p, {})[tp] = eps
             gen_tp[p] = ok
             gen_gpus[p] = list(range(0, max_gpus(p) + 1, step)) if ok else [0]
         if not any(len(v) > 1 for v in gen_gpus.values()):
@@ -224,7 +248,7 @@ class Space:
         space = cls(pools=pools, gpu_price=price, cpu_usd_per_hour=cpu_hourly, trainer_pool=tr.pool,
                     trainer_gpus=trainer_gpus, gen_gpus=gen_gpus, gen_tp=gen_tp, tags=tags,
                     alphas=sorted(set(alphas)), redundancies=sorted(set(redundancies)), rewards=rewards,
-                    budget=budget, heuristic_affinity=_task_kinds(plan), compute_rank=rank)
+                    budget=budget, heuristic_affinity=_task_kinds(plan), compute_rank=rank, gen_ep=gen_ep)
         if not search_affinity:
             space.affinity_maps = []  # filled per candidate by the heuristic map only
         space.baseline = space.candidate_from_plan(plan)
@@ -234,9 +258,10 @@ class Space:
         """The scenario's own placement as a candidate (None when it is not one: several tp in a pool)."""
         p = plan.placement
         gen: dict[str, tuple[int, int]] = {}
+        eps: dict[str, int] = {}
         for g in p.generation:
             n, tp = gen.get(g.pool, (0, g.tp))
-            if tp != g.tp:
+            if tp != g.tp or eps.setdefault(g.pool, g.ep) != g.ep:
                 return None
             gen[g.pool] = (n + g.workers * g.tp, tp)
         gen_t = tuple((pool, n, tp) for pool in self.pools if pool in gen for n, tp in [gen[pool]])
@@ -246,7 +271,7 @@ class Space:
         r = p.reward
         reward = ("dedicated", r.pool, r.gpus) if r.where == "dedicated" else SERVERLESS
         return Candidate(p.trainer.pool, p.trainer.gpus, gen_t, affinity, plan.algorithm.alpha,
-                         plan.algorithm.redundancy, reward)
+                         plan.algorithm.redundancy, reward, _ep_pairs(self.pools, eps))
 
     # ---- feasibility ---------------------------------------------------------------------------
 
@@ -272,8 +297,10 @@ class Space:
         if not pools:
             return False
         for pool, n, tp in c.gen:
-            if n <= 0 or tp not in self.gen_tp.get(pool, []) or n % tp:
+            if n <= 0 or tp not in self.gen_tp.get(pool, []) or n % tp or c.ep_of(pool) not in self.eps(pool, tp):
                 return False
+        if any(pool not in pools or ep <= 1 for pool, ep in c.ep):
+            return False
         return all(pool in pools for _, pool in c.affinity)
 
     # ---- generating candidates ---------------------------------------------------------------------
@@ -296,21 +323,22 @@ class Space:
 
     def enumerate(self) -> Iterator[Candidate]:
         """Every valid candidate within the budget (for small spaces and tests)."""
-        per_pool = [[(p, n, tp) for n in self.gen_gpus[p] for tp in (self.gen_tp[p] if n else [0])
-                     if n == 0 or n % tp == 0] for p in self.pools]
+        per_pool = [[(p, n, tp, ep) for n in self.gen_gpus[p] for tp in (self.gen_tp[p] if n else [0])
+                     if n == 0 or n % tp == 0 for ep in (self.eps(p, tp) if n else [1])] for p in self.pools]
         for tg in self.trainer_gpus:
             for reward in self.rewards:
                 for gens in itertools.product(*per_pool):
-                    gen = tuple(g for g in gens if g[1] > 0)
+                    gen = tuple(g[:3] for g in gens if g[1] > 0)
                     if not gen:
                         continue
+                    ep = tuple((g[0], g[3]) for g in gens if g[1] > 0 and g[3] > 1)
                     probe = Candidate(self.trainer_pool, tg, gen, (), 0, 0.0, reward)
                     if not self.fits(probe):
                         continue
                     for amap in self.maps_for([g[0] for g in gen]):
                         for a in self.alphas:
                             for r in self.redundancies:
-                                c = Candidate(self.trainer_pool, tg, gen, amap, a, r, reward)
+                                c = Candidate(self.trainer_pool, tg, gen, amap, a, r, reward, ep)
                                 if self.valid(c):
                                     yield c
 
@@ -376,10 +404,20 @@ class Space:
             heuristic = self.heuristic_map([g[0] for g in gen])
             amap = heuristic if rng.random() < 0.5 or not maps else rng.choice(maps)
             c = Candidate(self.trainer_pool, tg, gen, amap, rng.choice(self.alphas), rng.choice(self.redundancies),
-                          reward)
+                          reward, self._random_ep(rng, gen))
             if self.valid(c) and self.fits(c):
                 return c
         return None
+
+    def _random_ep(self, rng: random.Random, gen: tuple[tuple[str, int, int], ...]) -> tuple[tuple[str, int], ...]:
+        """An ep per generation pool, drawn only where there is a choice (a dense model draws
+        nothing, so its random sequence is what it was without ep)."""
+        eps = {}
+        for pool, _, tp in gen:
+            options = self.eps(pool, tp)
+            if len(options) > 1:
+                eps[pool] = rng.choice(options)
+        return _ep_pairs(self.pools, eps)
 
     def structured(self) -> list[Candidate]:
         """Hand-made starting points: the scenario's placement (if within budget), and for a few
@@ -419,8 +457,11 @@ class Space:
             affinity = kw.pop("affinity", c.affinity)
             if pools and any(p not in pools for _, p in affinity):
                 affinity = tuple((tag, p if p in pools else pools[0]) for tag, p in affinity)
+            # a pool keeps its ep while its new tp allows it, else runs ep 1
+            eps = kw.pop("ep", dict(c.ep))
+            eps = {p: e for p, _, tp in gen_t for e in [eps.get(p, 1)] if e in self.eps(p, tp)}
             fields = dict(trainer_pool=c.trainer_pool, trainer_gpus=c.trainer_gpus, gen=gen_t, affinity=affinity,
-                          alpha=c.alpha, redundancy=c.redundancy, reward=c.reward)
+                          alpha=c.alpha, redundancy=c.redundancy, reward=c.reward, ep=_ep_pairs(self.pools, eps))
             fields.update(kw)
             return Candidate(**fields)
 
@@ -460,6 +501,11 @@ class Space:
                 for j in (i - 1, i + 1):
                     if 0 <= j < len(tps) and n % tps[j] == 0:
                         out.append(with_gen({**gen, p: (n, tps[j])}))
+                eps = self.eps(p, tp)  # MoE: the pool's ep to the next option
+                k = eps.index(c.ep_of(p)) if c.ep_of(p) in eps else 0
+                for j in (k - 1, k + 1):
+                    if 0 <= j < len(eps):
+                        out.append(with_gen(gen, ep={**dict(c.ep), p: eps[j]}))
         pools = c.gen_pools()
         maps = self.maps_for(pools)
         if self.affinity_maps is None:
@@ -490,6 +536,11 @@ class Space:
                 seen.add(n)
                 keep.append(n)
         return keep
+
+
+def _ep_pairs(pools: list[str], eps: dict[str, int]) -> tuple[tuple[str, int], ...]:
+    """``Candidate.ep``: the pools (in space order) whose ep is above 1."""
+    return tuple((p, eps[p]) for p in pools if eps.get(p, 1) > 1)
 
 
 def _task_kinds(plan: Plan) -> dict[str, str]:

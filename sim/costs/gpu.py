@@ -104,13 +104,30 @@ class DecodeLine:
         return limit
 
 
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
+    """KV heads each of ``tp`` tensor-parallel GPUs holds: its share of ``model.kv_heads``, and at
+    least one whole head: a head is not split, so with tp > kv_heads every head is replicated on
+    tp / kv_heads GPUs (Qwen3's 8 KV heads at tp 16: 2 copies each)."""
+    return max(1, math.ceil(model.kv_heads / max(1, tp)))
+
+
+def kv_bytes_per_token_held(model: ModelSpec, tp: int, ep: int = 1) -> float:
+    """Bytes of KV cache a worker of ``tp`` GPUs holds per cached token, over all its GPUs: with
+    ``ep`` ranks each rank's tp/ep GPUs hold its own sequences' KV, each GPU its
+    :func:`kv_heads_per_gpu` heads. Equals ``model.kv_bytes_per_token`` while tp/ep divides the
+    KV heads; above that it stops shrinking per GPU at one head (1/kv_heads of a token's KV)."""
+    rank_tp = max(1, tp // max(1, ep))
+    return model.kv_bytes_per_token * rank_tp * kv_heads_per_gpu(model, rank_tp) / model.kv_heads
+
+
 def kv_capacity(model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency, ep: int = 1) -> int:
     """Tokens of KV cache a worker of ``tp`` GPUs holds: memory × utilisation − weights (as served:
     BF16 or FP8; with ``ep`` ranks the non-expert weights once per rank) − activations; a token's
-    KV in ``model.kv_dtype``."""
+    KV in ``model.kv_dtype``, replicated where tp/ep exceeds the KV heads
+    (:func:`kv_bytes_per_token_held`)."""
     free = tp * gpu.memory_gb * 2**30 * eff.memory_utilization - worker_weight_bytes(model, ep) \
         - tp * eff.activation_reserve_gb * 2**30
-    return int(max(0.0, free) // model.kv_bytes_per_token)
+    return int(max(0.0, free) // kv_bytes_per_token_held(model, tp, ep))
 
 
 class GenerationCost(Protocol):
@@ -174,7 +191,8 @@ class RooflineGeneration:
         self._nvlink = gpu.nvlink_gbps * 1e9 / 2  # datasheet NVLink counts both directions
         self._network = network or (self._nvlink, self.eff.allreduce_latency_s)
         self._attn_flops_per_pair = 4 * model.layers * model.heads * model.head_dim / ep  # a rank's share
-        self._kv_bytes_per_token = model.kv_bytes_per_token / ep
+        # a rank's GPUs read their own KV heads (replicated beyond one head per GPU) for 1/ep of the context
+        self._kv_bytes_per_token = kv_bytes_per_token_held(model, tp, ep) / ep
         self.kv_capacity_tokens = kv_capacity(model, gpu, tp, self.eff, ep)
         self._lines: dict[int, DecodeLine] = {}
 
