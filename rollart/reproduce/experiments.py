@@ -833,6 +833,12 @@ PD_LAYOUTS = (("colocated", "colocated prefill + decode", ()),
               ("pd", "prefill on H800, decode on H20",
                ("placement.pd_disaggregation=true",
                 "placement.generation=[{pool: h800, workers: 16, tp: 1, role: prefill}, "
+                "{pool: h20, workers: 16, tp: 1, role: decode}]")),
+              # The same GPUs with prefill workers of 2 H800: each holds twice the KV room, so the prefill
+              # side can keep the prefix of every conversation it serves (it must, or it recomputes them).
+              ("pd-tp2", "prefill on H800 (tp 2), decode on H20",
+               ("placement.pd_disaggregation=true",
+                "placement.generation=[{pool: h800, workers: 8, tp: 2, role: prefill}, "
                 "{pool: h20, workers: 16, tp: 1, role: decode}]")))
 
 
@@ -855,10 +861,20 @@ def _analyse_pd(outs: list[Outcome]) -> Section:
          "helped only a little (qualitative)"],
         ["PD ÷ colocated throughput, MoE", fx(ratio(head.get("moe.pd"), head.get("moe.colocated"))),
          "helped clearly (qualitative)"],
+        ["PD (prefill tp 2) ÷ colocated, dense · MoE",
+         f"{fx(ratio(head.get('dense.pd-tp2'), head.get('dense.colocated')))} · "
+         f"{fx(ratio(head.get('moe.pd-tp2'), head.get('moe.colocated')))}", "—"],
     ])
     notes = ["Both layouts use the same 16 H800 + 16 H20; colocated routes least-loaded over both pools. Throughput "
              "over the steady-state steps."] + _pd_note(outs) + _failures(outs)
     return Section(table, comparison, notes, headline=head)
+
+
+def _tp2_reuse(outs: list[Outcome], key: str) -> str:
+    o = _find(outs, model=key, layout="pd-tp2")
+    hit = o.summary.get("prefix_cache_hit_rate") if o is not None and o.result is not None else None
+    busy = (o.summary.get("gpu_busy_fraction") or {}).get("h800") if hit is not None else None
+    return "" if hit is None or busy is None else f"; with tp-2 prefill workers {hit:.0%}, prefill pool {busy:.0%} busy"
 
 
 def _pd_note(outs: list[Outcome]) -> list[str]:
@@ -876,7 +892,7 @@ def _pd_note(outs: list[Outcome]) -> list[str]:
         out.append(f"{mlabel}: with PD the prefill pool (H800) is {bp.get('h800', math.nan):.0%} busy and the "
                    f"decode pool (H20) {bp.get('h20', math.nan):.0%}, against {bc.get('h800', math.nan):.0%} / "
                    f"{bc.get('h20', math.nan):.0%} colocated; {hit_p:.0%} of prompt tokens come from the prefix "
-                   f"cache ({hit_c:.0%} colocated).")
+                   f"cache ({hit_c:.0%} colocated)" + _tp2_reuse(outs, key) + ".")
     if out:
         out.append("Prefill routing is cache-aware (a trajectory's turns return to the prefill worker holding its "
                    "conversation) and only the KV the decode worker lacks crosses the link. With most of each "
@@ -884,7 +900,8 @@ def _pd_note(outs: list[Outcome]) -> list[str]:
                    "from the decoders (a few % of their time) but takes the prefill GPUs' HBM bandwidth out of "
                    "decode, and long-context decode is bound by reading the KV. A prefill worker must also hold the "
                    "prefix of every conversation it serves; where it cannot (Qwen3-30B-A3B at tp 1 on an 80 GB "
-                   "H800 leaves ~122K KV tokens for ~10 conversations of ~12K) the prefill side recomputes them.")
+                   "H800: 61 GB of weights leave KV room for only a few long conversations) the prefill side "
+                   "recomputes them, which the tp-2 prefill layout shows.")
     return out
 
 
