@@ -4,7 +4,8 @@
 ⑤ recompute in-flight KV (inside ③'s engine update)  ⑥ train_step, overlapping rollout.
 
 The paper lists get_batch first. With α = 0 the next batch can only start on the new
-weights, so there the cycle is rotated to ②–⑤ → ① → ⑥ (same steps, no deadlock).
+weights, so there the cycle is rotated to ②–⑤ → ① → ⑥ (same steps, no deadlock); AReaL and
+ROLLART (as ROLL implements it) rotate too (``ModeConfig.sync_before_get_batch``).
 """
 
 from __future__ import annotations
