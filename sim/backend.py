@@ -310,15 +310,20 @@ class SimBackend:
         if held is not None:
             yield self.cpu[held[0]].put(held[1])
         self.envs.forget(eff.traj.id)
-        if eff.traj.last_worker is not None:
-            self.engines[eff.traj.last_worker].forget(eff.traj.id)
+        for wid in (eff.traj.last_worker, eff.traj.last_prefill_worker):  # PD: the prefill worker's copy too
+            if wid is not None:
+                self.engines[wid].forget(eff.traj.id)
 
     def _generate(self, eff: Generate) -> SimGen:
         traj = eff.traj
         tokens = self.envs.response_tokens(self.plan.task(traj.task), traj.id, eff.max_new_tokens)
         if eff.prefill_worker is not None:
             yield from self._run_request(self.engines[eff.prefill_worker], traj.id, eff.context_tokens, 1, False)
-            kv_bytes = eff.context_tokens * self.plan.model.kv_bytes_per_token
+            # Only the KV the decode worker lacks crosses the link: its prefix cache still holds the
+            # conversation up to its last turn (a KV connector loads just the tokens past the local hit).
+            decode = self.engines[eff.worker]
+            local = min(decode.cache.get(traj.id, 0), eff.context_tokens) if decode.prefix_cache else 0
+            kv_bytes = (eff.context_tokens - local) * self.plan.model.kv_bytes_per_token
             link = self.transfer.intra
             yield self.env.timeout(link.latency_s + kv_bytes / link.bytes_per_s)
             if tokens > 1:

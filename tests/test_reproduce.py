@@ -194,15 +194,24 @@ def test_swe_gap_diagnostics_use_the_profile_means_and_stay_out_of_the_breakdown
     assert all(math.isfinite(g["inflation"]) for g in section.headline["gap"].values())
 
 
-def test_pd_moe_note_counts_the_experts_a_decode_step_reads():
-    from rollart.reproduce.experiments import PD_LAYOUTS, _moe_decode_note
+def test_pd_note_reports_pool_load_and_prefix_reuse_from_the_runs():
+    """The PD explanation is read from the runs (pool busy, prefix reuse), not written in."""
+    from types import SimpleNamespace
 
-    pd = dict((k, ov) for k, _, ov in PD_LAYOUTS)["pd"]
-    moe = load_plan(resolve("paper/experiments/pd-disaggregation-swe-moe"), list(pd))
-    dense = load_plan(resolve("paper/experiments/pd-disaggregation-swe"), list(pd))
-    (note,) = _moe_decode_note(Outcome(Variant("v", "x"), moe, None, None, 0.0, 1))
-    assert "16 decode workers" in note and "of 128 experts" in note
-    assert _moe_decode_note(Outcome(Variant("v", "x"), dense, None, None, 0.0, 1)) == []
+    from rollart.reproduce.experiments import PD_MODELS, _pd_note
+
+    def fake(model: str, layout: str, busy: dict, hit: float) -> Outcome:
+        o = Outcome(Variant("v", "x", params={"model": model, "layout": layout}), None,
+                    SimpleNamespace(summary={"gpu_busy_fraction": busy, "prefix_cache_hit_rate": hit}, steps=[1]),
+                    None, 0.0, 1)
+        return o
+
+    outs = [fake("dense", "colocated", {"h800": 0.7, "h20": 0.69}, 0.99),
+            fake("dense", "pd", {"h800": 0.06, "h20": 0.74}, 0.97)]
+    notes = _pd_note(outs)
+    label = dict((k, lbl) for k, lbl, _ in PD_MODELS)["dense"]
+    assert notes[0].startswith(label) and "6% busy" in notes[0] and "74%" in notes[0] and "97%" in notes[0]
+    assert _pd_note(outs[:1]) == []  # nothing to compare
 
 
 # ---------------------------------------------------------------- report and CLI

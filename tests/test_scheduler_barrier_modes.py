@@ -73,8 +73,9 @@ def test_modes_are_configurations(plan, mode, alpha, lockstep, after_batch, affi
         (alpha, lockstep, after_batch, affinity, batch_level)
     assert cfg.redundancy == (plan.algorithm.redundancy if mode == "rollart" else 0.0)
     assert cfg.async_weight_transfer == (mode == "rollart")
-    # α = 0 must sync first; AReaL pushes the weights right after each train step (issue 14, item 8)
-    assert cfg.sync_before_get_batch == (alpha == 0 or mode == "areal")
+    # α = 0 must sync first; AReaL pushes the weights right after each train step (issue 14, item 8), and
+    # ROLLART updates before get_batch as ROLL's pipeline does (issue 14, ROLLART ÷ AReaL)
+    assert cfg.sync_before_get_batch == (alpha == 0 or mode in ("areal", "rollart"))
 
 
 def test_unknown_mode_is_rejected(plan) -> None:

@@ -91,14 +91,18 @@ def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:
         ctl.stats.generated_tokens += tokens
         return
     if ctl.plan.placement.pd_disaggregation:
-        prefill = proxy.route(traj.tag, None, role="prefill")
+        # Cache-aware, as PD routers are: the prefill worker that served this trajectory's last
+        # turn holds its conversation in its prefix cache (another would recompute all of it).
+        prefill = proxy.route(traj.tag, traj.last_prefill_worker, role="prefill")
         worker = proxy.route(traj.tag, traj.last_worker, role="decode")
     else:
         worker = proxy.route(traj.tag, traj.last_worker)
     kv = traj.context_tokens
     proxy.dispatch(worker, kv)
     if prefill is not None:
-        proxy.dispatch(prefill, kv)
+        # A prefill worker hands the request's KV to the decode worker: it holds none of it
+        # while the request decodes (what it keeps is evictable prefix cache).
+        proxy.dispatch(prefill, 0)
     t0 = ctl.now()
     try:
         out: GenOutcome = yield Generate(traj, worker.id, traj.context_tokens, max_new_tokens,
@@ -106,9 +110,11 @@ def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:
     finally:
         proxy.release(worker, kv)
         if prefill is not None:
-            proxy.release(prefill, kv)
+            proxy.release(prefill, 0)
     traj.record(t0, ctl.now(), GEN)
     traj.last_worker = worker.id
+    if prefill is not None:
+        traj.last_prefill_worker = prefill.id
     traj.context_tokens += out.tokens
     traj.generated_tokens += out.tokens
     traj.turns += 1

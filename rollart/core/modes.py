@@ -18,7 +18,7 @@ class ModeConfig:
     hw_affinity: bool          # route by task tag (else least-loaded over every worker)
     redundancy: float          # extra members per group, as a fraction of the group size
     async_weight_transfer: bool  # bucketed store publish/pull overlapped with rollout (else blocking)
-    update_after_train: bool = False  # push the weights right after each train step (AReaL), not after get_batch
+    update_after_train: bool = False  # push the weights right after each train step, before get_batch (AReaL, ROLL)
 
     @property
     def sync_before_get_batch(self) -> bool:
@@ -28,7 +28,12 @@ class ModeConfig:
         soon as a train step ends (interrupting in-flight generation), so its admission window,
         counted from the workers' version, is one batch wider while the trainer waits: with
         α = 1 the rollout may run up to two batches ahead and skip a straggling group, which
-        then goes stale. ROLLART's protocol (① get_batch first) keeps α batches in flight."""
+        then goes stale. ROLLART does the same: its implementation (ROLL's agentic pipeline) runs
+        suspend → model_update → get_batch → train each step, and its rollout queue keeps groups of
+        α + 1 step tags alive (a group expires when step − create_step > α). The paper lists
+        get_batch first; read literally (workers still on n − 1 while the trainer waits for batch n)
+        only α batches would ever be in flight, every batch would be exactly one version stale, and
+        long-horizon rollout would be latency-bound at half ROLL's concurrency."""
         return self.alpha == 0 or self.update_after_train
 
 
@@ -37,7 +42,8 @@ def mode_config(plan: Plan, mode: str | None = None) -> ModeConfig:
     Sync+: Sync + trajectory-level env/reward + serverless reward.
     One-off: Sync+ with the rollout one batch ahead of training (α=1, batch-level).
     AReaL-style: trajectory-level, staleness-bounded (plan α), no affinity, no redundancy,
-    blocking weight transfer right after each train step, dedicated reward. ROLLART: everything on, as the plan says."""
+    blocking weight transfer right after each train step, dedicated reward. ROLLART: everything on, as the plan says,
+    with the weights updated before get_batch as ROLL does (see ``sync_before_get_batch``)."""
     mode = mode or plan.algorithm.mode
     a = plan.algorithm
     has_dedicated = plan.placement.reward.gpus > 0
@@ -54,5 +60,5 @@ def mode_config(plan: Plan, mode: str | None = None) -> ModeConfig:
                           update_after_train=True)
     if mode == "rollart":
         return ModeConfig(mode, a.alpha, False, False, False, plan_serverless, True, a.redundancy,
-                          plan.weight_sync.transport == "bucketed_store")
+                          plan.weight_sync.transport == "bucketed_store", update_after_train=True)
     raise ValueError(f"--mode: unknown mode '{mode}'; modes are: sync, sync+, one-off, areal, rollart")

@@ -4,7 +4,8 @@
 ⑤ recompute in-flight KV (inside ③'s engine update)  ⑥ train_step, overlapping rollout.
 
 The paper lists get_batch first. With α = 0 the next batch can only start on the new
-weights, so there the cycle is rotated to ②–⑤ → ① → ⑥ (same steps, no deadlock).
+weights, so there the cycle is rotated to ②–⑤ → ① → ⑥ (same steps, no deadlock); AReaL and
+ROLLART (as ROLL implements it) rotate too (``ModeConfig.sync_before_get_batch``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def publish(ctl: "Controller", version: int) -> Proc:
     ctl.published_version = max(ctl.published_version, version)
     ctl.tracer.transfer_span(f"publish+pull v{version}", t0, ctl.now())
     ctl.weights_published.fire(version)
+    if ctl.mode.sync_before_get_batch:  # update as soon as the pull lands, in the background (ROLL's order)
+        yield from sync_weights(ctl, version)
 
 
 def run_trainer(ctl: "Controller") -> Proc:
@@ -67,7 +70,7 @@ def run_trainer(ctl: "Controller") -> Proc:
     step_start = ctl.now()
     for n in range(ctl.start_version, steps):
         sync_s = 0.0
-        if rotate:
+        if rotate and not ctl.mode.async_weight_transfer:  # async: publish() updates when the pull lands
             sync_s += yield from sync_weights(ctl, n)
         wait_start = ctl.now()
         groups: list[Group] = yield from get_batch(ctl, n)

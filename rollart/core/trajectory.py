@@ -38,6 +38,7 @@ class Trajectory:
     reward: float | None = None
     finished_at: float | None = None
     last_worker: int | None = None
+    last_prefill_worker: int | None = None  # PD: the prefill worker whose prefix cache holds this conversation
     error: str | None = None
     # (start, end, category) spans; kept until the trajectory is reported so the step
     # breakdown can follow the critical path.
