@@ -335,12 +335,15 @@ class GenerationEngine:
         cache = self.cache if self.prefix_cache else None
         transferred = []
         for req in admitted:
-            if cache is not None and req.new_tokens:
+            if cache is not None:
+                # the cached prefix becomes part of the running request's KV (reserved from now on);
+                # a PD decode request (KV from a prefill worker) must drop it too, or it counts twice
                 cached = cache.pop(req.traj_id, 0)
                 self.cache_tokens -= cached
-                hit = min(cached, req.context)
-                self.cache_hits_tokens += hit
-                req.new_tokens = req.context - hit
+                if req.new_tokens:
+                    hit = min(cached, req.context)
+                    self.cache_hits_tokens += hit
+                    req.new_tokens = req.context - hit
             n = req.new_tokens
             if n:
                 pairs += n * (req.context - n + n / 2)

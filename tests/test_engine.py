@@ -161,6 +161,29 @@ def test_prefix_cache_reuses_the_previous_turn() -> None:
     assert engine.prefill_tokens == 1000 + 200
 
 
+def test_a_pd_decode_request_does_not_count_its_cached_prefix_twice() -> None:
+    # turn 1 leaves the conversation's 1,100 tokens cached; turn 2's KV arrives from a prefill
+    # worker (prefilled=True): while it decodes, its KV is the running request's reservation, and
+    # the old cached copy is no longer separately held
+    env = simpy.Environment()
+    engine = GenerationEngine(env, 0, "p", ToyCost(capacity=100_000), 8, prefix_cache=True)
+    seen: list[int] = []
+
+    def conversation():
+        r = engine.add(7, 1000, 100)
+        yield r.done
+        assert engine.cache_tokens == 1100
+        r = engine.add(7, 1300, 50, prefilled=True)
+        yield env.timeout(1e-6)  # admitted, decoding
+        seen.append(engine.cache_tokens)
+        yield r.done
+
+    env.process(conversation())
+    env.run()
+    assert seen == [0]
+    assert engine.prefill_tokens == 1000 and engine.cache_tokens == 1350  # cached again when it ends
+
+
 def test_abort_frees_the_batch_and_never_completes() -> None:
     env = simpy.Environment()
     engine = GenerationEngine(env, 0, "p", ToyCost(), 8, prefix_cache=False)
