@@ -81,3 +81,32 @@ def test_modes_are_configurations(plan, mode, alpha, lockstep, after_batch, affi
 def test_unknown_mode_is_rejected(plan) -> None:
     with pytest.raises(ValueError, match="unknown mode"):
         mode_config(plan, "turbo")
+
+
+def test_weight_updates_run_one_at_a_time() -> None:
+    """A publish that lands while the previous update is still running waits for it, instead
+    of suspending and resuming the proxy a second time in the middle of the first update."""
+    from types import SimpleNamespace
+
+    from rollart.core.effects import UpdateWeights, Wait
+    from rollart.core.signals import Signal
+    from rollart.core.trainer import sync_weights
+
+    calls: list[str] = []
+    proxy = SimpleNamespace(version=0, worker_ids=(0, 1), suspend=lambda: calls.append("suspend"),
+                            resume=lambda v: (calls.append(f"resume {v}"), setattr(proxy, "version", v)))
+    ctl = SimpleNamespace(proxy=proxy, mode=SimpleNamespace(async_weight_transfer=True), published_version=2,
+                          weights_published=Signal(), updating_weights=False, weights_updated=Signal(),
+                          buffer=SimpleNamespace(changed=Signal()), now=lambda: 0.0,
+                          tracer=SimpleNamespace(trainer_span=lambda *a: None))
+    first, second = sync_weights(ctl, 1), sync_weights(ctl, 2)
+    assert isinstance(next(first), UpdateWeights)          # v1 is being swapped in ...
+    eff = next(second)
+    assert isinstance(eff, Wait) and eff.signal is ctl.weights_updated  # ... so v2 waits
+    assert calls == ["suspend"]
+    with pytest.raises(StopIteration):
+        first.send(None)                                    # v1 done: the proxy resumes on it
+    assert isinstance(second.send(1), UpdateWeights)        # then v2 runs its own update
+    with pytest.raises(StopIteration):
+        second.send(None)
+    assert calls == ["suspend", "resume 1", "suspend", "resume 2"] and proxy.version == 2

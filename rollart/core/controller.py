@@ -69,6 +69,8 @@ class Controller:
         self.start_version = 0           # > 0 when resumed from a checkpoint
         self.published_version = 0       # newest version every worker has pulled
         self.weights_published = Signal("weights.published")
+        self.updating_weights = False    # a suspend → update → resume is running (one at a time)
+        self.weights_updated = Signal("weights.updated")
         self.finished = False
         self.batches: list[tuple[int, ...]] = []  # trajectory ids of each training batch
         self._lockstep: dict[int, LockstepBarrier] = {}

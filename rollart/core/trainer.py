@@ -35,19 +35,30 @@ def get_batch(ctl: "Controller", version: int) -> Proc:
 
 
 def sync_weights(ctl: "Controller", version: int) -> Proc:
-    """Steps ②–⑤: bring every worker to ``version``. Returns the seconds the trainer waited."""
-    if ctl.proxy.version >= version:
-        return 0.0
+    """Steps ②–⑤: bring every worker to ``version``. Returns the seconds the trainer waited.
+    Updates run one at a time: a publish that lands while the previous update is still running
+    waits for it (two interleaved suspend/resume pairs would resume the proxy mid-update)."""
     t0 = ctl.now()
+    while True:  # re-checked after every wait: another update may have run meanwhile
+        if ctl.updating_weights:
+            yield Wait(ctl.weights_updated)
+        elif ctl.proxy.version >= version:
+            return ctl.now() - t0
+        elif ctl.mode.async_weight_transfer and ctl.published_version < version:
+            yield Wait(ctl.weights_published)  # pull still running in the background
+        else:
+            break
     workers = ctl.proxy.worker_ids
-    if ctl.mode.async_weight_transfer:
-        while ctl.published_version < version:  # pull still running in the background
-            yield Wait(ctl.weights_published)
-    ctl.proxy.suspend()
-    if not ctl.mode.async_weight_transfer:
-        yield BroadcastWeights(version, workers)
-    yield UpdateWeights(version, workers, from_host=ctl.mode.async_weight_transfer)
-    ctl.proxy.resume(version)
+    ctl.updating_weights = True
+    try:
+        ctl.proxy.suspend()
+        if not ctl.mode.async_weight_transfer:
+            yield BroadcastWeights(version, workers)
+        yield UpdateWeights(version, workers, from_host=ctl.mode.async_weight_transfer)
+        ctl.proxy.resume(version)
+    finally:
+        ctl.updating_weights = False
+    ctl.weights_updated.fire(version)
     ctl.buffer.changed.fire()  # the scheduler may admit on the new version
     ctl.tracer.trainer_span("weight sync", t0, ctl.now())
     return ctl.now() - t0
