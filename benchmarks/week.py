@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
 import sys
 import time
@@ -53,7 +52,7 @@ def run_week(sim_hours: float, k: int = 24, seed: int = 0, progress: bool = True
 
     from rollart.core import mode_config
     from rollart.plan import load_plan
-    from rollart.plan.schema import MAX_SIM_REQUESTS
+    from rollart.plan.schema import sim_request_scale
     from rollart.scenarios_catalog import resolve
     from rollart.sim import simulate_plan
     from rollart.sim.scale import auto_factor
@@ -64,15 +63,8 @@ def run_week(sim_hours: float, k: int = 24, seed: int = 0, progress: bool = True
     # The horizon ends the run, so allow more steps than fit in it. The schema's guard on simulated
     # requests counts the full plan; the approximation simulates 1/m of them, so the guard is m times wider.
     steps = max(2, math.ceil(horizon_s / MIN_STEP_S))
-    old = os.environ.get("ROLLART_MAX_SIM_REQUESTS")
-    os.environ["ROLLART_MAX_SIM_REQUESTS"] = str(float(old or MAX_SIM_REQUESTS) * m)
-    try:
+    with sim_request_scale(m):
         plan = load_plan(resolve(PAPER), [*overrides, f"algorithm.steps={steps}"])
-    finally:
-        if old is None:
-            os.environ.pop("ROLLART_MAX_SIM_REQUESTS", None)
-        else:
-            os.environ["ROLLART_MAX_SIM_REQUESTS"] = old
     gpus = sum(p.count for p in plan.cluster.gpu_pools.values())
     console = Console(stderr=True)
     print(f"{plan.name} × {k}: {gpus:,} GPUs, batch {plan.algorithm.batch_size:,}, {sim_hours:g} simulated hours, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -159,12 +160,18 @@ def simulate(
 ) -> None:
     """Simulate a plan and print the step table."""
     _check_mode(mode)
-    plan = _load(scenario, _overrides(set_, steps, seed))
-    check_output_file(json_path, "--json")
-    check_output_file(trace, "--trace")
+    from rollart.plan.schema import sim_request_scale, work_problems
     from rollart.sim.scale import auto_factor
 
+    with sim_request_scale(math.inf if scale_approx else 1.0):  # the approximation's own share is checked below
+        plan = _load(scenario, _overrides(set_, steps, seed))
     factor = auto_factor(plan) if scale_approx else 1
+    if scale_approx:
+        with sim_request_scale(factor):
+            if problems := work_problems(plan):
+                _fail(problems)
+    check_output_file(json_path, "--json")
+    check_output_file(trace, "--trace")
     if scale_approx and factor == 1:
         console.print("[dim]--scale-approx: the plan is too small to approximate; simulated in full[/]")
     t0 = time.perf_counter()

@@ -310,3 +310,20 @@ def test_step_table_precision_follows_the_magnitudes(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     row = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("0 "))
     assert re.search(r"\b0\.\d{3}\b", row), row  # CPU-scale seconds keep three decimals, not 0.0
+
+
+def test_scale_approx_widens_the_simulated_requests_guard_by_its_factor(tmp_path: Path):
+    # the paper cluster × 24 (3,072 GPUs) for 400 steps: refused in full (with the hint), accepted
+    # under --scale-approx, which simulates 1/48 of the requests (stopped after 0.01 simulated hours)
+    big = ["cluster.gpu_pools.h800.count=2304", "cluster.gpu_pools.h20.count=768", "cluster.cpu_pools.env.cores=98304",
+           "cluster.serverless.max_concurrency=1536", "placement.trainer.gpus=1536",
+           "placement.generation.0.workers=192", "placement.generation.1.workers=192", "algorithm.batch_size=12288",
+           "algorithm.max_sim_hours=0.01"]
+    sets = [a for o in big for a in ("--set", o)]
+    full = rollart("simulate", "paper/qwen3-32b-128gpu", "--steps", "400", "-q", *sets, cwd=tmp_path)
+    assert_clean_usage_error(full, "algorithm:", "generation requests", "--scale-approx")
+    approx = rollart("simulate", "paper/qwen3-32b-128gpu", "--steps", "400", "-q", "--scale-approx", *sets,
+                     cwd=tmp_path)
+    assert approx.returncode == 1 and "max_sim_hours" in approx.stdout, approx.stdout + approx.stderr  # ran, then stopped
+    huge = rollart("simulate", "paper/qwen3-32b-128gpu", "--steps", "8000", "-q", "--scale-approx", *sets, cwd=tmp_path)
+    assert_clean_usage_error(huge, "with --scale-approx", "1/48")

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -35,6 +37,18 @@ Count = Annotated[int, Field(gt=0, le=1_000_000)]
 # estimate (about an hour of wall time at the simulator's ~3-12 k requests/s on one core);
 # ROLLART_MAX_SIM_REQUESTS raises (or, in tests, lowers) it.
 MAX_SIM_REQUESTS = 20_000_000
+# --scale-approx simulates 1/m of the requests, so the guard is m times wider while it loads
+_SIM_REQUEST_SCALE: ContextVar[float] = ContextVar("sim_request_scale", default=1.0)
+
+
+@contextmanager
+def sim_request_scale(m: float) -> Iterator[None]:
+    """Widen the simulated-requests guard ``m``-fold (``math.inf``: off) for plans built inside."""
+    token = _SIM_REQUEST_SCALE.set(m)
+    try:
+        yield
+    finally:
+        _SIM_REQUEST_SCALE.reset(token)
 PROBLEM_SEPARATOR = "\x1e"  # between the cross-field problems of one ValueError
 
 
@@ -552,7 +566,7 @@ def _cross_problems(plan: Plan) -> list[str]:
                 out.append(f"tasks.{t.name}.{field}: mean {m:.4g} tokens exceeds the task's max_context_tokens "
                            f"({t.max_context_tokens})")
     if not out:
-        out.extend(_work_problems(plan))
+        out.extend(work_problems(plan))
     return out
 
 
@@ -566,13 +580,19 @@ def sim_requests_estimate(plan: Plan) -> float:
     return (a.steps + a.alpha) * a.batch_size * members * turns
 
 
-def _work_problems(plan: Plan) -> list[str]:
-    limit = float(os.environ.get("ROLLART_MAX_SIM_REQUESTS", MAX_SIM_REQUESTS))
+def work_problems(plan: Plan) -> list[str]:
+    """The simulated-requests guard (see MAX_SIM_REQUESTS), under the current sim_request_scale."""
+    scale = _SIM_REQUEST_SCALE.get()
+    limit = float(os.environ.get("ROLLART_MAX_SIM_REQUESTS", MAX_SIM_REQUESTS)) * scale
     work = sim_requests_estimate(plan)
     if work <= limit:
         return []
     a = plan.algorithm
+    if scale > 1:  # under --scale-approx: the simulated share is what counts
+        return [f"algorithm: about {work / scale:.3g} generation requests to simulate with --scale-approx "
+                f"(1/{scale:g} of {work:.3g}), over the {limit / scale:.3g} limit (about an hour here); lower "
+                "algorithm.steps, batch_size, alpha or redundancy, or raise ROLLART_MAX_SIM_REQUESTS"]
     return [f"algorithm: about {work:.3g} generation requests to simulate ((steps {a.steps} + alpha {a.alpha}) × "
             f"batch_size {a.batch_size} × (1 + redundancy {a.redundancy:g}) × mean turns), over the "
             f"{limit:.3g} limit (about an hour here); lower algorithm.steps, batch_size, alpha or redundancy, "
-            "or raise ROLLART_MAX_SIM_REQUESTS"]
+            "or raise ROLLART_MAX_SIM_REQUESTS (a very large cluster: --scale-approx simulates a share of it)"]
