@@ -329,17 +329,8 @@ class SimBackend:
             if tokens > 1:
                 yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens + 1,
                                              tokens - 1, True)
-        else:
-            engine = self.engines[eff.worker]
-            if engine.request_overhead_s > 0:
-                yield from self._run_request(engine, traj.id, eff.context_tokens, tokens, False)
-            else:  # _run_request inlined: the common case, one generator less per request
-                req = engine.add(traj.id, eff.context_tokens, tokens, False)
-                try:
-                    yield req.done
-                except simpy.Interrupt:
-                    engine.abort(req)
-                    raise
+        else:  # (_drive runs the common case, no request overhead, inline without this generator)
+            yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens, tokens, False)
         return GenOutcome(tokens=tokens)
 
     def _run_request(self, engine: GenerationEngine, traj_id: int, context: int, tokens: int,
