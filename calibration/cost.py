@@ -45,11 +45,6 @@ class KernelProfileGeneration:
         self._mlp_shapes = [(float(h), 2 * inter / rank_tp), (inter / rank_tp, float(h))]
         self._lm_head = [(float(h), model.vocab / rank_tp)]
         self._lines: dict[int, DecodeLine] = {}
-        # exact memo of the terms of a mixed step that depend on one integer only (a step's token
-        # count, its decode batch): 70 % of a simulation's steps repeat a token count, almost none
-        # a whole (tokens, pairs, batch, context) key. Same floats, same arithmetic as uncached.
-        self._by_tokens: dict[int, tuple[float, float]] = {}
-        self._by_batch: dict[int, tuple[float, float]] = {}
         # decode attention of a head geometry measured without split-KV: below n_SM CTAs
         # (batch × KV heads) part of the GPU idles (kernels.decode_attention_time)
         d = dict(profile.attn_decode.params)
@@ -160,26 +155,12 @@ class KernelProfileGeneration:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
         m, tokens = self.model, new_tokens + decode_batch
         attn = self._prefill_attention(new_tokens / self.ep, attention_pairs)
-        by_batch = self._by_batch.get(decode_batch)
-        if by_batch is None:
-            by_batch = self._memo(self._by_batch, decode_batch, (
-                max(*self._per_cached_token(decode_batch)) if decode_batch else 0.0,
-                self._gemms(max(1.0, decode_batch / self.ep), self._lm_head, self._bf16)))
         if decode_batch:
             d = self._attn_decode
-            attn += d["t0"] + d["t_seq"] * decode_batch / self.ep + decode_context * by_batch[0]
-        by_tokens = self._by_tokens.get(tokens)
-        if by_tokens is None:
-            by_tokens = self._memo(self._by_tokens, tokens, (self._layer_gemms(tokens), self._allreduce(tokens)))
-        return (self.profile.iteration_overhead_s + m.layers * (by_tokens[0] + attn)
-                + by_batch[1] + by_tokens[1])
-
-    @staticmethod
-    def _memo(table: dict[int, tuple[float, float]], key: int, value: tuple[float, float]) -> tuple[float, float]:
-        if len(table) >= 1 << 16:  # bounded: a run's distinct token counts rarely reach this
-            table.clear()
-        table[key] = value
-        return value
+            attn += d["t0"] + d["t_seq"] * decode_batch / self.ep + decode_context * max(
+                *self._per_cached_token(decode_batch))
+        return (self.profile.iteration_overhead_s + m.layers * (self._layer_gemms(tokens) + attn)
+                + self._gemms(max(1.0, decode_batch / self.ep), self._lm_head, self._bf16) + self._allreduce(tokens))
 
     def decode_line(self, batch: int) -> DecodeLine:
         line = self._lines.get(batch)
