@@ -110,3 +110,20 @@ def test_weight_updates_run_one_at_a_time() -> None:
     with pytest.raises(StopIteration):
         second.send(None)
     assert calls == ["suspend", "resume 1", "suspend", "resume 2"] and proxy.version == 2
+
+
+def test_a_publish_does_not_run_two_versions_ahead_of_the_workers() -> None:
+    """The store keeps the two newest versions: version 2 is published only once the workers serve
+    version 1, so an update (or a restarted worker) still finds the version it pulls."""
+    from types import SimpleNamespace
+
+    from rollart.core.effects import PublishWeights, Wait
+    from rollart.core.signals import Signal
+    from rollart.core.trainer import publish
+
+    proxy = SimpleNamespace(version=0, worker_ids=(0,))
+    ctl = SimpleNamespace(proxy=proxy, weights_updated=Signal(), now=lambda: 0.0)
+    eff = next(publish(ctl, 2))
+    assert isinstance(eff, Wait) and eff.signal is ctl.weights_updated
+    proxy.version = 1
+    assert isinstance(next(publish(ctl, 2)), PublishWeights)

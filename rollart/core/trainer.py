@@ -48,6 +48,8 @@ def sync_weights(ctl: "Controller", version: int) -> Proc:
             yield Wait(ctl.weights_published)  # pull still running in the background
         else:
             break
+    if ctl.mode.async_weight_transfer:  # a queued update goes straight to the newest pulled version
+        version = max(version, ctl.published_version)
     workers = ctl.proxy.worker_ids
     ctl.updating_weights = True
     try:
@@ -65,7 +67,11 @@ def sync_weights(ctl: "Controller", version: int) -> Proc:
 
 
 def publish(ctl: "Controller", version: int) -> Proc:
-    """Asynchronous transfer: publish buckets once, workers pull them during rollout."""
+    """Asynchronous transfer: publish buckets once, workers pull them during rollout. Version v
+    waits until the workers serve v − 1: the store keeps the two newest versions, and an update or
+    a restarted worker must still find the version it pulls (publishes do not run ahead of updates)."""
+    while ctl.proxy.version < version - 1:
+        yield Wait(ctl.weights_updated)
     t0 = ctl.now()
     yield PublishWeights(version, ctl.proxy.worker_ids)
     ctl.published_version = max(ctl.published_version, version)
