@@ -95,7 +95,7 @@ def test_weight_updates_run_one_at_a_time() -> None:
     calls: list[str] = []
     proxy = SimpleNamespace(version=0, worker_ids=(0, 1), suspend=lambda: calls.append("suspend"),
                             resume=lambda v: (calls.append(f"resume {v}"), setattr(proxy, "version", v)))
-    ctl = SimpleNamespace(proxy=proxy, mode=SimpleNamespace(async_weight_transfer=True), published_version=2,
+    ctl = SimpleNamespace(proxy=proxy, mode=SimpleNamespace(async_weight_transfer=True), published_version=1,
                           weights_published=Signal(), updating_weights=False, weights_updated=Signal(),
                           buffer=SimpleNamespace(changed=Signal()), now=lambda: 0.0,
                           tracer=SimpleNamespace(trainer_span=lambda *a: None))
@@ -106,6 +106,7 @@ def test_weight_updates_run_one_at_a_time() -> None:
     assert calls == ["suspend"]
     with pytest.raises(StopIteration):
         first.send(None)                                    # v1 done: the proxy resumes on it
+    ctl.published_version = 2                               # v2's pull lands
     assert isinstance(second.send(1), UpdateWeights)        # then v2 runs its own update
     with pytest.raises(StopIteration):
         second.send(None)
