@@ -72,8 +72,7 @@ def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:
     while ctl.proxy.suspended:  # step ②: no new requests while weights are swapped
         yield from _wait(ctl, traj, ctl.proxy.resumed, WEIGHT_SYNC)
     proxy = ctl.proxy
-    prefill = None
-    if not ctl.plan.placement.pd_disaggregation:  # the common case, without the try/finally's pair
+    if not ctl.plan.placement.pd_disaggregation:  # the common case: one worker does prefill and decode
         worker = proxy.route(traj.tag, traj.last_worker)
         kv = traj.context_tokens
         proxy.dispatch(worker, kv)
@@ -90,31 +89,24 @@ def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:
         traj.turns += 1
         ctl.stats.generated_tokens += tokens
         return
-    if ctl.plan.placement.pd_disaggregation:
-        # Cache-aware, as PD routers are: the prefill worker that served this trajectory's last
-        # turn holds its conversation in its prefix cache (another would recompute all of it).
-        prefill = proxy.route(traj.tag, traj.last_prefill_worker, role="prefill")
-        worker = proxy.route(traj.tag, traj.last_worker, role="decode")
-    else:
-        worker = proxy.route(traj.tag, traj.last_worker)
+    # PD disaggregation. Cache-aware, as PD routers are: the prefill worker that served this
+    # trajectory's last turn holds its conversation in its prefix cache (another would recompute it).
+    prefill = proxy.route(traj.tag, traj.last_prefill_worker, role="prefill")
+    worker = proxy.route(traj.tag, traj.last_worker, role="decode")
     kv = traj.context_tokens
     proxy.dispatch(worker, kv)
-    if prefill is not None:
-        # A prefill worker hands the request's KV to the decode worker: it holds none of it
-        # while the request decodes (what it keeps is evictable prefix cache).
-        proxy.dispatch(prefill, 0)
+    # A prefill worker hands the request's KV to the decode worker: it holds none of it while the
+    # request decodes (what it keeps is evictable prefix cache).
+    proxy.dispatch(prefill, 0)
     t0 = ctl.now()
     try:
-        out: GenOutcome = yield Generate(traj, worker.id, traj.context_tokens, max_new_tokens,
-                                         prefill.id if prefill is not None else None)
+        out: GenOutcome = yield Generate(traj, worker.id, traj.context_tokens, max_new_tokens, prefill.id)
     finally:
         proxy.release(worker, kv)
-        if prefill is not None:
-            proxy.release(prefill, 0)
+        proxy.release(prefill, 0)
     traj.record(t0, ctl.now(), GEN)
     traj.last_worker = worker.id
-    if prefill is not None:
-        traj.last_prefill_worker = prefill.id
+    traj.last_prefill_worker = prefill.id
     traj.context_tokens += out.tokens
     traj.generated_tokens += out.tokens
     traj.turns += 1
