@@ -496,14 +496,10 @@ class RuntimeBackend:
         await self.trainer.publish.remote(self.store_spec, eff.version, bucket)
         loader = self.pull_loader(eff.version)
 
-        async def prefetch(wid: int) -> None:
-            try:
-                await self._on_worker(wid, lambda w: w.prefetch_weights.remote(eff.version, loader))
-            except KeyError as exc:  # a restarted worker came back after newer versions replaced
-                if "was dropped" not in str(exc):  # this one in the store: its update pulls the
-                    raise                          # version it is given then
-
-        await asyncio.gather(*(prefetch(i) for i in range(len(self.workers))))
+        # No version can be dropped under a prefetch: a publish waits until every worker serves
+        # the previous version, and the store keeps two.
+        await asyncio.gather(*(self._on_worker(i, lambda w: w.prefetch_weights.remote(eff.version, loader))
+                               for i in range(len(self.workers))))
         self.counters.weight_publish_s.append(self.now() - t0)
 
     async def _update(self, eff: UpdateWeights) -> None:
