@@ -133,6 +133,12 @@ def test_serve_reward_scales_from_zero_and_scores_over_http(local_ray):
     assert client.score("GEM-Math", MATH_WRONG)[0] == 0.0
     warm = time.monotonic() - t0
     assert client.score("CodeExec", {"steps": [{"info": {"passed": True}}]})[0] == 1.0
+    # every port a replica opens is on the loopback address: its inter-deployment gRPC server too,
+    # which Ray Serve binds to [::] unless told otherwise (serverless.bind_replica_grpc_to_node_address)
+    from rollart.runtime.sockets import is_loopback_host, listening
+
+    replica_ports = [(s.address, s.port) for s in listening() if any(n.startswith("ray::ServeRepli") for n in s.names)]
+    assert replica_ports and all(is_loopback_host(a) for a, _ in replica_ports), replica_ports
     score, attempts, error = client.score("WebShop", {"steps": []})
     assert score is None and attempts == 1 and "HTTP 400" in error  # a 400 is not retried
     print(f"serve reward: cold start {cold:.2f} s, warm call {warm * 1000:.1f} ms")

@@ -82,19 +82,28 @@ def test_a_run_listens_on_loopback_only_and_ray_wants_its_token(tmp_path: Path) 
     try:
         _wait_for(lambda: _has(proc.pid, "redis-server") and _has(proc.pid, "ray::ProxyActor"), 240, proc)
         seen: dict[tuple[str, int], tuple[str, ...]] = {}
-        for _ in range(10):  # sample while the run works (workers open ports lazily)
+        codes: list[int | str] = []
+        # Sample while the run works (workers open ports lazily): ten times, then on until the dashboard
+        # agent's job API is up (on a loaded machine it opens seconds after the rest).
+        deadline, samples = time.monotonic() + 120, 0
+        while True:
             tree = _tree(proc.pid)
             for s in listening():
                 if set(s.pids) & set(tree):
                     seen[(s.address, s.port)] = s.names
+            samples += 1
+            if samples >= 10:
+                # the job API (remote code execution without auth) must refuse a request without the token
+                codes = [_post_job(port) for (addr, port), ns in seen.items()
+                         if any(n.startswith("ray::Dashboard") for n in ns)]
+                if 401 in codes or 403 in codes or time.monotonic() > deadline or proc.poll() is not None:
+                    break
             time.sleep(0.5)
         names = {n for ns in seen.values() for n in ns}
         assert {"gcs_server", "raylet", "redis-server"} <= names, seen
         assert any(n.startswith("ray::ProxyActor") for n in names), seen  # Serve's HTTP proxy
         public = {k: v for k, v in seen.items() if not is_loopback_host(k[0])}
         assert not public, f"non-loopback listeners: {public}"
-        # the dashboard agent's job API (remote code execution without auth) refuses a request without the token
-        codes = [_post_job(port) for (addr, port), ns in seen.items() if any(n.startswith("ray::Dashboard") for n in ns)]
         assert 401 in codes or 403 in codes, codes
         assert not any(isinstance(c, int) and c < 300 for c in codes), codes
     finally:

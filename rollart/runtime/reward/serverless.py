@@ -37,8 +37,36 @@ DEPLOYMENT_NAME = "RewardDeployment"
 # ---------------------------------------------------------------- (a) the deployment
 
 
+def bind_replica_grpc_to_node_address() -> None:
+    """Ray Serve 2.60's replica starts an inter-deployment gRPC server on ``[::]:0``, every interface,
+    with no setting to change it (``ray/serve/_private/replica.py``, ``_on_initialized``). Called from
+    the replica's callable, which is built before that server binds, this rewrites a wildcard host to
+    the node's own Ray address: 127.0.0.1 on a local run, the node's private address in a cluster.
+    Outside a Serve replica it does nothing."""
+    import sys
+
+    replica = sys.modules.get("ray.serve._private.replica")
+    bind = getattr(replica, "add_port_to_grpc_server", None)
+    if bind is None or getattr(bind, "rollart_node_address", False):
+        return
+    import ray
+
+    node = ray.util.get_node_ip_address()
+    host = f"[{node}]" if ":" in node else node
+
+    def bind_on_node(server: Any, address: str) -> int:
+        wildcard, _, port = address.rpartition(":")
+        return bind(server, f"{host}:{port}" if wildcard in ("[::]", "0.0.0.0", "") else address)
+
+    bind_on_node.rollart_node_address = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = bind_on_node  # type: ignore[union-attr]
+
+
 class RewardScorer:
     """The replica's callable: a JSON request → ``{"score": float}`` (or a 400)."""
+
+    def __init__(self) -> None:
+        bind_replica_grpc_to_node_address()
 
     def score(self, payload: dict) -> float:
         record = payload.get("record", payload)
