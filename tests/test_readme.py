@@ -66,7 +66,7 @@ COMMANDS: dict[str, Spec] = {
     "rollart run scenarios/local/digits.yaml --steps 40 --json run.json --trace run.trace.json":
         Spec(extra=("--steps", "2"), slow=True),
     # one round each: the README command's point is that the benchmarks run and print their ratios
-    "python -m pytest tests/test_benchmark.py --benchmark-enable -s":
+    "python -m pytest tests/test_benchmark.py --benchmark-enable -s -n 0 --dist no":
         Spec(extra=("--benchmark-min-rounds", "1", "--benchmark-max-time", "0", "--benchmark-warmup", "off"),
              slow=True),
 }

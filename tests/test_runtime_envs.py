@@ -174,6 +174,7 @@ def test_code_exec_runs_out_of_attempts_and_reports_errors():
     assert res.done and res.info["status"] == "error" and "SyntaxError" in res.observation
 
 
+@pytest.mark.exclusive
 def test_code_exec_kills_an_infinite_loop_within_its_limit():
     t0 = time.monotonic()
     r = run_solution("def add(a, b):\n    while True:\n        pass\n", PROBLEMS[0], cpu_s=1, wall_s=10)
@@ -214,6 +215,7 @@ class _Echo:
         pass
 
 
+@pytest.mark.exclusive
 def test_injected_latency_mean_matches_the_distribution():
     dist = Gaussian(mean=0.004, std=0.002)
     env = InjectedLatency(_Echo(), Constant(value=0.0), dist, seed=1)
@@ -339,6 +341,7 @@ def test_env_worker_survives_crashing_envs():
     assert w.close_all() == 4 and w.active() == []
 
 
+@pytest.mark.exclusive
 def test_env_worker_enforces_its_call_timeout():
     w = EnvWorker(env_factory=_factory, call_timeout_s=0.2)
     assert w.reset("h", "crash-hang", 0)["ok"]

@@ -275,6 +275,7 @@ def test_validate_rejects_a_warmup_that_leaves_nothing() -> None:
     assert "--warmup-steps: 2 leaves none of the 2 steps to compare" in proc.stderr
 
 
+@pytest.mark.exclusive
 @pytest.mark.slow
 def test_validate_end_to_end_within_the_ci_bound(tmp_path: Path) -> None:
     pytest.importorskip("ray")
