@@ -77,7 +77,9 @@ def _kill_tree(tree: dict[int, str]) -> None:
 
 def test_a_run_listens_on_loopback_only_and_ray_wants_its_token(tmp_path: Path) -> None:
     # llm_judge: the reward is the serverless Ray Serve deployment, so Serve's HTTP proxy runs too
-    proc = _start(tmp_path, "--steps", "30", "-q", "--set", "tasks.Digits.reward=llm_judge")
+    # more steps than the test waits for: the run must outlive the sampling, which on a loaded machine
+    # waits long for the dashboard agent's job API (the run is killed when the test ends)
+    proc = _start(tmp_path, "--steps", "5000", "-q", "--set", "tasks.Digits.reward=llm_judge")
     tree: dict[int, str] = {}
     try:
         _wait_for(lambda: _has(proc.pid, "redis-server") and _has(proc.pid, "ray::ProxyActor"), 240, proc)
@@ -85,7 +87,7 @@ def test_a_run_listens_on_loopback_only_and_ray_wants_its_token(tmp_path: Path) 
         codes: list[int | str] = []
         # Sample while the run works (workers open ports lazily): ten times, then on until the dashboard
         # agent's job API is up (on a loaded machine it opens seconds after the rest).
-        deadline, samples = time.monotonic() + 120, 0
+        deadline, samples = time.monotonic() + 240, 0
         while True:
             tree = _tree(proc.pid)
             for s in listening():
