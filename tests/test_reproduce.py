@@ -214,6 +214,23 @@ def test_pd_note_reports_pool_load_and_prefix_reuse_from_the_runs():
     assert _pd_note(outs[:1]) == []  # nothing to compare
 
 
+
+def test_transfer_column_is_the_cost_model_and_rdma_beats_tcp_for_every_model():
+    """The weight-transfer section states each variant's transfer from its own plan's cost model (not
+    the run's exposed sync, where KV recompute and the run's dynamics can hide the link): a blocking
+    broadcast over 400 Gbps RDMA is faster than over 200 Gbps TCP, and the store's publish + pull,
+    run behind rollout, is dearer than either (host staging, per-bucket handshakes)."""
+    from rollart.reproduce.experiments import BASES, TRANSFERS, _wire_s
+
+    for model, base in BASES.items():
+        wire = {}
+        for key, _, overrides in TRANSFERS:
+            plan = load_plan(resolve(base), [*overrides, "algorithm.steps=1"])
+            wire[key] = _wire_s(Outcome(Variant("v", base, params={"transfer": key}), plan, None, None, 0.0, 1), key)
+        assert 0 < wire["nccl-rdma"] < wire["nccl-tcp"] < wire["store-tcp"], (model, wire)
+    assert _wire_s(Outcome(Variant("v", "x"), None, None, "bad plan", 0.0, 0), "nccl-tcp") is None
+
+
 # ---------------------------------------------------------------- report and CLI
 
 
