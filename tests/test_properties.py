@@ -19,11 +19,16 @@ runs = st.fixed_dictionaries({
     "failure": st.sampled_from([0.0, 0.05, 0.3]),
     "timeout_s": st.sampled_from([120.0, 4.0]),  # 4 s: some CodeExec calls time out
     "seed": st.integers(0, 2**16),
+    "envs": st.sampled_from([None, 1, 3]),  # env managers: the default (one batch), 1 or 3 groups' worth
 })
 
 
 def _outcome(p: dict):
-    plan = small_plan([f"algorithm.alpha={p['alpha']}", f"algorithm.redundancy={p['redundancy']}",
+    envs = []
+    if p.get("envs"):
+        members = math.ceil(small_plan().algorithm.group_size * (1 + p["redundancy"]) - 1e-9)
+        envs = [f"algorithm.env_managers={p['envs'] * members}"]
+    plan = small_plan([*envs, f"algorithm.alpha={p['alpha']}", f"algorithm.redundancy={p['redundancy']}",
                        f"tasks.CodeExec.env.failure_prob={p['failure']}",
                        f"tasks.FrozenLake.env.failure_prob={p['failure'] / 3}",
                        "tasks.CodeExec.env.step.sigma=1.5", f"tasks.CodeExec.env.timeout_s={p.get('timeout_s', 120.0)}"])
@@ -59,6 +64,12 @@ def test_run_invariants(p: dict) -> None:
     bg = plan.groups_per_batch
     assert ctl.buffer.pending_high_water <= (1 + alpha) * bg
     assert out.running_high_water <= (1 + alpha) * bg * ctl.scheduler.members_per_group
+    # Continuous modes roll out on their env managers only, whatever α (a failed member's refill
+    # starts as it leaves); every manager taken was given back or is still rolling.
+    if not ctl.mode.batch_level_launch:
+        assert out.running_high_water <= ctl.scheduler.env_managers
+    running = sum(1 for t in ctl.trajectories if t.state is TrajState.RUNNING)
+    assert 0 <= running <= ctl.rolling <= len(ctl.trajectories)
     # Still-running trajectories at the end belong to groups that were never consumed.
     for t in ctl.trajectories:
         if t.state in (TrajState.RUNNING, TrajState.SCORED):

@@ -53,7 +53,8 @@ class Controller:
         affinity = plan.placement.hw_affinity if mode.hw_affinity else None
         self.proxy = LLMProxy(build_workers(plan), affinity)
         self.buffer = SampleBuffer(plan.algorithm.group_size, plan.groups_per_batch, mode.alpha)
-        self.scheduler = RolloutScheduler(plan.tasks, mode, plan.groups_per_batch, plan.algorithm.group_size)
+        self.scheduler = RolloutScheduler(plan.tasks, mode, plan.groups_per_batch, plan.algorithm.group_size,
+                                          plan.algorithm.env_managers)
         self.stats = RunStats()
         # keep_history: every trajectory, group and batch stays listed (tests, the real runtime);
         # without it, memory follows what is in flight: a trajectory is counted and forgotten once
@@ -71,6 +72,8 @@ class Controller:
         self.weights_published = Signal("weights.published")
         self.updating_weights = False    # a suspend → update → resume is running (one at a time)
         self.weights_updated = Signal("weights.updated")
+        self.rolling = 0                 # trajectories on an env manager (spawned, not yet closed)
+        self.env_freed = Signal("env.freed")
         self.finished = False
         self.batches: list[tuple[int, ...]] = []  # trajectory ids of each training batch
         self._lockstep: dict[int, LockstepBarrier] = {}
@@ -112,12 +115,18 @@ class Controller:
         traj = Trajectory(id=self._n_trajectories, group=group, task=task.name, tag=task.affinity_tag,
                           start_version=self.proxy.version, started_at=self.now())
         self._n_trajectories += 1
+        self.rolling += 1
         group.members.append(traj)
         if self.keep_history:
             self.trajectories.append(traj)
         else:
             self._live[traj.id] = traj
         return traj
+
+    def trajectory_closed(self) -> None:
+        """A trajectory's env closed: its env manager is free for the next group."""
+        self.rolling -= 1
+        self.env_freed.fire()
 
     def lockstep_barrier(self, batch_index: int) -> LockstepBarrier | None:
         if not self.mode.lockstep_env:

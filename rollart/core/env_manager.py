@@ -127,8 +127,12 @@ def run_trajectory(ctl: "Controller", traj: Trajectory) -> Proc:
         for gate in (barrier, reward_gate):
             if gate is not None:
                 gate.leave(traj.id)
-    yield EnvClose(traj)
+    try:
+        yield EnvClose(traj)
+    except Aborted:
+        pass  # an abort that reaches a closing env changes nothing: it closes, and its manager frees
     ctl.tracer.release(traj)
+    ctl.trajectory_closed()
 
 
 def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | None,

@@ -20,18 +20,25 @@ class RolloutScheduler:
     * Every group launches ``ceil(group_size × (1 + redundancy))`` members; the surplus is
       aborted once ``group_size`` are scored (redundant env rollout masks stragglers).
     * Continuous modes keep ``consumed + pending ≤ (proxy_version + 1 + α) × groups_per_batch``,
-      so at most (1 + α) batches are pending: the buffer bound is O(α·E).
+      so at most (1 + α) batches are pending: the buffer bound is O(α·E). They roll out on E env
+      managers (``algorithm.env_managers``, default one batch's members): a group starts only when
+      its members find free ones, so α bounds staleness, not concurrency (ROLL runs num_env_groups ×
+      group_size = rollout_batch_size env managers whatever its async ratio; AReaL's
+      max_concurrent_rollouts defaults to the train batch size).
     * Batch-level modes open rollout batch k only when batch k − 1 is finished and
       ``k ≤ proxy_version + α``, then launch its groups together.
     * Tasks follow their shares by smooth weighted round-robin (exact, deterministic).
     """
 
-    def __init__(self, tasks: list[TaskSpec], mode: "ModeConfig", groups_per_batch: int, group_size: int):
+    def __init__(self, tasks: list[TaskSpec], mode: "ModeConfig", groups_per_batch: int, group_size: int,
+                 env_managers: int | None = None):
         self.tasks = tasks
         self.mode = mode
         self.groups_per_batch = groups_per_batch
         self.group_size = group_size
         self.members_per_group = max(group_size, math.ceil(group_size * (1.0 + mode.redundancy) - 1e-9))
+        # batch-level modes launch one batch at a time: their batch is their env managers
+        self.env_managers = max(self.members_per_group, env_managers or groups_per_batch * self.members_per_group)
         self.batch_index = 0
         self.groups_launched = 0
         self._wrr = [0.0] * len(tasks)
@@ -72,7 +79,11 @@ class RolloutScheduler:
             if self.maybe_open_next_batch(ctl.proxy.version):
                 ctl.forget_gates(self.batch_index)  # the finished batches' barriers
             limit = self.admission_limit(ctl.proxy.version)
+            envs_busy = False
             while buffer.consumed_groups + buffer.pending_groups < limit:
+                if not self.mode.batch_level_launch and ctl.rolling + self.members_per_group > self.env_managers:
+                    envs_busy = True  # the window is open, the env managers are not: wait for one to free
+                    break
                 group = ctl.new_group(self.next_task(), self.batch_index)
                 if self.mode.batch_level_launch:  # only batch-level modes look back at a batch's groups
                     self._batch_groups.setdefault(self.batch_index, []).append(group)
@@ -80,4 +91,4 @@ class RolloutScheduler:
                 for _ in range(self.members_per_group):
                     traj = ctl.new_trajectory(group)
                     yield Spawn(ctl.trajectory_process(traj), key=traj.id)
-            yield Wait(buffer.changed)
+            yield Wait(ctl.env_freed if envs_busy else buffer.changed)

@@ -321,6 +321,11 @@ class Algorithm(_Strict):
     mode: Mode = "rollart"
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
     max_refills_per_group: Annotated[int, Field(ge=0, le=1000)] = 16
+    env_managers: Annotated[int, Field(gt=0, le=100_000_000)] | None = Field(
+        None, description="trajectories rolled out at once by the continuous modes (rollart, areal): the env "
+                          "managers, ROLL's num_env_groups × group_size, AReaL's max_concurrent_rollouts; "
+                          "default one batch's members, batch_size × (1 + redundancy). alpha bounds how stale "
+                          "what they roll out may get, not how many run")
     max_sim_hours: Annotated[float, Field(gt=0, le=1e6)] = 240.0
 
 
@@ -534,6 +539,9 @@ def _cross_problems(plan: Plan) -> list[str]:
     elif any(g.role != "both" for g in p.generation):
         out.append("placement.generation: roles 'prefill'/'decode' need placement.pd_disaggregation: true")
 
+    if a.env_managers is not None and a.env_managers < math.ceil(a.group_size * (1 + a.redundancy) - 1e-9):
+        out.append(f"algorithm.env_managers: {a.env_managers} cannot roll out one group "
+                   f"({math.ceil(a.group_size * (1 + a.redundancy) - 1e-9)} members with redundancy {a.redundancy:g})")
     if a.batch_size % a.group_size:
         out.append(f"algorithm.batch_size: {a.batch_size} is not a multiple of algorithm.group_size ({a.group_size})")
     for name in plan.runtime.pools:
