@@ -116,7 +116,8 @@ def _mean(runs: list[tuple[float, float]]) -> tuple[float, float]:
 # approximation's expectation, so each check averages enough seeds for a 5 % per-seed spread: at 128 GPUs
 # the approximation simulates half the cluster with the same trajectory draws, so the same seeds pair up
 # (per-seed differences -0.6, +1.6, -0.2, -4.7 %); at 512 and 1,024 they do not, and 12 approximate seeds
-# (~5 CPU-s each) are set against the full runs (~55 and ~140 CPU-s each).
+# (~5 CPU-s each) are set against the full runs (~55 and ~140 CPU-s each); those two checks are opt-in
+# (ROLLART_SCALE_FULL=1), the 128-GPU one runs in CI.
 APPROX_SEEDS = {1: range(4), 4: range(12), 8: range(12)}
 FULL_SEEDS = {1: range(4), 4: range(2), 8: range(3)}
 
@@ -124,9 +125,10 @@ FULL_SEEDS = {1: range(4), 4: range(2), 8: range(3)}
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 4, 8])  # 128, 512, 1,024 GPUs
 def test_matches_full_simulation(k: int) -> None:
-    if k == 8 and not os.environ.get("ROLLART_SCALE_1024"):
-        # three full 1,024-GPU simulations cost ~7 CPU-min, half of the suite's budget
-        pytest.skip("1,024 GPUs: set ROLLART_SCALE_1024=1 (about 8 CPU-min)")
+    if k > 1 and not os.environ.get("ROLLART_SCALE_FULL"):
+        # 12 approximate runs against 2-3 full 512- or 1,024-GPU ones: ~3 and ~8 CPU-min, more than the
+        # suite's budget allows beside everything else; the figures they measured are recorded above
+        pytest.skip(f"{128 * k:,} GPUs: set ROLLART_SCALE_FULL=1 (about {3 if k == 4 else 8} CPU-min)")
     plan = _paper(k)
     m = auto_factor(plan) if k > 1 else 2
     full = _mean([_steady(simulate_plan(plan, mode_config(plan), s).to_result()) for s in FULL_SEEDS[k]])
