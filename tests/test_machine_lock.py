@@ -23,8 +23,9 @@ def _hold(runuid: str, idx: int, exclusive: bool, hold_s: float, start_after_s: 
 
 def _intervals(specs: list[tuple[bool, float, float]]) -> list[tuple[int, float, float]]:
     """Run each (exclusive, hold_s, start_after_s) in its own process; (index, start, end) of each hold, in order."""
-    runuid, q = uuid.uuid4().hex, mp.get_context("fork").Queue()
-    procs = [mp.get_context("fork").Process(target=_hold, args=(runuid, i, *s, q)) for i, s in enumerate(specs)]
+    fork = mp.get_context("fork")
+    runuid, q = uuid.uuid4().hex, fork.Queue()
+    procs = [fork.Process(target=_hold, args=(runuid, i, *s, q)) for i, s in enumerate(specs)]
     for p in procs:
         p.start()
     got = sorted(q.get(timeout=30) for _ in procs)

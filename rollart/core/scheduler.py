@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Generator
 
 from rollart.core.effects import Spawn, Wait
 from rollart.core.trajectory import Group
-from rollart.plan.schema import TaskSpec
+from rollart.plan.schema import TaskSpec, members_per_group
 
 if TYPE_CHECKING:
     from rollart.core.controller import Controller
@@ -36,8 +35,8 @@ class RolloutScheduler:
         self.mode = mode
         self.groups_per_batch = groups_per_batch
         self.group_size = group_size
-        self.members_per_group = max(group_size, math.ceil(group_size * (1.0 + mode.redundancy) - 1e-9))
-        # batch-level modes launch one batch at a time: their batch is their env managers
+        self.members_per_group = members_per_group(group_size, mode.redundancy)
+        # the continuous modes' bound; batch-level modes launch one whole batch at a time instead
         self.env_managers = max(self.members_per_group, env_managers or groups_per_batch * self.members_per_group)
         self.batch_index = 0
         self.groups_launched = 0

@@ -539,9 +539,10 @@ def _cross_problems(plan: Plan) -> list[str]:
     elif any(g.role != "both" for g in p.generation):
         out.append("placement.generation: roles 'prefill'/'decode' need placement.pd_disaggregation: true")
 
-    if a.env_managers is not None and a.env_managers < math.ceil(a.group_size * (1 + a.redundancy) - 1e-9):
+    members = members_per_group(a.group_size, a.redundancy)
+    if a.env_managers is not None and a.env_managers < members:
         out.append(f"algorithm.env_managers: {a.env_managers} cannot roll out one group "
-                   f"({math.ceil(a.group_size * (1 + a.redundancy) - 1e-9)} members with redundancy {a.redundancy:g})")
+                   f"({members} members with redundancy {a.redundancy:g})")
     if a.batch_size % a.group_size:
         out.append(f"algorithm.batch_size: {a.batch_size} is not a multiple of algorithm.group_size ({a.group_size})")
     for name in plan.runtime.pools:
@@ -578,13 +579,19 @@ def _cross_problems(plan: Plan) -> list[str]:
     return out
 
 
+def members_per_group(group_size: int, redundancy: float) -> int:
+    """Trajectories launched per GRPO group: ceil(group_size × (1 + redundancy)), at least the group
+    (the epsilon keeps 8 × 1.25 at 10 where floating point lands a hair above)."""
+    return max(group_size, math.ceil(group_size * (1.0 + redundancy) - 1e-9))
+
+
 def sim_requests_estimate(plan: Plan) -> float:
     """About how many generation requests simulating ``plan`` handles: the batches trained plus
     the α batches started ahead, each member launched with its redundancy, times the mean turns."""
     a = plan.algorithm
     share = sum(t.share for t in plan.tasks)
     turns = sum(t.share * max(1.0, t.turns.mean()) for t in plan.tasks) / share
-    members = math.ceil(a.group_size * (1 + a.redundancy)) / a.group_size
+    members = members_per_group(a.group_size, a.redundancy) / a.group_size
     return (a.steps + a.alpha) * a.batch_size * members * turns
 
 
