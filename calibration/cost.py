@@ -28,6 +28,9 @@ from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, k
 from rollart.sim.costs.moe import all_to_all_s, rank_expert_rows, rank_experts_touched
 
 
+MIXED_MEMO_MAX = 1 << 16  # distinct token counts memoised per cost model
+
+
 class KernelProfileGeneration:
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: KernelProfile, origin: str,
                  ep: int = 1, network: Link | None = None):
@@ -45,6 +48,8 @@ class KernelProfileGeneration:
         self._mlp_shapes = [(float(h), 2 * inter / rank_tp), (inter / rank_tp, float(h))]
         self._lm_head = [(float(h), model.vocab / rank_tp)]
         self._lines: dict[int, DecodeLine] = {}
+        self._mixed_batch: dict[int, tuple[float, float, float]] = {}
+        self._mixed_tokens: dict[int, tuple[float, float]] = {}
         # decode attention of a head geometry measured without split-KV: below n_SM CTAs
         # (batch × KV heads) part of the GPU idles (kernels.decode_attention_time)
         d = dict(profile.attn_decode.params)
@@ -153,14 +158,33 @@ class KernelProfileGeneration:
                         decode_context: float) -> float:
         if new_tokens <= 0:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
-        m, tokens = self.model, new_tokens + decode_batch
+        tokens = new_tokens + decode_batch
         attn = self._prefill_attention(new_tokens / self.ep, attention_pairs)
+        # The terms that depend only on the step's token count or only on its decode batch are
+        # memoised (an engine prices one mixed step per admission, over a few thousand distinct
+        # counts); each is the same expression as before, summed in the same order, so every
+        # step time is bit-for-bit what the unmemoised formula gives.
+        per_batch = self._mixed_batch.get(decode_batch)
+        if per_batch is None:
+            per_batch = self._mixed_batch[decode_batch] = self._mixed_batch_terms(decode_batch)
+        fixed, per_context, lm_head = per_batch
         if decode_batch:
-            d = self._attn_decode
-            attn += d["t0"] + d["t_seq"] * decode_batch / self.ep + decode_context * max(
-                *self._per_cached_token(decode_batch))
-        return (self.profile.iteration_overhead_s + m.layers * (self._layer_gemms(tokens) + attn)
-                + self._gemms(max(1.0, decode_batch / self.ep), self._lm_head, self._bf16) + self._allreduce(tokens))
+            attn += fixed + decode_context * per_context
+        per_tokens = self._mixed_tokens.get(tokens)
+        if per_tokens is None:
+            if len(self._mixed_tokens) >= MIXED_MEMO_MAX:  # bounded: memory stays flat in long runs
+                self._mixed_tokens.clear()
+            per_tokens = self._mixed_tokens[tokens] = (self._layer_gemms(tokens), self._allreduce(tokens))
+        gemms, allreduce = per_tokens
+        return self.profile.iteration_overhead_s + self.model.layers * (gemms + attn) + lm_head + allreduce
+
+    def _mixed_batch_terms(self, decode_batch: int) -> tuple[float, float, float]:
+        """(decode attention's fixed time, its seconds per cached token, the lm_head GEMM) for a
+        mixed step whose decode batch is ``decode_batch``."""
+        d = self._attn_decode
+        fixed = d["t0"] + d["t_seq"] * decode_batch / self.ep
+        per_context = max(*self._per_cached_token(decode_batch)) if decode_batch else 0.0
+        return fixed, per_context, self._gemms(max(1.0, decode_batch / self.ep), self._lm_head, self._bf16)
 
     def decode_line(self, batch: int) -> DecodeLine:
         line = self._lines.get(batch)

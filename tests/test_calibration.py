@@ -189,3 +189,35 @@ def test_calibrate_show_prints_fits_and_plots(gpu: str, tmp_path: Path) -> None:
 def test_calibrate_show_unknown_profile_exits_2(tmp_path: Path) -> None:
     out = subprocess.run([ROLLART, "calibrate", "show", "h900"], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 2 and "no profile 'h900'" in out.stderr and "Traceback" not in out.stderr
+
+
+def _mixed_step_unmemoised(c, new_tokens: int, pairs: float, batch: int, context: float) -> float:
+    """The kernel-profile mixed step as one expression (what the memoised method must equal bit for bit)."""
+    attn = c._prefill_attention(new_tokens / c.ep, pairs)
+    if batch:
+        d = c._attn_decode
+        attn += d["t0"] + d["t_seq"] * batch / c.ep + context * max(*c._per_cached_token(batch))
+    tokens = new_tokens + batch
+    return (c.profile.iteration_overhead_s + c.model.layers * (c._layer_gemms(tokens) + attn)
+            + c._gemms(max(1.0, batch / c.ep), c._lm_head, c._bf16) + c._allreduce(tokens))
+
+
+MOE_30B = {"name": "Qwen3-30B-A3B", "layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128,
+           "intermediate": 768, "vocab": 151936, "moe_experts": 128, "moe_active_experts": 8}
+
+
+@pytest.mark.parametrize("model,gpu,tp,ep", [("Qwen3-8B", "H800", 1, 1), ("Qwen3-32B", "H20", 4, 1),
+                                             (MOE_30B, "H800", 2, 2)])
+def test_memoised_mixed_step_is_exact(model, gpu, tp, ep, monkeypatch):
+    """The mixed step memoises its per-token-count and per-batch terms: every value, first call or
+    memo hit, and after the memo's bound clears it, equals the unmemoised formula exactly."""
+    from rollart.calibration import cost as cost_mod
+
+    monkeypatch.setattr(cost_mod, "MIXED_MEMO_MAX", 8)  # exercise the clearing too
+    c = generation_cost(ModelSpec.model_validate(model), gpu, GpuType(**GPU_PRESETS[gpu]), tp, ep=ep)
+    rng = np.random.default_rng(0)
+    cases = [(int(n), float(n) * float(ctx), int(b), float(b) * float(ctx))
+             for n, b, ctx in zip(rng.integers(1, 9000, 40), rng.integers(0, 5, 40) ** 3, rng.integers(1, 30000, 40))]
+    for n, pairs, b, ctx in cases + cases:  # the second pass hits the memo where it was kept
+        assert c.mixed_step_time(n, pairs, b, ctx) == _mixed_step_unmemoised(c, n, pairs, b, ctx)
+    assert len(c._mixed_tokens) <= 8
