@@ -17,7 +17,7 @@ from rollart.plan import load_plan
 from rollart.reproduce import EXPERIMENTS, BATCH_ENV, Runner, Variant, run_reproduce, select
 from rollart.reproduce.experiments import _swe_paths
 from rollart.reproduce.figures import rollout_s, steady, throughput
-from rollart.reproduce.model import Outcome, ReproduceError
+from rollart.reproduce.model import Outcome, ReproduceError, Section
 from rollart.scenarios_catalog import resolve, scenarios_root
 
 EXPERIMENT_DIR = scenarios_root() / "paper" / "experiments"
@@ -160,6 +160,78 @@ def test_figures_steady_state_and_rollout():
     assert throughput(one) == pytest.approx(8 / 100)
     empty = Outcome(v, None, None, "boom", 0.0, 1)
     assert math.isnan(throughput(empty))
+
+
+def _fake(params: dict, train: list[float], step: float = 50.0, plan=None, tokens: int = 0) -> Outcome:
+    """A run with a 100 s pipeline-fill step, then one step of `step` s (and `tokens` trained
+    tokens) per train time given."""
+    from rollart.report import RunResult
+
+    recs = [_rec(0, 0, 100)] + [StepRecord(i + 1, 100 + i * step, 100 + (i + 1) * step, {"train": t}, 8, tokens, 0.0)
+                                for i, t in enumerate(train)]
+    return Outcome(Variant("v", "x", params=params), plan, RunResult("s", "rollart", 0, "sim", recs, {}), None, 0.0,
+                   len(recs))
+
+
+def _column(section: Section, header: str, first: str, second: str | None = None) -> str:
+    i = section.table.headers.index(header)
+    return next(row[i] for row in section.table.rows if row[0] == first and (second is None or row[1] == second))
+
+
+def test_train_share_is_the_mean_over_the_steady_steps():
+    from rollart.reproduce.figures import train_share, trainer_bound
+
+    o = _fake({}, [40, 45])
+    assert train_share(o) == pytest.approx(0.85)  # the fill step (no train) is left out
+    assert trainer_bound(o) and not trainer_bound(_fake({}, [39, 40])) and not trainer_bound(None)
+    empty = Outcome(Variant("v", "x"), None, None, "boom", 0.0, 1)
+    assert math.isnan(train_share(empty)) and not trainer_bound(empty)
+
+
+def test_throughput_says_when_both_rollart_and_areal_are_trainer_bound():
+    """Both trainer-bound: the note says ROLLART ÷ AReaL is then their train steps' ratio, read from the runs."""
+    from rollart.reproduce.experiments import B8, THROUGHPUT, baseline_placement
+
+    plans = {m: load_plan(resolve(B8), baseline_placement("Qwen3-8B", m)) for m in ("rollart", "areal")}
+    outs = [_fake({"model": "Qwen3-8B", "mode": "rollart"}, [45, 45], plan=plans["rollart"], tokens=800),
+            _fake({"model": "Qwen3-8B", "mode": "areal"}, [54, 54], step=60, plan=plans["areal"], tokens=880),
+            _fake({"model": "Qwen3-14B", "mode": "rollart"}, [20, 20]),
+            Outcome(Variant("v", "x", params={"model": "Qwen3-14B", "mode": "areal"}), None, None, "boom", 0.0, 2)]
+    section = THROUGHPUT.analyse(outs)
+    assert _column(section, "train share of step", "Qwen3-8B", "ROLLART") == "90 %"
+    assert _column(section, "train share of step", "Qwen3-14B", "ROLLART") == "40 %"
+    assert _column(section, "train share of step", "Qwen3-14B", "AReaL-style") == "—"
+    note, = [n for n in section.notes if n.startswith("Which side bounds the step")]
+    assert "at least 80 % of the step's critical path" in note
+    assert ("Qwen3-8B: ROLLART trainer-bound (90 %), AReaL-style trainer-bound (90 %) — both, so ROLLART ÷ AReaL "
+            "(1.20×) is then mostly the ratio of their train steps (AReaL-style's ÷ ROLLART's: 1.20×, with 1.10× "
+            "the trained tokens per trajectory; both train on the same 64 H800) and rollout-side mechanisms cannot "
+            "show;") in note
+    assert note.endswith("Qwen3-14B: ROLLART rollout-bound (40 %), AReaL-style unknown (no steps).")
+    assert "Qwen3-32B" not in note
+    assert not [n for n in THROUGHPUT.analyse([]).notes if n.startswith("Which side")]
+
+
+def test_affinity_and_scaling_show_the_train_share():
+    from rollart.reproduce.experiments import AFF_VARIANTS, AFFINITY, SCALING
+
+    label = dict((k, lbl) for k, lbl, _ in AFF_VARIANTS)
+    bound = [_fake({"config": "all-h800"}, [45]), _fake({"config": "all-h20"}, [36], step=40)]
+    section = AFFINITY.analyse(bound)
+    assert _column(section, "train share of step", label["all-h20"]) == "90 %"
+    note, = [n for n in section.notes if n.startswith("Which side bounds the step")]
+    # no plans here: the runs cannot say the trainers are the same, so the note does not claim it
+    assert (f"{label['all-h800']}: trainer-bound (90 %); {label['all-h20']}: trainer-bound (90 %) — every "
+            "variant is, so × all-H800 is then mostly the ratio of their train steps (all-H800's ÷ each: 1.00× · "
+            "1.25×) and the rollout hardware cannot show.") in note
+    mixed = AFFINITY.analyse([bound[0], _fake({"config": "mix-affinity"}, [10])])
+    note, = [n for n in mixed.notes if n.startswith("Which side bounds the step")]
+    assert f"{label['mix-affinity']}: rollout-bound (20 %); {label['all-h800']}: trainer-bound (90 %)." in note
+    assert "every variant" not in note
+
+    section = SCALING.analyse([_fake({"mode": "sync", "gpus": 128}, [25, 35])])
+    assert _column(section, "128 H800 train share of step", "Sync") == "60 %"
+    assert _column(section, "64 H800 train share of step", "Sync") == "—"
 
 
 def test_swe_paths_split_on_a_timed_out_reset():

@@ -14,8 +14,8 @@ import math
 from typing import Any
 
 from rollart.reproduce import plots
-from rollart.reproduce.figures import (NA, breakdown_mean, busy, failed, fp, fr, fs, fx, mean, ratio, rollout_s,
-                                       share, step_s, steady, throughput)
+from rollart.reproduce.figures import (NA, TRAINER_BOUND, breakdown_mean, busy, failed, fp, fr, fs, fx, mean, ratio,
+                                       rollout_s, share, step_s, steady, throughput, train_share, trainer_bound)
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
 
 B8, B14, B32 = "paper/qwen3-8b-128gpu", "paper/qwen3-14b-128gpu", "paper/qwen3-32b-128gpu"
@@ -40,6 +40,41 @@ def _find(outs: list[Outcome], **params: Any) -> Outcome | None:
 
 def _failures(outs: list[Outcome]) -> list[str]:
     return [f"`{o.variant.label}`: {failed(o)}" for o in outs if failed(o)]
+
+
+# ---- which side bounds the step: when the trainer does, more rollout hardware cannot help
+
+BOUND_RULE = f"trainer-bound: the train step is at least {fp(TRAINER_BOUND)} of the step's critical path"
+
+
+def _side(o: Outcome | None) -> str:
+    """'trainer-bound (93 %)', 'rollout-bound (40 %)', or 'unknown' for a run without steps."""
+    s = train_share(o) if o is not None else math.nan
+    if not math.isfinite(s):
+        return "unknown (no steps)"
+    return f"{'trainer' if s >= TRAINER_BOUND else 'rollout'}-bound ({fp(s)})"
+
+
+def _train_s(o: Outcome) -> float:
+    return breakdown_mean(steady(o), "train")
+
+
+def _tokens_per_traj(o: Outcome) -> float:
+    """Trained tokens per trajectory over the steady steps: on one trainer, what makes train steps differ."""
+    recs = steady(o)
+    return ratio(sum(r.tokens for r in recs), sum(r.trajectories for r in recs))
+
+
+def _same_trainer(outs: list[Outcome]) -> str:
+    """'; both train on the same 64 H800' when every run's plan has the same trainer, else '' (a
+    run without a plan, or different trainers: then the claim cannot be read from the runs)."""
+    if any(o.plan is None for o in outs):
+        return ""
+    ts = {(o.plan.placement.trainer.gpus, o.plan.placement.trainer.pool) for o in outs}
+    if len(ts) != 1:
+        return ""
+    (gpus, pool), = ts
+    return f"; {'both' if len(outs) == 2 else 'all'} train on the same {gpus} {pool.upper()}"
 
 
 # ====================================================================== 1. SWE step breakdown
@@ -363,12 +398,12 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
             o = _find(outs, model=model, mode=m)
             if o is None:
                 continue
-            rows.append([model, MODE_LABEL[m], fs(step_s(o)), fr(thr.get(m)), fx(ratio(thr.get(m), thr.get("sync+"))),
-                         fx(ratio(thr.get(m), thr.get("sync"))), busy(o), str(o.summary.get("aborted_stale", NA)),
-                         str(o.summary.get("aborted_redundant", NA))])
+            rows.append([model, MODE_LABEL[m], fs(step_s(o)), fp(train_share(o)), fr(thr.get(m)),
+                         fx(ratio(thr.get(m), thr.get("sync+"))), fx(ratio(thr.get(m), thr.get("sync"))), busy(o),
+                         str(o.summary.get("aborted_stale", NA)), str(o.summary.get("aborted_redundant", NA))])
         head[model] = {m: thr.get(m) for m in thr}
-    table = MdTable(["model", "mode", "step s", "traj/s", "× Sync+", "× Sync", "GPU busy", "stale aborts",
-                     "redundant aborts"], rows)
+    table = MdTable(["model", "mode", "step s", "train share of step", "traj/s", "× Sync+", "× Sync", "GPU busy",
+                     "stale aborts", "redundant aborts"], rows)
 
     abl_rows = []
     for model in BASES:
@@ -403,11 +438,30 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
         "Incremental ablation: each stage adds one mechanism to the previous one. *+ hardware-affinity routing* is "
         "ROLLART mode with `algorithm.redundancy=0` and `weight_sync.transport=nccl_broadcast`, which differs from "
         "AReaL-style only in routing by task tag.",
-    ] + _failures(outs)
+    ] + _throughput_bound_note(outs) + _failures(outs)
     return Section(table, comparison, notes,
                    extra_tables=[("Incremental ablation (throughput, × Sync and × the previous stage)",
                                   MdTable(["model", "stage", "traj/s", "× Sync", "× previous"], abl_rows))],
                    headline=head)
+
+
+def _throughput_bound_note(outs: list[Outcome]) -> list[str]:
+    """Per model, whether ROLLART and AReaL-style are trainer-bound: when both are, their ratio
+    compares train steps, not the rollout-side mechanisms ROLLART adds."""
+    parts = []
+    for model in BASES:
+        r, a = _find(outs, model=model, mode="rollart"), _find(outs, model=model, mode="areal")
+        if r is None and a is None:
+            continue
+        part = f"{model}: ROLLART {_side(r)}, AReaL-style {_side(a)}"
+        if trainer_bound(r) and trainer_bound(a):
+            tokens = ratio(_tokens_per_traj(a), _tokens_per_traj(r))
+            part += (f" — both, so ROLLART ÷ AReaL ({fx(ratio(throughput(r), throughput(a)))}) is then mostly the "
+                     f"ratio of their train steps (AReaL-style's ÷ ROLLART's: {fx(ratio(_train_s(a), _train_s(r)))}"
+                     + (f", with {fx(tokens)} the trained tokens per trajectory" if math.isfinite(tokens) else "")
+                     + f"{_same_trainer([r, a])}) and rollout-side mechanisms cannot show")
+        parts.append(part)
+    return [f"Which side bounds the step ({BOUND_RULE}): " + "; ".join(parts) + "."] if parts else []
 
 
 THROUGHPUT = Experiment(
@@ -451,11 +505,13 @@ def _analyse_scaling(outs: list[Outcome]) -> Section:
         a, b = _find(outs, mode=m, gpus=64), _find(outs, mode=m, gpus=128)
         ta, tb = (throughput(o) if o else math.nan for o in (a, b))
         head[m] = {"64": ta, "128": tb, "speedup": ratio(tb, ta)}
-        rows.append([MODE_LABEL[m], fs(step_s(a)) if a else NA, fr(ta), busy(a) if a else NA,
-                     fs(step_s(b)) if b else NA, fr(tb), busy(b) if b else NA,
+        rows.append([MODE_LABEL[m], fs(step_s(a)) if a else NA, fp(train_share(a)) if a else NA, fr(ta),
+                     busy(a) if a else NA, fs(step_s(b)) if b else NA, fp(train_share(b)) if b else NA, fr(tb),
+                     busy(b) if b else NA,
                      fx(ratio(tb, ta)), fp(ratio(tb, ta) / 2 if math.isfinite(ratio(tb, ta)) else math.nan)])
-    table = MdTable(["mode", "64 H800 step s", "64 H800 traj/s", "64 H800 GPU busy", "128 H800 step s",
-                     "128 H800 traj/s", "128 H800 GPU busy", "speed-up (ideal 2×)", "scaling efficiency"], rows)
+    table = MdTable(["mode", "64 H800 step s", "64 H800 train share of step", "64 H800 traj/s", "64 H800 GPU busy",
+                     "128 H800 step s", "128 H800 train share of step", "128 H800 traj/s", "128 H800 GPU busy",
+                     "speed-up (ideal 2×)", "scaling efficiency"], rows)
     best = max((m for m in MODES if math.isfinite(head[m]["speedup"])), key=lambda m: head[m]["speedup"], default=None)
     comparison = MdTable(["quantity", "simulated", "paper"], [
         ["mode that scales best from 64 to 128 H800", f"{MODE_LABEL[best]} ({fx(head[best]['speedup'])})" if best else NA,
@@ -504,10 +560,10 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
             continue
         t = throughput(o)
         head[key] = t
-        rows.append([label, fs(step_s(o)), fr(t), fx(ratio(t, tref)), busy(o),
+        rows.append([label, fs(step_s(o)), fp(train_share(o)), fr(t), fx(ratio(t, tref)), busy(o),
                      str(o.summary.get("routed_fallback", NA))])
-    table = MdTable(["rollout hardware (same cost)", "step s", "traj/s", "× all-H800", "GPU busy",
-                     "requests routed off their preferred pool"], rows)
+    table = MdTable(["rollout hardware (same cost)", "step s", "train share of step", "traj/s", "× all-H800",
+                     "GPU busy", "requests routed off their preferred pool"], rows)
     best = max(head, key=lambda k: head[k] if math.isfinite(head[k]) else -1) if head else None
     label = dict((k, lbl) for k, lbl, _ in AFF_VARIANTS)
     comparison = MdTable(["quantity", "simulated", "paper"], [
@@ -520,8 +576,23 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
     ])
     notes = ["Training runs on its own 64 H800 in every variant (as in the base plans; with 32 the trainer bounds every variant); only the rollout hardware changes. Cost matching: "
              "1 H800 = 3 H20, the paper's 2 × H800 ≈ 6 × H20 pairing. Throughput over the steady-state steps."] \
-        + _failures(outs)
+        + _affinity_bound_note(outs) + _failures(outs)
     return Section(table, comparison, notes, headline=head)
+
+
+def _affinity_bound_note(outs: list[Outcome]) -> list[str]:
+    """Which variants are trainer-bound: when all are, the rollout hardware cannot change the step."""
+    runs = [(label, o) for key, label, _ in AFF_VARIANTS if (o := _find(outs, config=key))]
+    if not runs:
+        return []
+    text = f"Which side bounds the step ({BOUND_RULE}): " + "; ".join(f"{lbl}: {_side(o)}" for lbl, o in runs)
+    if all(trainer_bound(o) for _, o in runs):
+        ref = _find(outs, config="all-h800")
+        spread = " · ".join(fx(ratio(_train_s(ref), _train_s(o))) for _, o in runs) if ref else NA
+        text += (" — every variant is, so × all-H800 is then mostly the ratio of their train steps "
+                 f"(all-H800's ÷ each: {spread}{_same_trainer([o for _, o in runs])}) and the rollout hardware "
+                 "cannot show")
+    return [text + "."]
 
 
 AFFINITY = Experiment(

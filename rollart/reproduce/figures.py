@@ -49,6 +49,20 @@ def breakdown_mean(recs: list[StepRecord], key: str) -> float:
     return mean(r.breakdown_s.get(key, 0.0) for r in recs)
 
 
+# From this share of the step spent training (on the critical path) on, the trainer sets the pace
+# and faster rollout cannot shorten the step much.
+TRAINER_BOUND = 0.8
+
+
+def train_share(o: Outcome) -> float:
+    """Mean share of the steady steps' time that is the train step (NaN without records)."""
+    return mean(share(r, "train") for r in steady(o))
+
+
+def trainer_bound(o: Outcome | None) -> bool:
+    return o is not None and train_share(o) >= TRAINER_BOUND  # NaN compares False
+
+
 def ratio(a: float, b: float) -> float:
     if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)) or b == 0:
         return math.nan
