@@ -28,9 +28,6 @@ from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, k
 from rollart.sim.costs.moe import all_to_all_s, rank_expert_rows, rank_experts_touched
 
 
-MIXED_MEMO_MAX = 1 << 16  # distinct token counts memoised per cost model
-
-
 class KernelProfileGeneration:
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: KernelProfile, origin: str,
                  ep: int = 1, network: Link | None = None):
@@ -49,7 +46,6 @@ class KernelProfileGeneration:
         self._lm_head = [(float(h), model.vocab / rank_tp)]
         self._lines: dict[int, DecodeLine] = {}
         self._mixed_batch: dict[int, tuple[float, float, float]] = {}
-        self._mixed_tokens: dict[int, tuple[float, float]] = {}
         # decode attention of a head geometry measured without split-KV: below n_SM CTAs
         # (batch × KV heads) part of the GPU idles (kernels.decode_attention_time)
         d = dict(profile.attn_decode.params)
@@ -160,23 +156,19 @@ class KernelProfileGeneration:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
         tokens = new_tokens + decode_batch
         attn = self._prefill_attention(new_tokens / self.ep, attention_pairs)
-        # The terms that depend only on the step's token count or only on its decode batch are
-        # memoised (an engine prices one mixed step per admission, over a few thousand distinct
-        # counts); each is the same expression as before, summed in the same order, so every
-        # step time is bit-for-bit what the unmemoised formula gives.
+        # The terms that depend only on the decode batch are memoised (an engine prices one mixed
+        # step per admission, over at most max_num_seqs batch sizes); each is the same expression
+        # as before, summed in the same order, so every step time is bit-for-bit what the
+        # unmemoised formula gives. The token-count terms are not: their distinct values keep
+        # arriving over a run, and a memo of them grows with its history.
         per_batch = self._mixed_batch.get(decode_batch)
         if per_batch is None:
             per_batch = self._mixed_batch[decode_batch] = self._mixed_batch_terms(decode_batch)
         fixed, per_context, lm_head = per_batch
         if decode_batch:
             attn += fixed + decode_context * per_context
-        per_tokens = self._mixed_tokens.get(tokens)
-        if per_tokens is None:
-            if len(self._mixed_tokens) >= MIXED_MEMO_MAX:  # bounded: memory stays flat in long runs
-                self._mixed_tokens.clear()
-            per_tokens = self._mixed_tokens[tokens] = (self._layer_gemms(tokens), self._allreduce(tokens))
-        gemms, allreduce = per_tokens
-        return self.profile.iteration_overhead_s + self.model.layers * (gemms + attn) + lm_head + allreduce
+        return (self.profile.iteration_overhead_s + self.model.layers * (self._layer_gemms(tokens) + attn) + lm_head
+                + self._allreduce(tokens))
 
     def _mixed_batch_terms(self, decode_batch: int) -> tuple[float, float, float]:
         """(decode attention's fixed time, its seconds per cached token, the lm_head GEMM) for a

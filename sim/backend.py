@@ -113,26 +113,39 @@ class SimBackend:
         tp_of = []
         for gi, g in enumerate(plan.placement.generation):
             tp_of += [(gi, g)] * g.workers
+        # One cost model per generation group, shared by its engines: it is a pure function of the
+        # group's GPU, tp and ep, and its memoised decode lines and step terms then serve them all.
+        group_costs: dict[int, Any] = {}
         for w in build_workers(plan):
             gi, g = tp_of[w.id]
-            pool = plan.cluster.gpu_pools[g.pool]
-            gpu_name = pool.gpu
-            try:
-                cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile,
-                                       g.ep, plan.cluster.links.get("intra_cluster"))
-            except (OSError, ValueError) as exc:
-                raise PlanError([f"cluster.gpu_pools.{g.pool}.profile: {exc}"]) from None
-            longest = max(t.max_context_tokens for t in plan.tasks)
-            if cost.kv_capacity_tokens < longest:  # as a real engine, refuse a context it cannot hold
-                raise PlanError([f"placement.generation.{gi}.tp: {plan.model.name} "
-                                 f"({plan.model.weight_bytes / 1e9:.1f} GB of weights) leaves "
-                                 f"{cost.kv_capacity_tokens} KV tokens on {g.tp} × {gpu_name}, less than one "
-                                 f"{longest}-token context (tasks' max_context_tokens); raise tp"])
+            gpu_name = plan.cluster.gpu_pools[g.pool].gpu
+            cost = group_costs.get(gi)
+            if cost is None:
+                cost = group_costs[gi] = self._generation_cost(gi, g)
             self.cost_sources[gpu_name] = cost.source
             span = self._worker_span(g.pool, w.id)
             self.engines.append(GenerationEngine(self.env, w.id, g.pool, cost, g.max_num_seqs,
                                                  plan.placement.prefix_cache, span))
             self.ctl.proxy.workers[w.id].kv_capacity_tokens = cost.kv_capacity_tokens  # routing sees KV room
+
+    def _generation_cost(self, gi: int, g: Any) -> Any:
+        """The cost model of generation group ``gi``; a plan error when the group cannot hold one
+        context of the longest task."""
+        plan = self.plan
+        pool = plan.cluster.gpu_pools[g.pool]
+        gpu_name = pool.gpu
+        try:
+            cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile,
+                                   g.ep, plan.cluster.links.get("intra_cluster"))
+        except (OSError, ValueError) as exc:
+            raise PlanError([f"cluster.gpu_pools.{g.pool}.profile: {exc}"]) from None
+        longest = max(t.max_context_tokens for t in plan.tasks)
+        if cost.kv_capacity_tokens < longest:  # as a real engine, refuse a context it cannot hold
+            raise PlanError([f"placement.generation.{gi}.tp: {plan.model.name} "
+                             f"({plan.model.weight_bytes / 1e9:.1f} GB of weights) leaves "
+                             f"{cost.kv_capacity_tokens} KV tokens on {g.tp} × {gpu_name}, less than one "
+                             f"{longest}-token context (tasks' max_context_tokens); raise tp"])
+        return cost
 
     def _colocation(self) -> tuple[ColocationSwitch | None, list[GenerationEngine]]:
         """Colocated placement: the engines on the trainer's pool give their GPUs to each train step."""

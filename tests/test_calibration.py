@@ -208,16 +208,13 @@ MOE_30B = {"name": "Qwen3-30B-A3B", "layers": 48, "hidden": 2048, "heads": 32, "
 
 @pytest.mark.parametrize("model,gpu,tp,ep", [("Qwen3-8B", "H800", 1, 1), ("Qwen3-32B", "H20", 4, 1),
                                              (MOE_30B, "H800", 2, 2)])
-def test_memoised_mixed_step_is_exact(model, gpu, tp, ep, monkeypatch):
-    """The mixed step memoises its per-token-count and per-batch terms: every value, first call or
-    memo hit, and after the memo's bound clears it, equals the unmemoised formula exactly."""
-    from rollart.calibration import cost as cost_mod
-
-    monkeypatch.setattr(cost_mod, "MIXED_MEMO_MAX", 8)  # exercise the clearing too
+def test_memoised_mixed_step_is_exact(model, gpu, tp, ep):
+    """The mixed step memoises its per-decode-batch terms: every value, first call or memo hit,
+    equals the unmemoised formula exactly, and the memo holds one entry per batch size."""
     c = generation_cost(ModelSpec.model_validate(model), gpu, GpuType(**GPU_PRESETS[gpu]), tp, ep=ep)
     rng = np.random.default_rng(0)
     cases = [(int(n), float(n) * float(ctx), int(b), float(b) * float(ctx))
              for n, b, ctx in zip(rng.integers(1, 9000, 40), rng.integers(0, 5, 40) ** 3, rng.integers(1, 30000, 40))]
     for n, pairs, b, ctx in cases + cases:  # the second pass hits the memo where it was kept
         assert c.mixed_step_time(n, pairs, b, ctx) == _mixed_step_unmemoised(c, n, pairs, b, ctx)
-    assert len(c._mixed_tokens) <= 8
+    assert set(c._mixed_batch) == {b for _, _, b, _ in cases}
