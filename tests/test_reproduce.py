@@ -360,3 +360,24 @@ def test_cli_usage_errors_exit_2_with_one_line(tmp_path, monkeypatch, args, env,
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
     assert "Traceback" not in res.output
     assert not (tmp_path / "o").exists()
+
+
+def test_h800_vs_h20_reads_per_cost_and_per_gpu():
+    """The same batch on 6 × H20 (same cost) and 2 × H20 (same count) against 2 × H800: each pairing
+    gets its own winner, and the note states the measured streaming rates behind the per-GPU answer."""
+    from rollart.reproduce.experiments import H800_H20, HW_BATCHES, HW_TASKS
+
+    steps = {"h800": 100.0, "h20": 60.0, "h20-2": 140.0}  # rollout means 100, 80, 120 s with the 100 s fill
+    outs = [_fake({"task": task, "batch": b, "hw": hw}, [0.0], step=s)
+            for task, _ in HW_TASKS for b in HW_BATCHES for hw, s in steps.items()]
+    sec = H800_H20.analyse(outs)
+    assert _column(sec, "faster (same cost)", "FrozenLake", "32") == "H20"
+    assert _column(sec, "faster (per GPU)", "GEM-Math", "256") == "H800"
+    assert _column(sec, "H20 ÷ H800 time (per GPU)", "FrozenLake", "64") == "1.20×"
+    rows = {r[0]: r[1] for r in sec.comparison.rows}
+    assert rows["faster per GPU (2 × H800 vs 2 × H20), GEM-Math"] == "H800 at every batch"
+    assert rows["faster cost-equivalent hardware, GEM-Math (decode-heavy)"] == "H20 at every batch"
+    note = next(n for n in sec.notes if n.startswith("Per GPU"))
+    assert "3.00 TB/s on H20 and 3.18 TB/s on H800" in note and "37 FLOP per byte" in note
+    missing = H800_H20.analyse([o for o in outs if o.variant.params["hw"] != "h20-2"])
+    assert _column(missing, "faster (per GPU)", "FrozenLake", "32") == "—"

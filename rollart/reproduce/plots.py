@@ -118,15 +118,15 @@ def hw_contrast(outs: list[Outcome], path: Path, tasks: tuple, batches: tuple,
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
     for ax, (task, _) in zip(axes[0], tasks):
         series = []
-        for pool, label in (("h800", "2 × H800"), ("h20", "6 × H20")):
-            series.append((label, [rollout_mean(_find(outs, task=task, batch=b, hw=pool)) for b in batches]))
+        for key, label in (("h800", "2 × H800"), ("h20", "6 × H20 (same cost)"), ("h20-2", "2 × H20 (same count)")):
+            series.append((label, [rollout_mean(_find(outs, task=task, batch=b, hw=key)) for b in batches]))
         _grouped(ax, [str(b) for b in batches], series, "{:.0f}")
         ax.set_xlabel("batch size (trajectories)")
         ax.set_ylabel("rollout time per batch (s)")
         kind = "prefill-heavy" if task == "FrozenLake" else "decode-heavy"
         ax.set_title(f"{task} ({kind})")
         ax.legend()
-    fig.suptitle("Cost-equivalent rollout hardware, Qwen3-8B (lower is better)", fontsize=10)
+    fig.suptitle("Rollout hardware per cost and per GPU, Qwen3-8B (lower is better)", fontsize=10)
     _save(fig, path)
 
 
