@@ -130,7 +130,9 @@ def summary_table(result: RunResult) -> Table:
     if sm.get("reward_gpu_busy_fraction") is not None:
         table.add_row("reward GPUs busy", f"{sm['reward_gpu_busy_fraction']:.1%}")
     if sm.get("serverless_gpu_seconds"):
-        table.add_row("serverless reward", f"{sm['serverless_gpu_seconds']:.0f} GPU·s billed, "
+        serving = sm.get("serverless_serving_s")
+        share = f" ({serving / sm['serverless_gpu_seconds']:.0%} serving calls)" if serving is not None else ""
+        table.add_row("serverless reward", f"{sm['serverless_gpu_seconds']:.0f} GPU·s billed{share}, "
                                            f"{sm.get('serverless_cold_starts', 0)} cold starts")
     table.add_row("aborted", f"{sm['aborted_stale']} stale · {sm['aborted_redundant']} redundant · "
                              f"{sm['env_failures']} env failures"

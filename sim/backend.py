@@ -538,6 +538,8 @@ class SimOutcome:
             "reward_gpu_busy_fraction": self.reward_gpu_busy_fraction(),
             "serverless_gpu_seconds": self.serverless_gpu_seconds(),
             "serverless_cold_starts": b.serverless.cold_starts if b.serverless else 0,
+            # of the billed GPU·s, those serving calls (the rest is cold starts)
+            "serverless_serving_s": b.serverless.busy_s if b.serverless else 0.0,
             "aborted_stale": counts["aborted_stale"],
             "aborted_redundant": counts["aborted_redundant"],
             "env_failures": ctl.stats.env_failures,

@@ -40,8 +40,12 @@ def test_refuses_what_is_not_symmetric_or_not_divisible() -> None:
 
 def test_result_says_so_and_scales_counts_back() -> None:
     plan = _paper(4, steps=2)
-    out = simulate_plan(plan, mode_config(plan), 0, scale_approx=8).to_result()
+    sim = simulate_plan(plan, mode_config(plan), 0, scale_approx=8)
+    out = sim.to_result()
     assert out.summary["scale_approx"]["factor"] == 8 and "1/8" in out.summary["scale_approx"]["note"]
+    platform = sim.backend.serverless  # the subset's serverless bill, its serving part too, × m
+    assert out.summary["serverless_gpu_seconds"] == pytest.approx(8 * platform.billed_s)
+    assert out.summary["serverless_serving_s"] == pytest.approx(8 * platform.busy_s)
     assert [s.trajectories for s in out.steps] == [plan.algorithm.batch_size] * 2
     assert out.scenario == plan.name
 

@@ -25,7 +25,13 @@ def test_serverless_reward_cold_starts_and_bills_gpu_seconds() -> None:
     assert platform is not None and platform.calls > 0
     assert 0 < platform.cold_starts <= platform.calls
     assert platform.billed_s >= platform.busy_s > 0
-    assert out.to_result().summary["reward_gpu_busy_fraction"] is None
+    summary = out.to_result().summary
+    assert summary["reward_gpu_busy_fraction"] is None
+    # the bill's serving share: what is left of the billed GPU·s after cold starts
+    assert summary["serverless_serving_s"] == platform.busy_s
+    assert summary["serverless_gpu_seconds"] - summary["serverless_serving_s"] == pytest.approx(
+        platform.billed_s - platform.busy_s)
+    assert summary["serverless_serving_s"] < summary["serverless_gpu_seconds"]  # this plan cold-starts
 
 
 def test_serverless_scales_to_zero_after_idle() -> None:

@@ -730,11 +730,14 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
         util = o.summary.get("reward_gpu_busy_fraction")
         n = max(1, len(o.records))
         billed = o.summary.get("serverless_gpu_seconds") or 0.0
-        head[key] = {"throughput": throughput(o), "reward_util": util, "billed_per_step": billed / n}
+        serving = ratio(o.summary.get("serverless_serving_s"), billed) if billed else math.nan
+        head[key] = {"throughput": throughput(o), "reward_util": util, "billed_per_step": billed / n,
+                     "serving_share": serving}
         rows.append([label, fs(step_s(o)), fr(throughput(o)), fp(util, 1) if util is not None else NA,
-                     fs(billed / n) if billed else NA, str(o.summary.get("serverless_cold_starts") or NA)])
+                     fs(billed / n) if billed else NA, fp(serving) if math.isfinite(serving) else NA,
+                     str(o.summary.get("serverless_cold_starts") or NA)])
     table = MdTable(["reward placement", "step s", "traj/s", "reward GPU busy", "serverless GPU·s / step",
-                     "cold starts"], rows)
+                     "billed GPU·s serving calls", "cold starts"], rows)
     comparison = MdTable(["quantity", "simulated", "paper"], [
         ["utilisation of 4 dedicated reward GPUs (7B judge), four-task mix",
          f"Sync {fp(head.get('sync-dedicated', {}).get('reward_util'), 1)} · ROLLART "
@@ -742,6 +745,10 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
         ["utilisation of 4 dedicated reward GPUs (7B judge), GEM-Math only",
          f"Sync {fp(head.get('sync-dedicated-math', {}).get('reward_util'), 1)} · ROLLART "
          f"{fp(head.get('rollart-dedicated-math', {}).get('reward_util'), 1)}", "7.4 %"],
+        ["share of the serverless judge's billed GPU time serving calls (ROLLART, four-task mix)",
+         fp(head.get("rollart-serverless", {}).get("serving_share")),
+         "88 % (a third-party summary of the paper's figure: reward GPU utilisation 6 % dedicated → 88 % "
+         "serverless; not in our notes)"],
         ["throughput, serverless + 4 GPUs to rollout ÷ dedicated (ROLLART)",
          fx(ratio(head.get("rollart-serverless-32", {}).get("throughput"),
                   head.get("rollart-dedicated", {}).get("throughput"))), "no number in our notes"],
@@ -751,7 +758,11 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
              "GEM-Math-only variants switch the other tasks off (share 1e-6), so every trajectory is judged. The "
              "paper's profile workload is not in our notes.",
              "A judge call reads the whole trajectory (up to the judge's 32K window) and writes a 64-token verdict "
-             "(`rollart.sim.reward`), on one tp-1 engine per GPU."] + _failures(outs)
+             "(`rollart.sim.reward`), on one tp-1 engine per GPU.",
+             "Serverless billing is per request: each call's time on an instance plus the cold starts it caused "
+             "(`cluster.serverless.cold_start_s`, an assumption of the base plans); the share serving calls is "
+             "what is left after cold starts, so it rises with warm reuse (`scale_down_idle_s`) and falls with "
+             "the burstiness of the calls."] + _failures(outs)
     return Section(table, comparison, notes, headline=head)
 
 
