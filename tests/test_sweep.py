@@ -154,6 +154,8 @@ def test_sweep_on_ray_resumes_and_matches_in_process_results(local_ray, tmp_path
         [("0", "4"), ("0", "8"), ("2", "4"), ("2", "8")]
     assert all(float(r["trajectories_per_s"]) > 0 and float(r["cost_per_1k_trajectories_usd"]) > 0 for r in rows)
     assert {r["gpus"] for r in rows} == {"12", "16"}
+    # the serverless bill and the part of it that served calls (the rest is cold starts)
+    assert all(0 < float(r["serverless_serving_s"]) <= float(r["serverless_gpu_seconds"]) for r in rows)
     assert 1 <= len(first.front) <= 4
     # a Ray task computes what the simulator computes in-process (deterministic)
     local = evaluate_point(data, [*TINY, *points[3].overrides])

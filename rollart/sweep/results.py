@@ -12,7 +12,8 @@ from rollart.core.stats import BREAKDOWN_KEYS
 
 METRICS = ("trajectories_per_s", "tokens_per_s", "step_time_s_mean", "step_time_s_p90", "cost_usd_per_hour",
            "cost_per_step_usd", "cost_per_1k_trajectories_usd", "mean_staleness", "aborted_stale",
-           "aborted_redundant", "env_failures", "serverless_gpu_seconds", "steps_done", "simulated_s")
+           "aborted_redundant", "env_failures", "serverless_gpu_seconds", "serverless_serving_s", "steps_done",
+           "simulated_s")
 
 
 def _cell(v: Any) -> Any:
