@@ -25,6 +25,7 @@ from rollart.core.effects import (Abort, Aborted, AcquireEnv, BroadcastWeights, 
 from rollart.core.modes import ModeConfig
 from rollart.core.stats import StepRecord
 from rollart.plan import Plan, PlanError
+from rollart.plan.schema import GenerationGroup
 from rollart.report import RunResult, summary_from_steps
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
@@ -128,7 +129,7 @@ class SimBackend:
                                                  plan.placement.prefix_cache, span))
             self.ctl.proxy.workers[w.id].kv_capacity_tokens = cost.kv_capacity_tokens  # routing sees KV room
 
-    def _generation_cost(self, gi: int, g: Any) -> Any:
+    def _generation_cost(self, gi: int, g: GenerationGroup) -> Any:
         """The cost model of generation group ``gi``; a plan error when the group cannot hold one
         context of the longest task."""
         plan = self.plan

@@ -143,8 +143,8 @@ def test_runner_watchdog_keeps_finished_steps():
     assert out.result.error == out.error and out.summary["step_time_s_mean"] > 0
 
 
-def _rec(step: int, start: float, end: float, trajs: int = 8, **breakdown: float) -> StepRecord:
-    return StepRecord(step, start, end, breakdown, trajs, 0, 0.0)
+def _rec(step: int, start: float, end: float, trajs: int = 8, tokens: int = 0, **breakdown: float) -> StepRecord:
+    return StepRecord(step, start, end, breakdown, trajs, tokens, 0.0)
 
 
 def test_figures_steady_state_and_rollout():
@@ -167,7 +167,7 @@ def _fake(params: dict, train: list[float], step: float = 50.0, plan=None, token
     tokens) per train time given."""
     from rollart.report import RunResult
 
-    recs = [_rec(0, 0, 100)] + [StepRecord(i + 1, 100 + i * step, 100 + (i + 1) * step, {"train": t}, 8, tokens, 0.0)
+    recs = [_rec(0, 0, 100)] + [_rec(i + 1, 100 + i * step, 100 + (i + 1) * step, tokens=tokens, train=t)
                                 for i, t in enumerate(train)]
     return Outcome(Variant("v", "x", params=params), plan, RunResult("s", "rollart", 0, "sim", recs, {}), None, 0.0,
                    len(recs))
