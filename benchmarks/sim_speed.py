@@ -20,6 +20,7 @@ import argparse
 import gc
 import inspect
 import json
+import math
 import resource
 import sys
 import time
@@ -147,9 +148,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.approx_steps:
         from rollart.plan import load_plan
         from rollart.scenarios_catalog import resolve
+        from rollart.plan.schema import sim_request_scale
         from rollart.sim.scale import auto_factor
 
-        m = auto_factor(load_plan(resolve(PAPER), scaled_overrides(24)))
+        with sim_request_scale(math.inf):  # the factor depends on the run's length (sim/scale.py, min_groups)
+            m = auto_factor(load_plan(resolve(PAPER), [*scaled_overrides(24), f"algorithm.steps={args.approx_steps}"]))
         a = out["big_approx"] = run_plan(scaled_overrides(24), args.approx_steps, extra={"scale_approx": m})
         steady = a.get("steady_cpu_per_step_s", a["cpu_per_step_s"])
         week_steps = SIM_WEEK_S / a.get("steady_sim_step_s", a["sim_step_s"])

@@ -165,7 +165,7 @@ def simulate(
 
     with sim_request_scale(math.inf if scale_approx else 1.0):  # the approximation's own share is checked below
         plan = _load(scenario, _overrides(set_, steps, seed))
-    factor = auto_factor(plan) if scale_approx else 1
+    factor = auto_factor(plan, mode_config(plan, mode).lockstep_env) if scale_approx else 1
     if scale_approx:
         with sim_request_scale(factor):
             if problems := work_problems(plan):

@@ -314,7 +314,8 @@ def test_step_table_precision_follows_the_magnitudes(tmp_path: Path):
 
 def test_scale_approx_widens_the_simulated_requests_guard_by_its_factor(tmp_path: Path):
     # the paper cluster × 24 (3,072 GPUs) for 400 steps: refused in full (with the hint), accepted
-    # under --scale-approx, which simulates 1/48 of the requests (stopped after 0.01 simulated hours)
+    # under --scale-approx, which simulates 1/96 of the requests in a run this long (16 groups per batch; stopped
+    # after 0.01 simulated hours)
     big = ["cluster.gpu_pools.h800.count=2304", "cluster.gpu_pools.h20.count=768", "cluster.cpu_pools.env.cores=98304",
            "cluster.serverless.max_concurrency=1536", "placement.trainer.gpus=1536",
            "placement.generation.0.workers=192", "placement.generation.1.workers=192", "algorithm.batch_size=12288",
@@ -326,4 +327,4 @@ def test_scale_approx_widens_the_simulated_requests_guard_by_its_factor(tmp_path
                      cwd=tmp_path)
     assert approx.returncode == 1 and "max_sim_hours" in approx.stdout, approx.stdout + approx.stderr  # ran, then stopped
     huge = rollart("simulate", "paper/qwen3-32b-128gpu", "--steps", "8000", "-q", "--scale-approx", *sets, cwd=tmp_path)
-    assert_clean_usage_error(huge, "with --scale-approx", "1/48")
+    assert_clean_usage_error(huge, "with --scale-approx", "1/96")
