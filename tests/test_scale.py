@@ -13,7 +13,7 @@ from rollart.core import mode_config
 from rollart.plan import PlanError, load_plan
 from rollart.scenarios_catalog import resolve
 from rollart.sim import SimBackend, simulate_plan
-from rollart.sim.scale import GroupTail, auto_factor, cohort_done_s, shrink_plan
+from rollart.sim.scale import GroupTail, auto_factor, cohort_done_s, min_groups, shrink_plan
 from tests.conftest import small_plan
 
 PAPER = "paper/qwen3-32b-128gpu"
@@ -34,6 +34,13 @@ def test_auto_factor_keeps_a_representative_subset() -> None:
     sub = shrink_plan(_paper(8), 16)
     assert [g.workers for g in sub.placement.generation] == [4, 4]
     assert sub.algorithm.batch_size == 8 * 512 // 16 and sub.placement.trainer.gpus == 8 * 64 // 16
+
+
+def test_a_longer_run_may_simulate_fewer_groups_per_batch_but_never_below_the_validated_floor() -> None:
+    assert [min_groups(s) for s in (1, 2, 4)] == [32, 32, 32]     # short runs: as validated at 4 steps
+    assert [min_groups(s) for s in (5, 6, 7, 20, 10_000)] == [24, 20, 16, 16, 16]  # 96 over the steady steps
+    assert all(min_groups(s, lockstep=True) == 32 for s in (1, 7, 10_000))
+    assert all(min_groups(s) >= min_groups(s + 1) for s in range(1, 50))
 
 
 def test_refuses_what_is_not_symmetric_or_not_divisible() -> None:
