@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         out["week_approx"] = {"factor": m, "steps": week_steps, "cpu_min": steady * week_steps / 60}
         print(f"3,072 GPUs with --scale-approx (1/{m} simulated, {args.approx_steps} steps): {a['cpu_per_step_s']:.2f} "
               f"CPU-s/step (steady {steady:.2f}); a simulated week ≈ {week_steps:,.0f} steps ≈ "
-              f"{out['week_approx']['cpu_min']:.1f} CPU-min", flush=True)
+              f"{out['week_approx']['cpu_min']:.1f} CPU-min (extrapolated from steps 2-{args.approx_steps}, whose "
+              f"steps are longer than a long run's: this errs low; benchmarks/week.py measures the week)", flush=True)
     out["simpy_events_per_cpu_s_end"] = raw_simpy_events_per_cpu_s()
     out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"raw SimPy at the end: {out['simpy_events_per_cpu_s_end']:,.0f} events per CPU-s (the machine's speed "
