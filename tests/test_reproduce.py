@@ -232,6 +232,25 @@ def test_affinity_and_scaling_show_the_train_share():
     section = SCALING.analyse([_fake({"mode": "sync", "gpus": 128}, [25, 35])])
     assert _column(section, "128 H800 train share of step", "Sync") == "60 %"
     assert _column(section, "64 H800 train share of step", "Sync") == "—"
+    assert not [n for n in section.notes if n.startswith("Which side")]  # one size only: nothing to compare
+
+
+def test_scaling_says_when_a_mode_waits_on_its_trainer_at_64_gpus():
+    """Trainer-bound at 64 H800: the note says its speed-up compares a train step with what bounds it at 128."""
+    from rollart.reproduce.experiments import SCALING
+
+    outs = [_fake({"mode": "rollart", "gpus": 64}, [45, 45]),             # 90 % train: trainer-bound
+            _fake({"mode": "rollart", "gpus": 128}, [15, 15], step=30),   # 50 %: rollout-bound
+            _fake({"mode": "areal", "gpus": 64}, [30, 30], step=60),      # 50 %
+            _fake({"mode": "areal", "gpus": 128}, [15, 15], step=30)]
+    note, = [n for n in SCALING.analyse(outs).notes if n.startswith("Which side bounds the step")]
+    assert ("AReaL-style: rollout-bound (50 %) at 64, rollout-bound (50 %) at 128; ROLLART: trainer-bound (90 %) at "
+            "64, rollout-bound (50 %) at 128 — its speed-up (1.67×) sets its 64-GPU train step against its 128-GPU "
+            "rollout (the trainer alone would give 3.00×), so its rollout-side mechanisms show only at 128.") in note
+    both = SCALING.analyse(outs[:1] + [_fake({"mode": "rollart", "gpus": 128}, [27, 27], step=30)])
+    note, = [n for n in both.notes if n.startswith("Which side bounds the step")]
+    assert note.endswith("ROLLART: trainer-bound (90 %) at 64, trainer-bound (90 %) at 128 — its speed-up (1.67×) is "
+                         "then its trainer's (train step 64 ÷ 128: 1.67×).")
 
 
 def test_swe_paths_split_on_a_timed_out_reset():

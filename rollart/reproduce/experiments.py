@@ -554,8 +554,27 @@ def _analyse_scaling(outs: list[Outcome]) -> Section:
         ["ROLLART speed-up 64 → 128", fx(head.get("rollart", {}).get("speedup")), "no number in our notes"],
     ])
     notes = ["Throughput over the steady-state steps (after the first). Batch size stays 512 at both sizes."] \
-        + _failures(outs)
+        + _scaling_bound_note(outs) + _failures(outs)
     return Section(table, comparison, notes, headline=head)
+
+
+def _scaling_bound_note(outs: list[Outcome]) -> list[str]:
+    """Per mode, which side bounds the step at each size. A mode trainer-bound at 64 H800 waits on
+    its train step there, so its speed-up compares that train step (which the 128-GPU trainer
+    shortens) with whatever bounds it at 128, not two rollouts."""
+    parts = []
+    for m in MODES:
+        a, b = _find(outs, mode=m, gpus=64), _find(outs, mode=m, gpus=128)
+        if a is None or b is None:
+            continue
+        part = f"{MODE_LABEL[m]}: {_side(a)} at 64, {_side(b)} at 128"
+        if trainer_bound(a):
+            up, trainer = fx(ratio(throughput(b), throughput(a))), fx(ratio(_train_s(a), _train_s(b)))
+            part += (f" — its speed-up ({up}) is then its trainer's (train step 64 ÷ 128: {trainer})" if trainer_bound(b)
+                     else f" — its speed-up ({up}) sets its 64-GPU train step against its 128-GPU rollout (the trainer "
+                          f"alone would give {trainer}), so its rollout-side mechanisms show only at 128")
+        parts.append(part)
+    return [f"Which side bounds the step ({BOUND_RULE}): " + "; ".join(parts) + "."] if parts else []
 
 
 SCALING = Experiment(
