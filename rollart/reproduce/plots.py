@@ -309,20 +309,25 @@ def redundancy(outs: list[Outcome], path: Path, conditions: tuple, redundancies:
     _save(fig, path)
 
 
-def pd(outs: list[Outcome], path: Path, models: tuple, layouts: tuple, thr: Callable[[Outcome], float]) -> None:
+def pd(outs: list[Outcome], path: Path, models: tuple, layouts: tuple, setups: tuple,
+       thr: Callable[[Outcome], float]) -> None:
     _style()
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    fig, ax = plt.subplots(figsize=(9, 4.0))
+    groups = [f"{mlabel.split(' (')[0]}\n{slabel}" for skey, slabel, *_ in setups for _, mlabel, _ in models]
     series = []
-    for lkey, llabel, _ in layouts:
+    for lkey, llabel in layouts[1:]:  # each disaggregated layout against its colocated run
         vals = []
-        for mkey, _, _ in models:
-            o, ref = _find(outs, model=mkey, layout=lkey), _find(outs, model=mkey, layout="colocated")
-            vals.append(ratio(thr(o), thr(ref)) if o and ref else math.nan)
+        for skey, *_ in setups:
+            for mkey, _, _ in models:
+                o = _find(outs, model=mkey, layout=lkey, setup=skey)
+                ref = _find(outs, model=mkey, layout="colocated", setup=skey)
+                vals.append(ratio(thr(o), thr(ref)) if o and ref else math.nan)
         series.append((llabel, vals))
-    _grouped(ax, [lbl for _, lbl, _ in models], series)
+    _grouped(ax, groups, series)
     ax.axhline(1.0, color="black", lw=0.6, ls="--")
-    ax.set_ylabel("throughput normalised to colocated")
-    ax.set_title("Prefill–decode disaggregation on SWE (16 H800 + 16 H20)")
+    ax.set_ylabel("throughput ÷ colocated")
+    ax.set_title("Prefill–decode disaggregation on SWE")
+    ax.tick_params(axis="x", labelsize=7)
     ax.legend()
     _save(fig, path)
 
