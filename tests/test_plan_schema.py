@@ -306,6 +306,14 @@ def test_overrides_address_list_items_by_index_and_name(default_data: dict):
     assert out["tasks"][2]["name"] == "CodeExec"
 
 
+def test_overrides_accept_bracketed_list_items(default_data: dict):
+    """``tasks[0].share`` and ``tasks[GEM-Math].share`` mean ``tasks.0.share`` and ``tasks.GEM-Math.share``."""
+    out = apply_overrides(default_data, ["tasks[0].share=0.7", "tasks[GEM-Math].share=0.1", "tasks[-1].turns=3"])
+    assert (out["tasks"][0]["share"], out["tasks"][1]["share"], out["tasks"][2]["turns"]) == (0.7, 0.1, 3)
+    with pytest.raises(PlanError, match=r"^--set tasks\.7\.share: no item '7' at tasks\.7; tasks are: FrozenLake"):
+        apply_overrides(default_data, ["tasks[7].share=0.1"])
+
+
 def test_overrides_address_list_item_fields_in_the_plan():
     plan = load_plan(default_scenario(), ["placement.generation.1.workers=4", "tasks.CodeExec.env.timeout_s=30"])
     assert plan.placement.generation[1].workers == 4

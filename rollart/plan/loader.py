@@ -45,11 +45,13 @@ class PlanError(Exception):
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``a.b.0.c=VALUE`` → (["a","b","0","c"], yaml-parsed VALUE)."""
+    """``a.b.0.c=VALUE`` → (["a","b","0","c"], yaml-parsed VALUE). A list item may also be written
+    with brackets, as in Python or Hydra: ``tasks[0].share``, ``tasks[FrozenLake].share``."""
     if "=" not in text:
         raise PlanError([f"--set {text}: expected KEY=VALUE, e.g. algorithm.alpha=2"])
     key, _, raw = text.partition("=")
-    path = [part for part in key.strip().split(".") if part]
+    key = re.sub(r"\[([^\[\]]+)\]", r".\1", key.strip())
+    path = [part for part in key.split(".") if part]
     if not path:
         raise PlanError([f"--set {text}: empty key"])
     try:
