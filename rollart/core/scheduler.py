@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Generator
 
 from rollart.core.effects import Spawn, Wait
 from rollart.core.trajectory import Group
-from rollart.plan.schema import TaskSpec, members_per_group
+from rollart.plan.schema import TaskSpec, env_managers_of, members_per_group
 
 if TYPE_CHECKING:
     from rollart.core.controller import Controller
@@ -37,7 +37,7 @@ class RolloutScheduler:
         self.group_size = group_size
         self.members_per_group = members_per_group(group_size, mode.redundancy)
         # the continuous modes' bound; batch-level modes launch one whole batch at a time instead
-        self.env_managers = max(self.members_per_group, env_managers or groups_per_batch * self.members_per_group)
+        self.env_managers = env_managers_of(env_managers, groups_per_batch, group_size, mode.redundancy)
         self.batch_index = 0
         self.groups_launched = 0
         self._wrr = [0.0] * len(tasks)

@@ -585,6 +585,13 @@ def members_per_group(group_size: int, redundancy: float) -> int:
     return max(group_size, math.ceil(group_size * (1.0 + redundancy) - 1e-9))
 
 
+def env_managers_of(env_managers: int | None, groups_per_batch: int, group_size: int, redundancy: float) -> int:
+    """The env managers a continuous mode rolls out with: ``algorithm.env_managers``, by default one
+    batch's members (ROLL's count), and never fewer than one group's members."""
+    members = members_per_group(group_size, redundancy)
+    return max(members, env_managers or groups_per_batch * members)
+
+
 def sim_requests_estimate(plan: Plan) -> float:
     """About how many generation requests simulating ``plan`` handles: the batches trained plus
     the α batches started ahead, each member launched with its redundancy, times the mean turns."""

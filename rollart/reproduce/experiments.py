@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rollart.plan.schema import members_per_group
+from rollart.core.modes import mode_config
+from rollart.plan.schema import env_managers_of
 from rollart.reproduce import plots
 from rollart.reproduce.figures import (NA, TRAINER_BOUND, breakdown_mean, busy, failed, fp, fr, fs, fx, mean, ratio,
                                        rollout_s, share, step_s, steady, throughput, train_share, trainer_bound)
@@ -46,6 +47,11 @@ def _failures(outs: list[Outcome]) -> list[str]:
 # ---- which side bounds the step: when the trainer does, more rollout hardware cannot help
 
 BOUND_RULE = f"trainer-bound: the train step is at least {fp(TRAINER_BOUND)} of the step's critical path"
+
+
+def _bound_note(parts: list[str]) -> list[str]:
+    """The note that says, per run or pair, which side bounds the step (none without parts)."""
+    return [f"Which side bounds the step ({BOUND_RULE}): " + "; ".join(parts) + "."] if parts else []
 
 
 def _side(o: Outcome | None) -> str:
@@ -497,7 +503,7 @@ def _throughput_bound_note(outs: list[Outcome]) -> list[str]:
                      + (f", with {fx(tokens)} the trained tokens per trajectory" if math.isfinite(tokens) else "")
                      + f"{_same_trainer([r, a])}) and rollout-side mechanisms cannot show")
         parts.append(part)
-    return [f"Which side bounds the step ({BOUND_RULE}): " + "; ".join(parts) + "."] if parts else []
+    return _bound_note(parts)
 
 
 THROUGHPUT = Experiment(
@@ -575,7 +581,7 @@ def _scaling_bound_note(outs: list[Outcome]) -> list[str]:
                      else f" — its speed-up ({up}) sets its 64-GPU train step against its 128-GPU rollout (the trainer "
                           f"alone would give {trainer}), so its rollout-side mechanisms show only at 128")
         parts.append(part)
-    return [f"Which side bounds the step ({BOUND_RULE}): " + "; ".join(parts) + "."] if parts else []
+    return _bound_note(parts)
 
 
 SCALING = Experiment(
@@ -1032,7 +1038,8 @@ def _conversations_per_worker(o: Outcome | None) -> float:
     if o is None or o.plan is None:
         return math.nan
     a = o.plan.algorithm
-    managers = a.env_managers or o.plan.groups_per_batch * members_per_group(a.group_size, a.redundancy)
+    managers = env_managers_of(a.env_managers, o.plan.groups_per_batch, a.group_size,
+                               mode_config(o.plan, o.variant.mode).redundancy)
     return ratio(managers, sum(g.workers for g in o.plan.placement.generation))
 
 
@@ -1047,15 +1054,15 @@ def _analyse_pd(outs: list[Outcome]) -> Section:
                 if o is None:
                     continue
                 head[f"{skey}.{key}.{lkey}"] = throughput(o)
-                hit = o.summary.get("prefix_cache_hit_rate") if o.result is not None else None
+                hit = o.summary.get("prefix_cache_hit_rate")
                 rows.append([slabel, mlabel, llabel, fs(step_s(o)), fr(throughput(o)), fx(ratio(throughput(o), tbase)),
                              fs(breakdown_mean(steady(o), "generation")), fp(train_share(o)),
                              fp(hit) if hit is not None else NA, busy(o)])
-        per = {k: fx(ratio(head.get(f"{skey}.{k}.pd"), head.get(f"{skey}.{k}.colocated"))) for k, _, _ in PD_MODELS}
-        tp2 = {k: fx(ratio(head.get(f"{skey}.{k}.pd-tp2"), head.get(f"{skey}.{k}.colocated"))) for k, _, _ in PD_MODELS}
-        comp.append([f"PD ÷ colocated, dense · MoE ({slabel})", f"{per['dense']} · {per['moe']}",
-                     "dense a little better, MoE clearly better (qualitative)"])
-        comp.append([f"PD with tp-2 prefill ÷ colocated, dense · MoE ({slabel})", f"{tp2['dense']} · {tp2['moe']}", "—"])
+        for lkey, what, paper in (("pd", "PD", "dense a little better, MoE clearly better (qualitative)"),
+                                  ("pd-tp2", "PD with tp-2 prefill", "—")):
+            vs = " · ".join(fx(ratio(head.get(f"{skey}.{k}.{lkey}"), head.get(f"{skey}.{k}.colocated")))
+                            for k, _, _ in PD_MODELS)
+            comp.append([f"{what} ÷ colocated, dense · MoE ({slabel})", vs, paper])
     table = MdTable(["setup", "model", "layout", "step s", "traj/s", "× colocated", "generation s on the critical path",
                      "train share of step", "prefix-cache reuse", "GPU busy"], rows)
     notes = ["Each layout uses the same GPUs as its colocated row: colocated routes least-loaded over both pools. "

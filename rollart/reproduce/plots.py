@@ -313,7 +313,7 @@ def pd(outs: list[Outcome], path: Path, models: tuple, layouts: tuple, setups: t
        thr: Callable[[Outcome], float]) -> None:
     _style()
     fig, ax = plt.subplots(figsize=(9, 4.0))
-    groups = [f"{mlabel.split(' (')[0]}\n{slabel}" for skey, slabel, *_ in setups for _, mlabel, _ in models]
+    groups = [f"{mlabel.split(' (')[0]}\n{slabel}" for _, slabel, *_ in setups for _, mlabel, _ in models]
     series = []
     for lkey, llabel in layouts[1:]:  # each disaggregated layout against its colocated run
         vals = []
