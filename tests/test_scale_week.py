@@ -13,8 +13,8 @@ from benchmarks import week
 def test_a_short_run_reports_its_figures_and_says_the_approximation_is_on(tmp_path: Path,
                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     out_json = tmp_path / "week.json"
-    # 30 simulated minutes: a few steps (the first is the pipeline's fill); its budget of 30 steps is a long run
-    # for the approximation (sim/scale.py, min_groups): 16 groups per batch, 1/96
+    # 30 simulated minutes: a few steps (the first is the pipeline's fill); its budget of 8 steps (one per 240 s) is a
+    # long run for the approximation (sim/scale.py, min_groups): 16 groups per batch, 1/96
     assert week.main(["--sim-hours", "0.5", "-q", "--json", str(out_json)]) == 0
     printed = capsys.readouterr().out
     assert "3,072 GPUs" in printed and "--scale-approx on (1/96" in printed
