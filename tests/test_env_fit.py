@@ -378,5 +378,10 @@ def test_swe_reset_matches_the_paper_statements():
     xs = np.linspace(0.0, timeout, 4001)
     cdf = np.array([float(reset.cdf(x)) for x in xs])
     slowest = np.trapezoid(1 - (cdf / cdf[-1]) ** 128, xs)
-    assert slowest == pytest.approx(0.15 * 366, rel=0.10)
+    # ±15 % (the paper figures' tolerance): the body's slowest of 128 is ≈ 55 s, and the stall tail's
+    # rare reset that finishes just inside the timeout (≈ 1 % of steps, ~500 s) adds ≈ 6 s
+    assert slowest == pytest.approx(0.15 * 366, rel=0.15)
+    body = reset.model_copy(update={"tail_prob": 0.0})
+    body_cdf = np.array([float(body.cdf(x)) for x in xs])
+    assert np.trapezoid(1 - body_cdf ** 128, xs) == pytest.approx(0.15 * 366, rel=0.05)
     assert float(reset.ppf(0.9999)) > 300  # the tail reaches hundreds of seconds

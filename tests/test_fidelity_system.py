@@ -97,6 +97,25 @@ def test_swe_reset_tail_times_out_one_batch_in_ten() -> None:
     assert 1 - (1 - s) ** 128 == pytest.approx(0.10, abs=0.02)
 
 
+def test_swe_stalled_reset_gives_both_timeout_figures() -> None:
+    """Paper: with timeouts (about 1 step in 10) the mean step is 513 s and env.reset is 78 % of a
+    timeout step's rollout. A stalled reset holds the lockstep batch for the timeout, the backoff
+    and a fresh reset instead of the slowest normal reset (~55 s); the rest of the rollout stays
+    the success path's ≈ 225 s of turns. Both figures must hold within ±15 % together, which the
+    mean-of-timeout-steps reading cannot give (a 513 s step leaves room for ≈ 47 % reset)."""
+    env = _swe("paper/experiments/swe-step-breakdown").env
+    body = env.reset.model_copy(update={"max": env.timeout_s}).mean()
+    stalled = env.timeout_s + env.retry_backoff_s + body
+    turns, success, slowest_normal = 366 * 0.85 - 84, 366.0, 55.0
+    share = stalled / (stalled + turns)
+    mean_all = 0.9 * success + 0.1 * (success - slowest_normal + stalled)
+    assert share == pytest.approx(0.78, rel=0.15)
+    assert mean_all == pytest.approx(513, rel=0.15)
+    # the old 165 s fit met 513 s only as the timeout steps' own mean, and then gave ≈ 47 %
+    old = 165 + 5 + body
+    assert old / (old + turns) < 0.78 * 0.85
+
+
 @pytest.mark.slow
 def test_swe_fit_reproduces_the_paper_step_profile() -> None:
     """The fitted profile gives the paper's SWE step (366 s; 54 / 23 / 15 %) within 15 %."""
