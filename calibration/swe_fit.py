@@ -57,14 +57,26 @@ class Fit:
     trainer_mfu: float         # effective MFU of the training phase
 
 
-def task(p: Fit, base: dict[str, Any]) -> dict[str, Any]:
-    """The SWE task for ``p``: ``base`` (swe.yaml) with the fitted fields replaced."""
+def tail_threshold(median: float, sigma: float, tail_prob: float) -> float:
+    """Where the reset's lognormal body hands over to its tail: the body's (1 − tail_prob) point."""
     from statistics import NormalDist
 
+    return median * math.exp(sigma * NormalDist().inv_cdf(1 - tail_prob))
+
+
+def paper_mean_step(success_s: float, timeout_s: float) -> float:
+    """The paper's 513 s as the simulator computes it: the two paths' mean steps weighted at the
+    paper's own timeout rate, so it does not swing with how many timeouts a finite run drew."""
+    rate = TARGETS["timeout_step_rate"]
+    return (1 - rate) * success_s + rate * timeout_s
+
+
+def task(p: Fit, base: dict[str, Any]) -> dict[str, Any]:
+    """The SWE task for ``p``: ``base`` (swe.yaml) with the fitted fields replaced."""
     t = copy.deepcopy(base)
     t["response_tokens"] = {"kind": "lognormal", "median": p.response_median, "sigma": p.response_sigma, "max": 4096}
     t["env"]["step"] = {"kind": "lognormal", "median": p.step_median, "sigma": p.step_sigma, "max": 300}
-    u = p.reset_median * math.exp(p.reset_sigma * NormalDist().inv_cdf(1 - p.reset_tail_prob))
+    u = tail_threshold(p.reset_median, p.reset_sigma, p.reset_tail_prob)
     t["env"]["reset"] = {"kind": "spliced", "median": p.reset_median, "sigma": p.reset_sigma,
                          "threshold": round(u, 1), "tail_prob": p.reset_tail_prob, "tail_shape": 0.3,
                          "tail_scale": p.reset_tail_scale}
@@ -111,10 +123,7 @@ def figures(sync: list, plus: list) -> dict[str, float]:
         out[key] = mean([r.breakdown_s.get(cat, 0.0) / r.time_s for r in ok])
     out["inflation"] = mean([rollout(r) for r in ok]) / mean([rollout(r) for r in ok_plus]) - 1
     out["timeout_step_s"] = mean([r.time_s for r in bad])
-    # The paper's 513 s: success and timeout steps weighted at the paper's own rate, so the figure
-    # does not swing with how many timeouts a finite run happened to draw (reported beside it).
-    rate = TARGETS["timeout_step_rate"]
-    out["mean_step_s"] = (1 - rate) * out["step_s"] + rate * out["timeout_step_s"]
+    out["mean_step_s"] = paper_mean_step(out["step_s"], out["timeout_step_s"])
     out["mean_step_realised_s"] = mean([r.time_s for r in sync])
     out["timeout_reset_of_rollout"] = mean([r.breakdown_s.get("env_reset", 0.0) / rollout(r) for r in bad])
     return out
@@ -132,12 +141,10 @@ def reset_tail_prob(timeout_s: float, tail_scale: float, median: float, sigma: f
     A step times out when any of its ``batch`` resets exceeds ``timeout_s``: 1 − (1 − q)^batch =
     rate, with q = tail_prob × (1 + ξ (timeout − u) / β)^(−1/ξ) and u the body's (1 − tail_prob)
     point, which moves with tail_prob (solved by fixed-point iteration)."""
-    from statistics import NormalDist
-
     q = 1 - (1 - rate) ** (1 / batch)
     p = q
     for _ in range(60):
-        u = median * math.exp(sigma * NormalDist().inv_cdf(1 - p))
+        u = tail_threshold(median, sigma, p)
         p = q / (1 + tail_shape * (timeout_s - u) / tail_scale) ** (-1 / tail_shape)
     return p
 

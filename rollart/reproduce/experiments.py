@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rollart.calibration.swe_fit import paper_mean_step
 from rollart.core.modes import mode_config
 from rollart.plan.schema import env_managers_of
 from rollart.reproduce import plots
@@ -87,7 +88,6 @@ def _same_trainer(outs: list[Outcome]) -> str:
 # ====================================================================== 1. SWE step breakdown
 
 SWE_SCENARIO = EXP + "swe-step-breakdown"
-PAPER_TIMEOUT_RATE = 0.10  # "such failures happen about once in ten steps" (§2)
 
 
 def _swe_profile() -> dict[str, Any]:
@@ -203,7 +203,7 @@ def _analyse_swe(outs: list[Outcome]) -> Section:
     for kind in ("sync", "sync+"):  # the paper's 513 s: success and timeout steps at its own 1-in-10 rate
         ok, bad = figures.get(f"{kind}.success"), figures.get(f"{kind}.timeout")
         if ok and bad:
-            bad["mean_all_s"] = (1 - PAPER_TIMEOUT_RATE) * ok["step_s"] + PAPER_TIMEOUT_RATE * bad["step_s"]
+            bad["mean_all_s"] = paper_mean_step(ok["step_s"], bad["step_s"])
             bad["rate"] = bad["n"] / (bad["n"] + ok["n"])
     infl = NA
     a, b = figures.get("sync.success"), figures.get("sync+.success")
