@@ -82,6 +82,8 @@ def run_plan(overrides: list[str], steps: int, seed: int = 0, memory: bool = Fal
     marks: list[tuple[float, int, float]] = []  # (cpu, heap bytes, simulated end)
 
     def on_step(rec: Any) -> None:
+        if memory:  # what is live, not what the cycle collector has yet to free (trajectory <-> group cycles)
+            gc.collect()
         heap = tracemalloc.get_traced_memory()[0] if memory else 0
         marks.append((time.process_time(), heap, rec.end_s))
 

@@ -27,6 +27,8 @@ from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, kv_heads_per_gpu
 from rollart.sim.costs.moe import all_to_all_s, rank_expert_rows, rank_experts_touched
 
+_TOKEN_MEMO = 1 << 16  # entries of KernelProfileGeneration._token_terms' memo (≈ 10 MB at most)
+
 
 class KernelProfileGeneration:
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: KernelProfile, origin: str,
@@ -46,6 +48,7 @@ class KernelProfileGeneration:
         self._lm_head = [(float(h), model.vocab / rank_tp)]
         self._lines: dict[int, DecodeLine] = {}
         self._mixed_batch: dict[int, tuple[float, float, float]] = {}
+        self._per_tokens: dict[float, tuple[float, float]] = {}  # _token_terms' memo
         # decode attention of a head geometry measured without split-KV: below n_SM CTAs
         # (batch × KV heads) part of the GPU idles (kernels.decode_attention_time)
         d = dict(profile.attn_decode.params)
@@ -146,9 +149,10 @@ class KernelProfileGeneration:
         if new_tokens <= 0:
             return 0.0
         attn = self._prefill_attention(new_tokens / self.ep, attention_pairs)
-        layers = self.model.layers * (self._layer_gemms(new_tokens) + attn)
+        gemms, allreduce = self._token_terms(new_tokens)
+        layers = self.model.layers * (gemms + attn)
         return (self.profile.iteration_overhead_s + layers + self._gemms(1, self._lm_head, self._bf16)
-                + self._allreduce(new_tokens))
+                + allreduce)
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
                         decode_context: float) -> float:
@@ -156,19 +160,30 @@ class KernelProfileGeneration:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
         tokens = new_tokens + decode_batch
         attn = self._prefill_attention(new_tokens / self.ep, attention_pairs)
-        # The terms that depend only on the decode batch are memoised (an engine prices one mixed
-        # step per admission, over at most max_num_seqs batch sizes); each is the same expression
-        # as before, summed in the same order, so every step time is bit-for-bit what the
-        # unmemoised formula gives. The token-count terms are not: their distinct values keep
-        # arriving over a run, and a memo of them grows with its history.
+        # The terms that depend only on the decode batch, and those that depend only on the step's
+        # token count, are memoised (an engine prices one mixed step per admission); each is the
+        # same expression as before, summed in the same order, so every step time is bit-for-bit
+        # what the unmemoised formula gives.
         per_batch = self._mixed_batch.get(decode_batch)
         if per_batch is None:
             per_batch = self._mixed_batch[decode_batch] = self._mixed_batch_terms(decode_batch)
         fixed, per_context, lm_head = per_batch
         if decode_batch:
             attn += fixed + decode_context * per_context
-        return (self.profile.iteration_overhead_s + self.model.layers * (self._layer_gemms(tokens) + attn) + lm_head
-                + self._allreduce(tokens))
+        gemms, allreduce = self._token_terms(tokens)
+        return (self.profile.iteration_overhead_s + self.model.layers * (gemms + attn) + lm_head + allreduce)
+
+    def _token_terms(self, tokens: float) -> tuple[float, float]:
+        """(one layer's linear layers, the step's all-reduces and all-to-alls) for a step over
+        ``tokens`` tokens, memoised: a step's token count is a new prefill plus the decode batch,
+        so few distinct values recur all run long (≈ 2,000 in a paper-scale run). The memo is
+        emptied past ``_TOKEN_MEMO`` entries, so it stays bounded whatever the run's length."""
+        terms = self._per_tokens.get(tokens)
+        if terms is None:
+            if len(self._per_tokens) >= _TOKEN_MEMO:
+                self._per_tokens.clear()
+            terms = self._per_tokens[tokens] = (self._layer_gemms(tokens), self._allreduce(tokens))
+        return terms
 
     def _mixed_batch_terms(self, decode_batch: int) -> tuple[float, float, float]:
         """(decode attention's fixed time, its seconds per cached token, the lm_head GEMM) for a

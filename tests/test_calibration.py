@@ -247,3 +247,21 @@ def test_memoised_mixed_step_is_exact(model, gpu, tp, ep):
     for n, pairs, b, ctx in cases + cases:  # the second pass hits the memo where it was kept
         assert c.mixed_step_time(n, pairs, b, ctx) == _mixed_step_unmemoised(c, n, pairs, b, ctx)
     assert set(c._mixed_batch) == {b for _, _, b, _ in cases}
+    assert set(c._per_tokens) == {n + b for n, _, b, _ in cases}  # one entry per step token count
+    # prefill uses the same memo, and gives the unmemoised prefill exactly
+    n, pairs = cases[0][0], cases[0][1]
+    plain = (c.profile.iteration_overhead_s + c.model.layers * (c._layer_gemms(n) + c._prefill_attention(n / c.ep, pairs))
+             + c._gemms(1, c._lm_head, c._bf16) + c._allreduce(n))
+    assert c.prefill_time(n, pairs) == plain
+
+
+def test_token_memo_stays_bounded(monkeypatch):
+    """The per-token-count memo is emptied when full, so a run of any length holds at most _TOKEN_MEMO
+    entries, and values computed after the reset are still exact."""
+    import rollart.calibration.cost as cost
+
+    monkeypatch.setattr(cost, "_TOKEN_MEMO", 8)
+    c = generation_cost(ModelSpec.model_validate("Qwen3-8B"), "H800", GpuType(**GPU_PRESETS["H800"]), 1)
+    for n in range(1, 50):
+        assert c.mixed_step_time(n, n * n / 2, 4, 4000.0) == _mixed_step_unmemoised(c, n, n * n / 2, 4, 4000.0)
+        assert len(c._per_tokens) <= 8
