@@ -27,6 +27,10 @@ EXP = "paper/experiments/"
 MODES = ("sync", "sync+", "one-off", "areal", "rollart")
 MODE_LABEL = {"sync": "Sync", "sync+": "Sync+", "one-off": "One-off", "areal": "AReaL-style", "rollart": "ROLLART"}
 
+STEADY_NOTE = ("Steady state = the steps after the pipeline fill, which is the first 1 + α steps (the admission "
+               "window at version 0 spans 1 + α batches, so those steps train on batches whose rollout began before "
+               "any weight update and before anything could go stale; α = 0: the first step). With fewer than two "
+               "steps left after it, the steps after the first.")
 TIME_TO_SCORE_CAVEAT = ("The paper's 32B figures (2.05× Sync+, 1.35× One-off, 1.31× AReaL) are *time to reach a "
                         "score of 0.85*, not throughput: they also depend on how many steps each method needs, "
                         "which staleness changes. The simulator models time, not learning, so it can only give "
@@ -495,8 +499,7 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
          "1.31× faster to score 0.85 (time-to-score)"],
     ])
     notes = [
-        "Throughput is trajectories per second over the steady-state steps (every step after the first, which "
-        "fills the pipeline); step s is their mean.",
+        "Throughput is trajectories per second over the steady-state steps; step s is their mean. " + STEADY_NOTE,
         TIME_TO_SCORE_CAVEAT,
         "The base plans place no dedicated reward GPUs, so Sync and AReaL-style also send LLM-judge calls to the "
         "serverless platform (the paper's Sync had reserved reward GPUs).",
@@ -540,7 +543,7 @@ THROUGHPUT = Experiment(
            "time-share all 128), One-off and AReaL-style 64 train + 64 rollout. The ablation adds ROLLART without "
            "redundancy and with blocking weight transfer. Scenarios `paper/qwen3-{8b,14b,32b}-128gpu` "
            "(`baseline_placement` gives the baselines' overrides)."),
-    steps=4,
+    steps=10,
     variants=_throughput_variants(),
     analyse=_analyse_throughput,
     plot=lambda outs, path: plots.throughput(outs, path, BASES, MODES, MODE_LABEL, ABLATION, throughput),
@@ -583,7 +586,7 @@ def _analyse_scaling(outs: list[Outcome]) -> Section:
          "ROLLART scaled better than the baselines (qualitative)"],
         ["ROLLART speed-up 64 → 128", fx(head.get("rollart", {}).get("speedup")), "no number in our notes"],
     ])
-    notes = ["Throughput over the steady-state steps (after the first). Batch size stays 512 at both sizes."] \
+    notes = ["Throughput over the steady-state steps. Batch size stays 512 at both sizes. " + STEADY_NOTE] \
         + _scaling_bound_note(outs) + _failures(outs)
     return Section(table, comparison, notes, headline=head)
 
@@ -613,7 +616,7 @@ SCALING = Experiment(
     setup=("Qwen3-14B on an all-H800 cluster, half training (tp 4) and half rollout (workers of tp 2): 32 + 32 GPUs "
            "vs 64 + 64, the four-task mix, batch 512, α = 1. Every affinity tag maps to the H800 pool. Scenario "
            "`paper/experiments/scaling-14b-h800` (the 128-GPU point; the 64-GPU point is three overrides)."),
-    steps=3,
+    steps=8,
     variants=_scaling_variants(),
     analyse=_analyse_scaling,
     plot=lambda outs, path: plots.scaling(outs, path, MODES, MODE_LABEL, throughput),
@@ -659,7 +662,8 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
          "> 1 (qualitative)"],
     ])
     notes = ["Training runs on its own 64 H800 in every variant (as in the base plans; with 32 the trainer bounds every variant); only the rollout hardware changes. Cost matching: "
-             "1 H800 = 3 H20, the paper's 2 × H800 ≈ 6 × H20 pairing. Throughput over the steady-state steps."] \
+             "1 H800 = 3 H20, the paper's 2 × H800 ≈ 6 × H20 pairing. Throughput over the steady-state steps. "
+             + STEADY_NOTE] \
         + _affinity_bound_note(outs) + _failures(outs)
     return Section(table, comparison, notes, headline=head)
 
@@ -687,7 +691,7 @@ AFFINITY = Experiment(
            "routed to H800, decode-heavy GEM-Math and GEM-Game to H20, with fall-back when a pool is saturated), "
            "the same mix with least-loaded routing, or the same cost as 72 H800 or 216 H20. Scenario "
            "`paper/experiments/hw-affinity-mix`."),
-    steps=3,
+    steps=8,
     variants=tuple(Variant(label, AFF, "rollart", ov, params={"config": key}) for key, label, ov in AFF_VARIANTS),
     analyse=_analyse_affinity,
     plot=lambda outs, path: plots.bars(outs, path, [(k, lbl) for k, lbl, _ in AFF_VARIANTS], "config", throughput,
@@ -846,9 +850,10 @@ def _analyse_alpha(outs: list[Outcome]) -> Section:
             if o is None:
                 continue
             sm = o.summary
-            head[f"{model}.{a}"] = {"step_s": step_s(o, o.records), "steady_step_s": step_s(o),
+            after_first = step_s(o, o.records[1:] or o.records)  # every α alike (steady() would drop 1 + α)
+            head[f"{model}.{a}"] = {"step_s": step_s(o, o.records), "steady_step_s": after_first,
                                     "aborted_stale": sm.get("aborted_stale"), "aborted_redundant": sm.get("aborted_redundant")}
-            rows.append([model, str(a), fs(step_s(o, o.records)), fs(step_s(o)), fr(sm.get("trajectories_per_s")),
+            rows.append([model, str(a), fs(step_s(o, o.records)), fs(after_first), fr(sm.get("trajectories_per_s")),
                          str(sm.get("aborted_stale", NA)), str(sm.get("aborted_redundant", NA)),
                          f"{sm.get('mean_staleness', math.nan):.2f}"])
     table = MdTable(["model", "α", "step s (run mean)", "step s (after the first)", "traj/s (run)", "aborted stale",
@@ -1007,7 +1012,7 @@ REDUNDANCY = Experiment(
            "0), 10 (0.25) or 12 (0.5) members per GRPO group of 8 and aborting the surplus once a group is full; "
            "with the calibrated env profiles, and with 5 % of env calls failing. Scenario "
            "`paper/qwen3-8b-128gpu`."),
-    steps=4,
+    steps=8,
     variants=tuple(Variant(f"{clabel}, redundancy {r:g}", B8, "rollart", (*ov, f"algorithm.redundancy={r:g}"),
                            params={"condition": cond, "redundancy": r})
                    for cond, clabel, ov in CONDITIONS for r in REDUNDANCIES),
@@ -1193,7 +1198,7 @@ COLOCATION = Experiment(
     setup=("Qwen3-8B, the four-task mix (no SWE), batch 512, on 128 H800: trainer and 128 rollout workers "
            "time-sharing every GPU, or 64 train + 64 rollout; modes Sync, AReaL-style and ROLLART (α = 1; ROLLART "
            "without H20 here, routing least-loaded). Scenario `paper/qwen3-8b-128gpu` with placement overrides."),
-    steps=4,
+    steps=8,
     variants=tuple(Variant(f"{MODE_LABEL[m]} · {label}", B8, m, (*COLOC_BASE, *ov),
                            params={"mode": m, "layout": key, "key": f"{m}.{key}"})
                    for m in COLOC_MODES for key, label, ov in COLOC_LAYOUTS),

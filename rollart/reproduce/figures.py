@@ -5,16 +5,34 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+from rollart.core.modes import mode_config
 from rollart.core.stats import StepRecord
 from rollart.reproduce.model import Outcome
 
 NA = "—"
 
 
+def fill_steps(o: Outcome) -> int:
+    """Steps that fill the pipeline: 1 + α for a run whose staleness bound is α. At version 0 the
+    admission window spans 1 + α batches, so the first 1 + α steps train on batches whose rollout
+    began before any weight update (the steps after the first are short until they are used up),
+    and stale aborts cannot have happened yet. 1 when the run's plan is not known."""
+    if o.plan is None:
+        return 1
+    try:
+        return 1 + mode_config(o.plan, o.variant.mode).alpha
+    except ValueError:
+        return 1
+
+
 def steady(o: Outcome) -> list[StepRecord]:
-    """The steps after the first (pipeline fill) when there are at least two."""
+    """The steady-state steps: those after the pipeline fill (:func:`fill_steps`) when at least two
+    remain, else those after the first when there are at least two, else all."""
     recs = o.records
-    return recs[1:] if len(recs) >= 2 else recs
+    if len(recs) < 2:
+        return recs
+    fill = fill_steps(o)
+    return recs[fill:] if len(recs) - fill >= 2 else recs[1:]
 
 
 def mean(xs: Iterable[float]) -> float:
