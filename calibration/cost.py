@@ -27,7 +27,7 @@ from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, kv_heads_per_gpu
 from rollart.sim.costs.moe import all_to_all_s, rank_expert_rows, rank_experts_touched
 
-_TOKEN_MEMO = 1 << 16  # entries of KernelProfileGeneration._token_terms' memo (≈ 10 MB at most)
+_TOKEN_MEMO = 1 << 14  # entries of KernelProfileGeneration._token_terms' memo (≈ 2.5 MB at most)
 
 
 class KernelProfileGeneration:
