@@ -17,19 +17,6 @@ STEPS = 30
 
 
 def _heap_after_each_step(mode: str, keep_history: bool) -> tuple[list[int], SimBackend]:
-    # The cost model's token-count memo is bounded by its cap, not by what is in flight: a small cap
-    # fills it in the first steps, so a slope left after them is history (the cap has its own test,
-    # tests/test_calibration.py::test_token_memo_stays_bounded).
-    import rollart.calibration.cost as cost
-
-    saved, cost._TOKEN_MEMO = cost._TOKEN_MEMO, 64
-    try:
-        return _run(mode, keep_history)
-    finally:
-        cost._TOKEN_MEMO = saved
-
-
-def _run(mode: str, keep_history: bool) -> tuple[list[int], SimBackend]:
     plan = small_plan([f"algorithm.steps={STEPS}", "algorithm.redundancy=0.5",
                        "tasks.CodeExec.env.failure_prob=0.05"])
     heap: list[int] = []
@@ -51,7 +38,13 @@ def _run(mode: str, keep_history: bool) -> tuple[list[int], SimBackend]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["rollart", "sync"])
-def test_memory_is_flat_over_many_steps(mode: str) -> None:
+def test_memory_is_flat_over_many_steps(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cost model's token-count memo is bounded by its cap, not by what is in flight: a small cap
+    # fills it in the first steps, so a slope left after them is history (the cap has its own test,
+    # tests/test_calibration.py::test_token_memo_stays_bounded).
+    import rollart.calibration.cost as cost
+
+    monkeypatch.setattr(cost, "_TOKEN_MEMO", 64)
     heap, backend = _heap_after_each_step(mode, keep_history=False)
     # After the pipeline fills, the heap grows only by the per-step record (~1-2 kB: StepRecord and
     # its breakdown dict); the full history grows by every trajectory's record and spans.

@@ -17,12 +17,7 @@ def fill_steps(o: Outcome) -> int:
     admission window spans 1 + α batches, so the first 1 + α steps train on batches whose rollout
     began before any weight update (the steps after the first are short until they are used up),
     and stale aborts cannot have happened yet. 1 when the run's plan is not known."""
-    if o.plan is None:
-        return 1
-    try:
-        return 1 + mode_config(o.plan, o.variant.mode).alpha
-    except ValueError:
-        return 1
+    return 1 if o.plan is None else 1 + mode_config(o.plan, o.variant.mode).alpha
 
 
 def steady(o: Outcome) -> list[StepRecord]:
