@@ -454,3 +454,43 @@ def test_h800_vs_h20_reads_per_cost_and_per_gpu():
     assert "3.00 TB/s on H20 and 3.18 TB/s on H800" in note and "37 FLOP per byte" in note
     missing = H800_H20.analyse([o for o in outs if o.variant.params["hw"] != "h20-2"])
     assert _column(missing, "faster (per GPU)", "FrozenLake", "32") == "—"
+
+
+def test_scaling_reads_each_continuous_mode_at_its_best_split():
+    """Per mode and size the split with the highest steady throughput; the speed-up compares the two bests."""
+    from rollart.reproduce.experiments import SCALING
+
+    outs = [_fake({"mode": "rollart", "gpus": 64, "split": "half"}, [45, 45]),     # 8 traj / 50 s
+            _fake({"mode": "rollart", "gpus": 64, "split": 40}, [30, 30], step=40),
+            _fake({"mode": "rollart", "gpus": 128, "split": "half"}, [20, 20], step=25),
+            _fake({"mode": "rollart", "gpus": 128, "split": 48}, [20, 20], step=30)]
+    section = SCALING.analyse(outs)
+    title, table = next((t, tbl) for t, tbl in section.extra_tables if "best train/rollout split" in t)
+    row, = table.rows
+    assert row[:5] == ["ROLLART", "40 train", "0.200", "64 train", "0.320"] and row[5] == "1.60×"
+    assert section.headline["best_split"]["rollart"]["speedup"] == pytest.approx(1.6)
+    assert _column(section, "speed-up (ideal 2×)", "ROLLART") == "2.00×"  # the half split's own reading stays
+    # one size without an alternative split: nothing to choose, no table
+    alone = SCALING.analyse([o for o in outs if o.variant.params["split"] == "half"])
+    assert not [t for t, _ in alone.extra_tables if "best" in t] and "best_split" not in alone.headline
+
+
+def test_scaling_probes_say_latency_bound_only_when_the_knobs_show_it():
+    from rollart.reproduce.experiments import SCALING
+
+    def probe(key: str, step: float) -> Outcome:
+        o = _fake({"mode": "rollart", "gpus": 128, "split": "probe", "probe": key}, [10, 10], step=step)
+        o.variant = Variant(f"ROLLART · 128 H800, knob {key}", "x", params=o.variant.params)
+        return o
+
+    base = _fake({"mode": "rollart", "gpus": 128, "split": "half"}, [10, 10], step=40)
+    latency = [base, probe("alpha2", 30), probe("tp4", 36), probe("envs2x", 40), probe("workers48", 39)]
+    section = SCALING.analyse(latency)
+    _, table = next((t, tbl) for t, tbl in section.extra_tables if "What bounds" in t)
+    assert [r[0] for r in table.rows][1:] == ["knob alpha2", "knob tp4", "knob envs2x", "knob workers48"]
+    assert table.rows[1][3] == "1.33×"
+    note, = [n for n in section.notes if n.startswith("ROLLART at 128 H800 is bound by the latency")]
+    assert "α = 2: 1.33×" in note and "1.5 × the rollout GPUs (1.03×)" in note
+    # more GPUs that do help: not latency-bound, no such note
+    gpu_bound = latency[:4] + [probe("workers48", 30)]
+    assert not [n for n in SCALING.analyse(gpu_bound).notes if "bound by the latency" in n]
