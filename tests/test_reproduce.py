@@ -15,7 +15,7 @@ from rollart.cli_reproduce import reproduce
 from rollart.core.stats import StepRecord
 from rollart.plan import load_plan
 from rollart.reproduce import EXPERIMENTS, BATCH_ENV, Runner, Variant, run_reproduce, select
-from rollart.reproduce.experiments import _swe_paths
+from rollart.reproduce.experiments.swe import _swe_paths
 from rollart.reproduce.figures import rollout_s, steady, throughput
 from rollart.reproduce.model import Outcome, ReproduceError, Section
 from rollart.scenarios_catalog import resolve, scenarios_root
@@ -213,7 +213,9 @@ def test_train_share_is_the_mean_over_the_steady_steps():
 
 def test_throughput_says_when_both_rollart_and_areal_are_trainer_bound():
     """Both trainer-bound: the note says ROLLART ÷ AReaL is then their train steps' ratio, read from the runs."""
-    from rollart.reproduce.experiments import B8, THROUGHPUT, baseline_placement
+    from rollart.reproduce.experiments import THROUGHPUT
+    from rollart.reproduce.experiments.common import B8
+    from rollart.reproduce.experiments.throughput import baseline_placement
 
     plans = {m: load_plan(resolve(B8), baseline_placement("Qwen3-8B", m)) for m in ("rollart", "areal")}
     outs = [_fake({"model": "Qwen3-8B", "mode": "rollart"}, [45, 45], plan=plans["rollart"], tokens=800),
@@ -236,7 +238,8 @@ def test_throughput_says_when_both_rollart_and_areal_are_trainer_bound():
 
 
 def test_affinity_and_scaling_show_the_train_share():
-    from rollart.reproduce.experiments import AFF_VARIANTS, AFFINITY, SCALING
+    from rollart.reproduce.experiments import AFFINITY, SCALING
+    from rollart.reproduce.experiments.affinity import AFF_VARIANTS
 
     label = dict((k, lbl) for k, lbl, _ in AFF_VARIANTS)
     bound = [_fake({"config": "all-h800"}, [45]), _fake({"config": "all-h20"}, [36], step=40)]
@@ -288,7 +291,8 @@ def test_swe_paths_split_on_a_timed_out_reset():
 
 
 def test_swe_gap_diagnostics_use_the_profile_means_and_stay_out_of_the_breakdown():
-    from rollart.reproduce.experiments import SWE, SWE_PROFILE, SWE_SPREAD_FREE
+    from rollart.reproduce.experiments import SWE
+    from rollart.reproduce.experiments.swe import SWE_PROFILE, SWE_SPREAD_FREE
 
     task = load_plan(resolve("paper/experiments/swe-step-breakdown")).task("SWE")
     assert SWE_PROFILE["step"]["mean"] == pytest.approx(task.env.step.mean())
@@ -312,7 +316,7 @@ def test_pd_note_reports_pool_load_and_prefix_reuse_from_the_runs():
     """The PD explanation is read from the runs (pool busy, prefix reuse), not written in."""
     from types import SimpleNamespace
 
-    from rollart.reproduce.experiments import PD_MODELS, _pd_note
+    from rollart.reproduce.experiments.pd import PD_MODELS, _pd_note
 
     def fake(model: str, layout: str, busy: dict, hit: float, setup: str = "48-b512", plan=None) -> Outcome:
         o = Outcome(Variant("v", "x", params={"model": model, "layout": layout, "setup": setup}), plan,
@@ -365,7 +369,8 @@ def test_transfer_column_is_the_cost_model_and_rdma_beats_tcp_for_every_model():
     the run's exposed sync, where KV recompute and the run's dynamics can hide the link): a blocking
     broadcast over 400 Gbps RDMA is faster than over 200 Gbps TCP, and the store's publish + pull,
     run behind rollout, is dearer than either (host staging, per-bucket handshakes)."""
-    from rollart.reproduce.experiments import BASES, TRANSFERS, _wire_s
+    from rollart.reproduce.experiments.common import BASES
+    from rollart.reproduce.experiments.transfer import TRANSFERS, _wire_s
 
     for model, base in BASES.items():
         wire = {}
@@ -438,7 +443,8 @@ def test_cli_usage_errors_exit_2_with_one_line(tmp_path, monkeypatch, args, env,
 def test_h800_vs_h20_reads_per_cost_and_per_gpu():
     """The same batch on 6 × H20 (same cost) and 2 × H20 (same count) against 2 × H800: each pairing
     gets its own winner, and the note states the measured streaming rates behind the per-GPU answer."""
-    from rollart.reproduce.experiments import H800_H20, HW_BATCHES, HW_TASKS
+    from rollart.reproduce.experiments import H800_H20
+    from rollart.reproduce.experiments.hardware import HW_BATCHES, HW_TASKS
 
     steps = {"h800": 100.0, "h20": 60.0, "h20-2": 140.0}  # rollout means 100, 80, 120 s with the 100 s fill
     outs = [_fake({"task": task, "batch": b, "hw": hw}, [0.0], step=s)
@@ -494,3 +500,4 @@ def test_scaling_probes_say_latency_bound_only_when_the_knobs_show_it():
     # more GPUs that do help: not latency-bound, no such note
     gpu_bound = latency[:4] + [probe("workers48", 30)]
     assert not [n for n in SCALING.analyse(gpu_bound).notes if "bound by the latency" in n]
+

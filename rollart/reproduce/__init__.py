@@ -1,8 +1,9 @@
 """``rollart reproduce``: the ROLLART paper's evaluation as shipped scenarios, simulated.
 
-* :mod:`rollart.reproduce.experiments` — the registry: each experiment is a base scenario under
-  ``scenarios/paper/`` plus variants (label, mode, ``--set`` overrides), an analysis that puts
-  the simulated figures beside the paper's, and a plot.
+* :mod:`rollart.reproduce.experiments` — the registry, one module per experiment (``common`` holds
+  what they share): each experiment is a base scenario under ``scenarios/paper/`` plus variants
+  (label, mode, ``--set`` overrides), an analysis that puts the simulated figures beside the
+  paper's, and a plot.
 * :mod:`rollart.reproduce.runner` — runs a variant exactly as ``rollart simulate`` would
   (``load_plan`` → ``mode_config`` → ``simulate_plan``), reusing identical variants.
 * :mod:`rollart.reproduce.main` — selection, progress bar, ``report.md`` / ``results.json`` / PNGs.

@@ -1,0 +1,77 @@
+"""What every experiment shares: the paper's base scenarios, the modes, the steady-state note and
+the notes on which side bounds a step."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rollart.reproduce.figures import TRAINER_BOUND, breakdown_mean, failed, fp, ratio, steady, train_share
+from rollart.reproduce.model import Outcome
+
+B8, B14, B32 = "paper/qwen3-8b-128gpu", "paper/qwen3-14b-128gpu", "paper/qwen3-32b-128gpu"
+BASES = {"Qwen3-8B": B8, "Qwen3-14B": B14, "Qwen3-32B": B32}
+EXP = "paper/experiments/"
+MODES = ("sync", "sync+", "one-off", "areal", "rollart")
+MODE_LABEL = {"sync": "Sync", "sync+": "Sync+", "one-off": "One-off", "areal": "AReaL-style", "rollart": "ROLLART"}
+
+STEADY_NOTE = ("Steady state = the steps after the pipeline fill, which is the first 1 + α steps (the admission "
+               "window at version 0 spans 1 + α batches, so those steps train on batches whose rollout began before "
+               "any weight update and before anything could go stale; α = 0: the first step). With fewer than two "
+               "steps left after it, the steps after the first.")
+TIME_TO_SCORE_CAVEAT = ("The paper's 32B figures (2.05× Sync+, 1.35× One-off, 1.31× AReaL) are *time to reach a "
+                        "score of 0.85*, not throughput: they also depend on how many steps each method needs, "
+                        "which staleness changes. The simulator models time, not learning, so it can only give "
+                        "throughput ratios; they are shown beside the paper's time-to-score ratios for orientation, "
+                        "not as the same quantity.")
+
+
+def _find(outs: list[Outcome], **params: Any) -> Outcome | None:
+    for o in outs:
+        if all(o.variant.params.get(k) == v for k, v in params.items()):
+            return o
+    return None
+
+
+def _failures(outs: list[Outcome]) -> list[str]:
+    return [f"`{o.variant.label}`: {failed(o)}" for o in outs if failed(o)]
+
+
+# ---- which side bounds the step: when the trainer does, more rollout hardware cannot help
+
+BOUND_RULE = f"trainer-bound: the train step is at least {fp(TRAINER_BOUND)} of the step's critical path"
+
+
+def _bound_note(parts: list[str]) -> list[str]:
+    """The note that says, per run or pair, which side bounds the step (none without parts)."""
+    return [f"Which side bounds the step ({BOUND_RULE}): " + "; ".join(parts) + "."] if parts else []
+
+
+def _side(o: Outcome | None) -> str:
+    """'trainer-bound (93 %)', 'rollout-bound (40 %)', or 'unknown' for a run without steps."""
+    s = train_share(o) if o is not None else math.nan
+    if not math.isfinite(s):
+        return "unknown (no steps)"
+    return f"{'trainer' if s >= TRAINER_BOUND else 'rollout'}-bound ({fp(s)})"
+
+
+def _train_s(o: Outcome) -> float:
+    return breakdown_mean(steady(o), "train")
+
+
+def _tokens_per_traj(o: Outcome) -> float:
+    """Trained tokens per trajectory over the steady steps: on one trainer, what makes train steps differ."""
+    recs = steady(o)
+    return ratio(sum(r.tokens for r in recs), sum(r.trajectories for r in recs))
+
+
+def _same_trainer(outs: list[Outcome]) -> str:
+    """'; both train on the same 64 H800' when every run's plan has the same trainer, else '' (a
+    run without a plan, or different trainers: then the claim cannot be read from the runs)."""
+    if any(o.plan is None for o in outs):
+        return ""
+    ts = {(o.plan.placement.trainer.gpus, o.plan.placement.trainer.pool) for o in outs}
+    if len(ts) != 1:
+        return ""
+    (gpus, pool), = ts
+    return f"; {'both' if len(outs) == 2 else 'all'} train on the same {gpus} {pool.upper()}"
