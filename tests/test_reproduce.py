@@ -501,3 +501,20 @@ def test_scaling_probes_say_latency_bound_only_when_the_knobs_show_it():
     gpu_bound = latency[:4] + [probe("workers48", 30)]
     assert not [n for n in SCALING.analyse(gpu_bound).notes if "bound by the latency" in n]
 
+
+def test_swe_analysis_of_timeout_steps_only_reports_what_it_can():
+    """A short run whose only step stalled on a reset (e.g. ``--steps 1``) has no success path: the
+    figures that need both paths read '—', the others are reported, and the analysis does not fail."""
+    from rollart.report import RunResult
+    from rollart.reproduce.experiments import SWE
+
+    plan = load_plan(resolve("paper/experiments/swe-step-breakdown"))
+    t = plan.task("SWE").env.timeout_s
+    outs = [Outcome(Variant(label, "x", kind, params={"kind": kind}), plan,
+                    RunResult("s", kind, 0, "sim", [_rec(0, 0, 1400, env_reset=t + 5, generation=100)], {}),
+                    None, 0.0, 1) for label, kind in (("Sync", "sync"), ("Sync+", "sync+"))]
+    section = SWE.analyse(outs)
+    cells = {row[0]: row[1] for row in section.comparison.rows}
+    assert cells["mean step over all steps, the timeout path at the paper's 1 step in 10"] == "Sync — · Sync+ —"
+    assert cells["mean step, success path"] == "Sync no such step · Sync+ no such step"
+    assert cells["mean step, timeout path"] == "Sync 1,400 s · Sync+ 1,400 s"

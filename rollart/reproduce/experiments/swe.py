@@ -122,7 +122,8 @@ def _analyse_swe(outs: list[Outcome]) -> Section:
         parts = []
         for kind, label in (("sync", "Sync"), ("sync+", "Sync+")):
             f = figures.get(f"{kind}.{path}")
-            parts.append(f"{label} {fmt(f[key]) if f else 'no such step'}")
+            # the all-steps mean needs both paths: a run of timeout steps only (e.g. --steps 1) has none
+            parts.append(f"{label} {fmt(f[key]) if f and key in f else ('no such step' if not f else NA)}")
         return " · ".join(parts)
 
     for kind in ("sync", "sync+"):  # the paper's 513 s: success and timeout steps at its own 1-in-10 rate
