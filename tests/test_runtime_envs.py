@@ -371,8 +371,11 @@ def test_env_worker_injected_failures_and_retry_of_a_step():
             errors += 1
     assert r["done"] and r["reward"] == 1.0 and errors > 0
     timeouts = EnvWorker([task_spec("GEM-Math", reset=1.0, timeout_s=0.05)], inject=True)
+    timeouts.warmup()  # gem-llm's first import (~3 s on a loaded machine) would hit the 1.05 s call guard first
     r = timeouts.reset("t", "GEM-Math", 0)
-    assert not r["ok"] and r["error_kind"] == "timeout" and r["elapsed_s"] < 1.0
+    # the latency wrapper's own timeout, at 0.05 s, not the worker's call guard (timeout_s + 1 s grace)
+    assert not r["ok"] and r["error_kind"] == "timeout" and r["elapsed_s"] < 1.0, r
+    assert "timed out after 0.05 s" in r["error"]
 
 
 def test_env_worker_hosts_the_digits_task_with_positional_seed_and_inject():
