@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rollart.core.modes import mode_config
+from rollart.plan.schema import Plan, env_managers_of
 from rollart.reproduce.figures import TRAINER_BOUND, breakdown_mean, failed, fp, ratio, steady, train_share
 from rollart.reproduce.model import Outcome
 
@@ -75,3 +77,17 @@ def _same_trainer(outs: list[Outcome]) -> str:
         return ""
     (gpus, pool), = ts
     return f"; {'both' if len(outs) == 2 else 'all'} train on the same {gpus} {pool.upper()}"
+
+
+def env_managers(plan: Plan, mode: str | None) -> int:
+    """The env managers ``mode`` rolls out with on ``plan`` (the scheduler's count)."""
+    a = plan.algorithm
+    return env_managers_of(a.env_managers, plan.groups_per_batch, a.group_size, mode_config(plan, mode).redundancy)
+
+
+def conversations_per_worker(o: Outcome | None) -> float:
+    """Trajectories in flight per rollout worker at most: the plan's env managers over its workers
+    (every worker of a colocated plan serves conversations end to end)."""
+    if o is None or o.plan is None:
+        return math.nan
+    return ratio(env_managers(o.plan, o.variant.mode), sum(g.workers for g in o.plan.placement.generation))

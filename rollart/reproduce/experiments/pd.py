@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import math
 
-from rollart.core.modes import mode_config
-from rollart.plan.schema import env_managers_of
 from rollart.reproduce import plots
-from rollart.reproduce.experiments.common import EXP, _failures, _find
+from rollart.reproduce.experiments.common import EXP, _failures, _find, conversations_per_worker
 from rollart.reproduce.figures import (NA, breakdown_mean, busy, fp, fr, fs, fx, ratio, step_s, steady, throughput,
                                        train_share, trainer_bound)
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
@@ -46,17 +44,6 @@ def _pd_variants() -> tuple[Variant, ...]:
                          params={"model": key, "layout": lkey, "setup": skey})
                  for skey, slabel, n, sov in PD_SETUPS for key, mlabel, scen in PD_MODELS
                  for lkey, llabel in PD_LAYOUTS)
-
-
-def _conversations_per_worker(o: Outcome | None) -> float:
-    """Trajectories in flight per rollout worker at most: the plan's env managers over its workers
-    (every worker of a colocated plan serves conversations end to end)."""
-    if o is None or o.plan is None:
-        return math.nan
-    a = o.plan.algorithm
-    managers = env_managers_of(a.env_managers, o.plan.groups_per_batch, a.group_size,
-                               mode_config(o.plan, o.variant.mode).redundancy)
-    return ratio(managers, sum(g.workers for g in o.plan.placement.generation))
 
 
 def _analyse_pd(outs: list[Outcome]) -> Section:
@@ -108,7 +95,7 @@ def _pd_note(outs: list[Outcome]) -> list[str]:
             hit_c, hit_p = col.summary.get("prefix_cache_hit_rate"), pd.summary.get("prefix_cache_hit_rate")
             if not bp or hit_c is None or hit_p is None:
                 continue
-            conv = _conversations_per_worker(col)
+            conv = conversations_per_worker(col)
             per = f"up to {conv:.0f} conversations per colocated worker; " if math.isfinite(conv) else ""
             out.append(f"{slabel}, {mlabel}: {per}with PD the prefill pool (H800) is {bp.get('h800', math.nan):.0%} "
                        f"busy and the decode pool (H20) {bp.get('h20', math.nan):.0%}, against "

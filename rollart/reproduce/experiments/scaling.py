@@ -5,23 +5,22 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rollart.plan.schema import env_managers_of
 from rollart.reproduce import plots
 from rollart.reproduce.experiments.common import (EXP, MODES, MODE_LABEL, STEADY_NOTE, _bound_note, _failures, _find,
-                                                  _side, _train_s)
+                                                  _side, _train_s, conversations_per_worker, env_managers)
 from rollart.reproduce.figures import NA, busy, fp, fr, fs, fx, ratio, step_s, throughput, train_share, trainer_bound
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
 
 
 SCALE = EXP + "scaling-14b-h800"
-SCALE_TP = {"train": 4, "rollout": 2}  # the scenario's trainer tp and rollout-worker tp
+ROLLOUT_TP = 2  # the scenario's rollout workers
 
 
 def _split(gpus: int, train: int) -> tuple[str, ...]:
     """``gpus`` H800, ``train`` of them training, the rest rollout workers of the scenario's tp."""
     return (f"cluster.gpu_pools.h800.count={gpus}", f"placement.trainer.gpus={train}",
-            f"placement.generation=[{{pool: h800, workers: {(gpus - train) // SCALE_TP['rollout']}, "
-            f"tp: {SCALE_TP['rollout']}}}]")
+            f"placement.generation=[{{pool: h800, workers: {(gpus - train) // ROLLOUT_TP}, "
+            f"tp: {ROLLOUT_TP}}}]")
 
 
 SCALE_64 = _split(64, 32)
@@ -49,14 +48,13 @@ def _scaling_variants() -> tuple[Variant, ...]:
         for g in (64, 128):
             for share_ in SPLIT_SHARES:
                 t = round(g * share_)
-                out.append(Variant(f"{MODE_LABEL[m]} · {g} H800, {t} train, {(g - t) // SCALE_TP['rollout']} × tp "
-                                   f"{SCALE_TP['rollout']} rollout", SCALE, m, _split(g, t),
+                out.append(Variant(f"{MODE_LABEL[m]} · {g} H800, {t} train, {(g - t) // ROLLOUT_TP} × tp "
+                                   f"{ROLLOUT_TP} rollout", SCALE, m, _split(g, t),
                                    params={"mode": m, "gpus": g, "split": t}))
     from rollart.plan import load_plan
     from rollart.scenarios_catalog import resolve
 
-    a = load_plan(resolve(SCALE)).algorithm  # ROLLART's default count (one batch's members) × 2
-    envs2x = 2 * env_managers_of(a.env_managers, a.batch_size // a.group_size, a.group_size, a.redundancy)
+    envs2x = 2 * env_managers(load_plan(resolve(SCALE)), "rollart")
     for key, label, overrides in SCALE_PROBES:
         extra = (f"algorithm.env_managers={envs2x}",) if key == "envs2x" else overrides
         out.append(Variant(f"ROLLART · 128 H800, {label}", SCALE, "rollart", extra,
@@ -140,7 +138,7 @@ def _rollart_probes(outs: list[Outcome]) -> tuple[MdTable | None, list[str]]:
         return None, []
     knobs = [(o.variant.label.split(", ", 1)[-1], o) for o in outs
              if o.variant.params.get("mode") == "rollart" and o.variant.params.get("gpus") == 128
-             and o.variant.params.get("split") not in ("half",)]
+             and o.variant.params.get("split") != "half"]
     rows = [["as shipped (64 train, 32 × tp 2 rollout, α = 1)", fs(step_s(base)), fr(throughput(base)), "1.00×"]]
     rows += [[label, fs(step_s(o)), fr(throughput(o)), fx(ratio(throughput(o), throughput(base)))] for label, o in knobs]
     gain = {o.variant.params.get("probe", "split"): ratio(throughput(o), throughput(base)) for _, o in knobs}
@@ -148,16 +146,14 @@ def _rollart_probes(outs: list[Outcome]) -> tuple[MdTable | None, list[str]]:
     lat = [k for k in ("alpha2", "tp4") if gain.get(k, math.nan) >= 1.05]
     flat = all(abs(gain.get(k, math.nan) - 1) < 0.05 for k in ("envs2x", "workers48"))
     if lat and flat:
-        per_engine = ""
-        if base.plan is not None:
-            a = base.plan.algorithm
-            envs = env_managers_of(a.env_managers, a.batch_size // a.group_size, a.group_size, a.redundancy)
-            per_engine = f"at ~{envs / sum(g.workers for g in base.plan.placement.generation):.0f} rows per engine "
+        rows_per = conversations_per_worker(base)
+        per_engine = f"at ~{rows_per:.0f} rows per engine " if math.isfinite(rows_per) else ""
         note = [f"ROLLART at 128 H800 is bound by the latency of its long trajectories, not by GPU count or "
                 f"concurrency: a longer window (α = 2: {fx(gain.get('alpha2'))}) or faster tokens (tp 4: "
                 f"{fx(gain.get('tp4'))}) speed it up; twice the env managers ({fx(gain.get('envs2x'))}) or 1.5 × the "
                 f"rollout GPUs ({fx(gain.get('workers48'))}) barely move it. "
-                f"A 30–100-turn trajectory pays one decode latency per turn, and {per_engine}a decode step is weight- and KV-read-bound, so its time hardly changes with the number of engines: "
+                f"A 30–100-turn trajectory pays one decode latency per turn, and {per_engine}a decode step is "
+                "weight- and KV-read-bound, so its time hardly changes with the number of engines: "
                 "at α = 1 more rollout GPUs buy little, a wider window or faster tokens do."]
     return MdTable(["ROLLART, 128 H800", "step s", "traj/s", "× as shipped"], rows), note
 
