@@ -40,6 +40,11 @@ from rollart.trace import NullTracer, Tracer
 
 _OPEN_STORES: dict[Any, Any] = {}
 
+# How long tear-down waits for ``ray.shutdown()`` before it kills Ray's processes instead.
+# It normally takes 1-3 s on a CPU host; it was seen to hang (a core-worker thread that never
+# joins) after a signal reached both the driver and its wrapper.
+RAY_SHUTDOWN_S = 30.0
+
 
 def pull_version(spec: Any, version: int) -> dict[str, Any]:
     """Runs inside an inference worker: pull ``version`` from the store (one client per process)."""
@@ -103,7 +108,12 @@ class RuntimeBackend:
         self.ctl = Controller(plan, mode, clock=self.now, tracer=self.tracer, on_step=on_step)
         self.conv: dict[int, Conversation] = {}
         self.counters = RuntimeCounters()
-        self._closers: list[Callable[[], None]] = []
+        # tear-down steps, run in order; the graceful ones are skipped after a second signal
+        self._closers: list[tuple[str, Callable[[], None]]] = []
+        self._watchdog: Any = None
+        self.interrupted: int | None = None
+        self.hurry = False                 # a second signal: skip the graceful tear-down
+        self.teardown_stuck: str | None = None  # why the tear-down gave up waiting (then Ray was killed)
 
     def now(self) -> float:
         return time.monotonic() - self._t0
@@ -129,12 +139,12 @@ class RuntimeBackend:
             # SIGKILL of this process runs no tear-down: the watchdog then kills Ray's processes
             # (GCS, raylet, agents, workers) and their children
             self._watchdog = Watchdog()
-            self._closers.append(self._watchdog.stop)
+            self._closers.append(("watchdog", self._watchdog.stop))
         start_ray(plan, self.address)
         if started_here:  # a Ray we joined (tests, --address) is left running
-            self._closers.insert(len(self._closers) - 1 if self._closers else 0, ray.shutdown)
+            self._closers.insert(len(self._closers) - 1 if self._closers else 0, ("ray", self._shutdown_ray))
         self.head = start_head_services(self._service_host())
-        self._closers.insert(0, lambda: ray.get(self.head.close.remote(), timeout=30))
+        self._closers.insert(0, ("head services", lambda: ray.get(self.head.close.remote(), timeout=30)))
         host, port, password = ray.get(self.head.redis_address.remote())
         self.head_node = ray.get(self.head.node_id.remote())
         self.redis = redis.Redis(host=host, port=port, password=password)
@@ -169,7 +179,7 @@ class RuntimeBackend:
             from rollart.runtime.reward.serverless import deploy_reward, shutdown_reward
 
             self.reward_url = deploy_reward("rollart-reward")
-            self._closers.insert(1, shutdown_reward)
+            self._closers.insert(1, ("reward endpoint", shutdown_reward))
         if self.resume is not None:
             self._restore(self.resume)
         # every worker starts from the trainer's weights (same seed ⇒ same init, but be explicit)
@@ -183,7 +193,7 @@ class RuntimeBackend:
         settle_heap()
         # this process outlives the run: unfreeze at close, or the run's actor handles (held in
         # reference cycles) would never be collected and their actors never released
-        self._closers.append(gc.unfreeze)
+        self._closers.append(("heap", gc.unfreeze))
 
     def _load_initial_weights(self) -> None:
         """Hand the trainer's weights to every worker before the clock starts. With a bucketed
@@ -274,12 +284,46 @@ class RuntimeBackend:
         self.resumed_step = step
 
     def close(self) -> None:
-        for close in self._closers:
+        """Tear down in order. After a second signal (``hurry``) the graceful steps (head
+        services, the reward endpoint) are skipped and Ray's processes are killed, not shut down."""
+        closers, self._closers = self._closers, []
+        for name, close in closers:
+            if self.hurry and name in ("head services", "reward endpoint"):
+                continue
             try:
                 close()
             except Exception:  # noqa: BLE001 - tear-down must reach every component
                 pass
-        self._closers.clear()
+
+    def _shutdown_ray(self) -> None:
+        """``ray.shutdown()``, bounded: in a thread, waited for up to :data:`RAY_SHUTDOWN_S`
+        (or until a second signal). If it does not return, the watchdog kills Ray's processes
+        and ``teardown_stuck`` says so; the caller should then leave with ``os._exit`` once its
+        outputs are written, since Ray's own exit hook would wait on the same stuck shutdown."""
+        import ray
+
+        done = threading.Event()
+
+        def shutdown() -> None:
+            try:
+                ray.shutdown()
+            except Exception:  # noqa: BLE001 - a failed shutdown is reaped like a stuck one
+                pass
+            finally:
+                done.set()
+
+        if not self.hurry:
+            threading.Thread(target=shutdown, name="rollart-ray-shutdown", daemon=True).start()
+            deadline = time.monotonic() + RAY_SHUTDOWN_S
+            while not done.wait(0.1) and not self.hurry and time.monotonic() < deadline:
+                pass
+            if done.is_set():
+                return
+        self.teardown_stuck = ("a second signal: Ray's processes were killed" if self.hurry else
+                               f"ray.shutdown() did not return within {RAY_SHUTDOWN_S:.0f} s: "
+                               "Ray's processes were killed")
+        if self._watchdog is not None:
+            self._watchdog.kill()
 
     # ---- effect handlers -----------------------------------------------------------------------
 
@@ -575,31 +619,41 @@ class RuntimeBackend:
             self.finished[eff.traj.id] = conv
         await self._env_close(eff)
 
-    def run(self) -> "RuntimeOutcome":
+    def run(self, on_outcome: Callable[["RuntimeOutcome"], None] | None = None) -> "RuntimeOutcome":
+        """Set up, run, tear down. ``on_outcome`` gets the outcome before the tear-down, so the
+        caller writes the finished steps before anything that could hang or be killed."""
         self.finished: dict[int, Conversation] = {}
-        self.interrupted: int | None = None
+        self.interrupted = None
         previous = self._catch_signals()
         try:
             self.setup()
             self._catch_signals()  # again: connecting to Ray installs its own (fatal) SIGTERM handler
             if self.interrupted is None:
                 error = asyncio.run(self._main())
-                stats = self._worker_stats()
+                stats = self._worker_stats() if not self.hurry else []
             else:
                 error, stats = f"interrupted by {signal.Signals(self.interrupted).name} during set-up", []
+            outcome = RuntimeOutcome(self, error, stats)
+            if on_outcome is not None:
+                on_outcome(outcome)
         finally:
             self.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        return RuntimeOutcome(self, error, stats)
+        return outcome
 
     def _catch_signals(self) -> dict[int, Any]:
         """SIGINT/SIGTERM ask the run to stop at the next safe point (the driver's poll: the
-        finished steps are kept, written and reported); a second one interrupts at once."""
+        finished steps are kept, written and reported). A second one skips the graceful
+        tear-down (Ray's processes are killed); only a third interrupts at once. Raising at the
+        second could land inside Ray's shutdown or a lock it needs, and hang it."""
         def handler(signum: int, frame: Any) -> None:
-            if self.interrupted is not None:
+            if self.interrupted is None:
+                self.interrupted = signum
+            elif not self.hurry:
+                self.hurry = True
+            else:
                 raise KeyboardInterrupt
-            self.interrupted = signum
 
         previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():

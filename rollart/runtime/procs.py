@@ -7,7 +7,8 @@ killed with SIGKILL (which runs no ``finally``, no ``atexit``).
 * :class:`Watchdog` is a separate small process started by the driver before Ray: it
   records the driver's descendants every ``poll_s`` and, once the driver is gone without
   having said goodbye (:meth:`Watchdog.stop`), SIGKILLs every recorded process still alive
-  (Ray's GCS, raylet, agents and workers, and their children).
+  (Ray's GCS, raylet, agents and workers, and their children). :meth:`Watchdog.kill` does the
+  same on request, for a tear-down that is stuck.
 """
 
 from __future__ import annotations
@@ -133,5 +134,17 @@ class Watchdog:
             p.stdin.write(b"q")  # type: ignore[union-attr]
             p.stdin.close()  # type: ignore[union-attr]
             p.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            p.kill()
+
+    def kill(self, timeout_s: float = 10.0) -> None:
+        """Kill the driver's process tree now, as if the driver had died (its stdin closes
+        without the goodbye): for a tear-down that is stuck. Waits for the watchdog to finish."""
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        try:
+            p.stdin.close()  # type: ignore[union-attr]
+            p.wait(timeout=timeout_s)
         except (OSError, subprocess.TimeoutExpired):
             p.kill()
