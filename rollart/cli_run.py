@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -33,7 +35,6 @@ def run(
     """Run a plan for real: Ray actors for inference, environments, reward and training."""
     from rollart.cli import _check_mode, _fail, _load, _overrides
     from rollart.core.modes import mode_config
-    from rollart.report import print_result
     from rollart.trace import Tracer
 
     _check_mode(mode)
@@ -51,6 +52,7 @@ def run(
     tracer = Tracer()  # always kept: an interrupted run writes the trace of its finished steps
     cfg = mode_config(plan, mode)
     t0 = time.perf_counter()
+    exit_code = [0]
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=quiet or not err_console.is_terminal) as bar:
         task = bar.add_task(f"running {plan.name} ({cfg.name}) on Ray", total=plan.algorithm.steps)
@@ -59,10 +61,29 @@ def run(
                                  resume=resume)
         if resume is not None:
             bar.update(task, completed=0)
+
+        def report(outcome) -> None:  # noqa: ANN001 - before Ray's tear-down, which can hang
+            bar.stop()
+            exit_code[0] = _report(outcome, backend, tracer, json_path, trace, t0)
+
         try:
-            outcome = backend.run()
+            backend.run(on_outcome=report)
         except ClusterError as exc:
             _fail([str(exc)])
+    if backend.teardown_stuck:  # the outputs are written; Ray's exit hook would wait on the same shutdown
+        err_console.print(f"tear-down: {backend.teardown_stuck}", highlight=False, soft_wrap=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code[0])
+    if exit_code[0]:
+        raise typer.Exit(code=exit_code[0])
+
+
+def _report(outcome, backend, tracer, json_path: Optional[Path], trace: Optional[Path],  # noqa: ANN001
+            t0: float) -> int:
+    """Print the result and write its JSON and trace; returns the exit code."""
+    from rollart.report import print_result
+
     result = outcome.to_result()
     interrupted = backend.interrupted
     if interrupted is not None:  # say where the finished steps went, even without --json/--trace
@@ -83,6 +104,5 @@ def run(
     if interrupted is not None:
         err_console.print(f"{result.error}; the result of those steps is in {json_path}, their trace in {trace}",
                           highlight=False, soft_wrap=True)
-        raise typer.Exit(code=128 + int(interrupted))  # 130 for SIGINT, 143 for SIGTERM
-    if result.error:
-        raise typer.Exit(code=1)
+        return 128 + int(interrupted)  # 130 for SIGINT, 143 for SIGTERM
+    return 1 if result.error else 0

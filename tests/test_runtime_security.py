@@ -75,6 +75,77 @@ def _kill_tree(tree: dict[int, str]) -> None:
                 pass
 
 
+def _gone_after(tree: dict[int, str], seconds: float = 10) -> dict[int, str]:
+    deadline = time.monotonic() + seconds
+    alive = tree
+    while time.monotonic() < deadline:
+        alive = {p: st for p, st in tree.items() if _start_time(p) == st}
+        if not alive:
+            break
+        time.sleep(0.25)
+    return {p: Path(f"/proc/{p}/comm").read_text().strip() for p in alive if os.path.exists(f"/proc/{p}/comm")}
+
+
+def test_two_signals_keep_the_finished_steps_and_kill_ray_instead_of_raising(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ck"
+    proc = _start(tmp_path, "--steps", "40", "--checkpoint-dir", str(ckpt), "--set", "runtime.checkpoint_every=1",
+                  "--set", "runtime.weight_store=ray")
+    tree: dict[int, str] = {}
+    try:
+        _wait_for(lambda: ckpt.is_dir() and len([p for p in ckpt.iterdir() if not p.name.startswith(".")]) >= 2,
+                  300, proc)
+        tree = _tree(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)  # an impatient user: Ctrl-C twice
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        left = _gone_after(tree)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_tree(tree)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "interrupted by SIGINT" in err
+    result = [p for p in tmp_path.glob("rollart-run-*.json") if not p.name.endswith(".trace.json")]
+    assert len(result) == 1 and len(json.loads(result[0].read_text())["steps"]) >= 2
+    assert not left, f"left running after two Ctrl-C: {left}"
+
+
+def test_a_stuck_ray_shutdown_neither_hangs_the_cli_nor_loses_the_result(tmp_path: Path) -> None:
+    # ray.shutdown() that never returns (seen once after a signal): the CLI has written its
+    # outputs before the tear-down, gives up on Ray after RAY_SHUTDOWN_S and kills its processes
+    code = ("import sys, threading, ray\n"
+            "ray.shutdown = lambda *a, **k: threading.Event().wait()\n"
+            "import rollart.runtime.backend as b\n"
+            "b.RAY_SHUTDOWN_S = 2.0\n"
+            "from rollart.cli import app\n"
+            "sys.argv = ['rollart'] + sys.argv[1:]\n"
+            "app()\n")
+    env = dict(os.environ, COLUMNS="120")
+    env.pop("RAY_AUTH_MODE", None)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, "-c", code, "run", str(DIGITS), "--steps", "2", "-q", "--json", "r.json",
+                             "--trace", "r.trace.json"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    tree: dict[int, str] = {}
+    try:
+        _wait_for(lambda: _has(proc.pid, "ray::EnvWorker"), 240, proc)
+        while proc.poll() is None:  # every process the run starts, to check none outlives it
+            tree.update(_tree(proc.pid))
+            time.sleep(0.5)
+        out, err = proc.communicate(timeout=120)
+        left = _gone_after(tree)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_tree(tree)
+    assert proc.returncode == 0, err[-2000:]
+    assert "did not return within 2 s" in err and "Traceback" not in err
+    assert len(json.loads((tmp_path / "r.json").read_text())["steps"]) == 2
+    assert json.loads((tmp_path / "r.trace.json").read_text())["traceEvents"]
+    assert not left, f"left running after a stuck shutdown: {left}"
+
+
 # Alone on the machine: Ray's dashboard agent listens on a fixed port (52365) that ray.init cannot move;
 # a Ray started beside it by a test on another pytest-xdist worker can hold it, and then this run's
 # agent has no job API to probe (fresh-clone runs: ['BadStatusLine', 405, 'URLError'] after 191 s).
