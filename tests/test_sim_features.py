@@ -116,3 +116,21 @@ def test_long_runs_do_not_stall_on_sub_resolution_remainders() -> None:
     out = subprocess.run([str(Path(sys.executable).parent / "rollart"), "simulate", "paper/experiments/swe-step-breakdown",
                           "--steps", "10", "-q"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-500:]
+
+
+def test_sync_breakdown_follows_the_member_the_reward_gate_waited_for() -> None:
+    """Sync scores after the whole batch: the judge call that finishes last is the critical
+    trajectory, but its wait at the gate was the rest of the batch's rollout, not reward. Only
+    the call itself (a cold start and one judge call here: the platform is not saturated) counts."""
+    from rollart.sim.reward import JUDGE_MAX_INPUT_TOKENS
+
+    out = run_sim(small_plan(), "sync", seed=3)
+    platform = out.backend.serverless
+    assert platform is not None and platform.calls <= platform.spec.max_concurrency * 3
+    one_call = platform.spec.cold_start_s + platform.call_time(JUDGE_MAX_INPUT_TOKENS)
+    steps = out.to_result().steps
+    assert steps
+    for s in steps:
+        assert s.breakdown_s["reward"] <= one_call + 1e-6, s.breakdown_s
+        assert sum(s.breakdown_s.values()) == pytest.approx(s.time_s)
+    assert sum(s.breakdown_s["generation"] for s in steps) > 2 * sum(s.breakdown_s["reward"] for s in steps)

@@ -27,6 +27,22 @@ def _gate_wait(traj: Trajectory) -> float:
     return sum(e - s for s, e, cat in traj.segments if cat == "reward")
 
 
+def _breakdown(critical: Trajectory, batch: tuple[Trajectory, ...], start: float, end: float) -> dict[str, float]:
+    """The critical path of [start, end]. Past Sync's reward gate it is the critical trajectory's
+    own reward call; before the gate opened it is the member the gate waited for (the last to
+    arrive), so a judge call that finished last does not turn the batch's rollout into *reward*."""
+    gate = critical.reward_gate
+    if gate is None or gate[1] <= start:
+        return critical_path_breakdown(critical.segments, start, end)
+    release = min(gate[1], end)
+    arrived = [t for t in batch if t.reward_gate is not None and t.reward_gate[0] <= release]
+    waited_for = max(arrived, key=lambda t: (t.reward_gate[0], t.id))  # type: ignore[index]
+    out = critical_path_breakdown(waited_for.segments, start, release)
+    for key, seconds in critical_path_breakdown(critical.segments, release, end).items():
+        out[key] = out.get(key, 0.0) + seconds
+    return out
+
+
 class RunAborted(RuntimeError):
     """The run cannot make progress (e.g. every environment keeps failing)."""
 
@@ -156,7 +172,7 @@ class Controller:
         # The critical trajectory finished last; among those a gate released together (Sync's reward
         # after the batch) it is the one that waited least at the gate, i.e. the one the gate waited for.
         critical = max(batch, key=lambda t: (round(t.finished_at or 0.0, 3), -_gate_wait(t), t.id))
-        breakdown = critical_path_breakdown(critical.segments, wait_start, wait_end)
+        breakdown = _breakdown(critical, batch, wait_start, wait_end)
         breakdown["weight_sync"] += sync_s
         breakdown["train"] += train_s
         breakdown["idle"] += max(0.0, (end - start) - sum(breakdown.values()))

@@ -179,8 +179,10 @@ def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | Non
     if barrier is not None:
         barrier.leave(traj.id)
     if reward_gate is not None:  # Sync: score only once the whole batch finished its rollout
+        arrived = ctl.now()
         if (sig := reward_gate.arrive(traj.id)) is not None:
             yield from _wait(ctl, traj, sig, REWARD)
+        traj.reward_gate = (arrived, ctl.now())
         reward_gate.leave(traj.id)
     t0 = ctl.now()
     traj.reward = yield ComputeReward(traj, ctl.mode.serverless_reward)

@@ -43,6 +43,9 @@ class Trajectory:
     # (start, end, category) spans; kept until the trajectory is reported so the step
     # breakdown can follow the critical path.
     segments: list[tuple[float, float, str]] = field(default_factory=list)
+    # Sync's reward-after-batch gate: when this trajectory reached it (its rollout done) and when
+    # the gate let it through, so the breakdown can follow the member the gate waited for.
+    reward_gate: tuple[float, float] | None = None
 
     def record(self, start: float, end: float, category: str) -> None:
         if end > start:

@@ -150,9 +150,10 @@ def _analyse_swe(outs: list[Outcome]) -> Section:
     ])
     notes = [
         "A step's breakdown follows the critical path: the trainer's own train step and exposed weight sync, and, "
-        "while it waited in `get_batch`, what the trajectory that completed the batch was doing. In Sync the "
-        "critical trajectory's wait at the reward-after-batch gate counts as *reward* and its waits at the "
-        "lockstep barrier as *env.step* / *generation*; *other* = reward + weight sync + idle.",
+        "while it waited in `get_batch`, what the trajectory that completed the batch was doing. In Sync, until "
+        "the reward-after-batch gate opened, the path follows the member the gate waited for (the last to finish "
+        "its rollout), then the critical trajectory's own reward call; waits at the lockstep barrier count as "
+        "*env.step* / *generation*; *other* = reward + weight sync + idle.",
         f"A step is on the *timeout path* when one of its env.reset calls timed out ({fs(SWE_PROFILE['timeout_s'])} s, "
         f"then up to {SWE_PROFILE['max_retries']} retries after {fs(SWE_PROFILE['backoff_s'])} s, doubling). The "
         "calibrated reset tail times out on ~10 % of batches of 128, so runs with few steps may see none. In Sync "
