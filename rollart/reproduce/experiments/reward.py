@@ -29,9 +29,21 @@ REWARD_VARIANTS = (  # key, label, short label (plots), mode, overrides
 )
 
 
+# The §2 profile's own setup (the SWE step of experiment swe-breakdown: Qwen3-8B, 32 H800, batch 128,
+# Sync) with 4 of its 32 GPUs serving the judge and every SWE trajectory judged. Which task the
+# paper's judge scored is not in our notes: this is the like-for-like setup, under that assumption.
+SWE_PROFILE_JUDGED = ("tasks.SWE.reward=llm_judge", "placement.trainer.gpus=28",
+                      "placement.generation=[{pool: h800, workers: 28, tp: 1}]",
+                      "placement.reward={where: dedicated, pool: h800, gpus: 4, tp: 1}")
+SWE_PROFILE_VARIANT = Variant("Sync, the §2 SWE profile (28 + 4 judge H800, batch 128), every SWE trajectory judged",
+                              EXP + "swe-step-breakdown", "sync", SWE_PROFILE_JUDGED,
+                              params={"config": "sync-swe-profile"})
+
+
 def _analyse_reward(outs: list[Outcome]) -> Section:
     rows, head = [], {}
-    for key, label, _, _, _ in REWARD_VARIANTS:
+    for key, label in [(k, lab) for k, lab, _, _, _ in REWARD_VARIANTS] + [("sync-swe-profile",
+                                                                          SWE_PROFILE_VARIANT.label)]:
         o = _find(outs, config=key)
         if o is None:
             continue
@@ -53,6 +65,8 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
         ["utilisation of 4 dedicated reward GPUs (7B judge), GEM-Math only",
          f"Sync {fp(head.get('sync-dedicated-math', {}).get('reward_util'), 1)} · ROLLART "
          f"{fp(head.get('rollart-dedicated-math', {}).get('reward_util'), 1)}", "7.4 %"],
+        ["utilisation of 4 dedicated reward GPUs (7B judge), the §2 SWE profile's setup, every trajectory judged",
+         f"Sync {fp(head.get('sync-swe-profile', {}).get('reward_util'), 1)}", "7.4 %"],
         ["share of the serverless judge's billed GPU time serving calls (ROLLART, four-task mix)",
          fp(head.get("rollart-serverless", {}).get("serving_share")),
          "88 % (a third-party summary of the paper's figure: reward GPU utilisation 6 % dedicated → 88 % "
@@ -65,6 +79,10 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
              "GEM-Math (a quarter of the groups) is scored by the LLM judge, the other tasks by rule checks; the "
              "GEM-Math-only variants switch the other tasks off (share 1e-6), so every trajectory is judged. The "
              "paper's profile workload is not in our notes.",
+             "The §2-setup row runs the SWE step the paper profiled (experiment swe-breakdown: Qwen3-8B, 32 H800, "
+             "batch 128, Sync) with 28 GPUs colocated, 4 serving the judge and every SWE trajectory (~20K tokens of "
+             "context) judged, which assumes the paper's judge scored that workload. Its utilisation includes the "
+             "steps a timed-out env.reset stretched (about one in ten), in which the judge idles.",
              "A judge call reads the whole trajectory (up to the judge's 32K window) and writes a 64-token verdict "
              "(`rollart.sim.reward`), on one tp-1 engine per GPU.",
              "Serverless billing is per request: each call's time on an instance plus the cold starts it caused "
@@ -82,10 +100,11 @@ REWARD_EXP = Experiment(
            "four-task mix at batch 128 (GEM-Math "
            "is judged by the LLM, the rest by rules) and GEM-Math alone (every trajectory judged). Compared: Sync and "
            "ROLLART with the dedicated judge, ROLLART with the serverless judge (4 GPUs idle), and ROLLART with "
-           "the serverless judge giving the 4 GPUs to rollout. Scenario `paper/experiments/reward-placement`."),
+           "the serverless judge giving the 4 GPUs to rollout. Scenario `paper/experiments/reward-placement`; and the §2 "
+           "SWE step itself (`paper/experiments/swe-step-breakdown`, 28 + 4 judge H800) with every trajectory judged."),
     steps=4,
     variants=tuple(Variant(label, REWARD, mode, ov, params={"config": key})
-                   for key, label, _, mode, ov in REWARD_VARIANTS),
+                   for key, label, _, mode, ov in REWARD_VARIANTS) + (SWE_PROFILE_VARIANT,),
     analyse=_analyse_reward,
     plot=lambda outs, path: plots.reward(outs, path, [(k, short) for k, _, short, _, _ in REWARD_VARIANTS], throughput),
     paper="A dedicated 7B reward LLM on 4 of 32 H800 averaged 7.4 % utilisation.",
