@@ -56,6 +56,21 @@ def _wait_for(pred, timeout: float, proc: subprocess.Popen) -> None:
     raise AssertionError("timed out waiting for the run")
 
 
+def _start_past_two_checkpoints(tmp_path: Path) -> subprocess.Popen:
+    """A 40-step run, returned once two steps are checkpointed (their results must survive)."""
+    ckpt = tmp_path / "ck"
+    proc = _start(tmp_path, "--steps", "40", "--checkpoint-dir", str(ckpt), "--set", "runtime.checkpoint_every=1",
+                  "--set", "runtime.weight_store=ray")
+    try:
+        _wait_for(lambda: ckpt.is_dir() and len([p for p in ckpt.iterdir() if not p.name.startswith(".")]) >= 2,
+                  300, proc)
+    except BaseException:
+        _kill_tree(_tree(proc.pid))
+        proc.kill()
+        raise
+    return proc
+
+
 def _has(pid: int, name: str) -> bool:
     for p in _tree(pid):
         try:
@@ -87,13 +102,9 @@ def _gone_after(tree: dict[int, str], seconds: float = 10) -> dict[int, str]:
 
 
 def test_two_signals_keep_the_finished_steps_and_kill_ray_instead_of_raising(tmp_path: Path) -> None:
-    ckpt = tmp_path / "ck"
-    proc = _start(tmp_path, "--steps", "40", "--checkpoint-dir", str(ckpt), "--set", "runtime.checkpoint_every=1",
-                  "--set", "runtime.weight_store=ray")
+    proc = _start_past_two_checkpoints(tmp_path)
     tree: dict[int, str] = {}
     try:
-        _wait_for(lambda: ckpt.is_dir() and len([p for p in ckpt.iterdir() if not p.name.startswith(".")]) >= 2,
-                  300, proc)
         tree = _tree(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)  # an impatient user: Ctrl-C twice
         time.sleep(0.3)
@@ -236,13 +247,9 @@ def test_sigkill_of_the_driver_leaves_no_process_behind(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_and_keeps_its_finished_steps(tmp_path: Path, sig: int) -> None:
-    ckpt = tmp_path / "ck"
-    proc = _start(tmp_path, "--steps", "40", "--checkpoint-dir", str(ckpt), "--set", "runtime.checkpoint_every=1",
-                  "--set", "runtime.weight_store=ray")
+    proc = _start_past_two_checkpoints(tmp_path)
     tree: dict[int, str] = {}
     try:
-        _wait_for(lambda: ckpt.is_dir() and len([p for p in ckpt.iterdir() if not p.name.startswith(".")]) >= 2,
-                  300, proc)
         tree = _tree(proc.pid)
         if sig == signal.SIGINT:  # Ctrl-C: the whole foreground process group (Ray's GCS and raylet too)
             os.killpg(proc.pid, sig)
