@@ -82,6 +82,7 @@ def run(
 def _report(outcome, backend, tracer, json_path: Optional[Path], trace: Optional[Path],  # noqa: ANN001
             t0: float) -> int:
     """Print the result and write its JSON and trace; returns the exit code."""
+    from rollart.cli import write_output
     from rollart.report import print_result
 
     result = outcome.to_result()
@@ -96,10 +97,10 @@ def _report(outcome, backend, tracer, json_path: Optional[Path], trace: Optional
                   f"{sm['mean_generate_s'] * 1e3:.0f} ms mean · reward call {sm['mean_reward_call_s'] * 1e3:.1f} ms "
                   f"mean ({sm['reward_failures']} failed) · weight transfer {sm['weight_transfer_s_mean']:.2f} s[/]")
     if json_path:
-        result.write_json(json_path)
+        write_output("--json", json_path, result.write_json)
         console.print(f"[dim]wrote {json_path}[/]")
     if trace is not None:
-        tracer.write(trace)
+        write_output("--trace", trace, tracer.write)
         console.print(f"[dim]wrote {trace} (open in https://ui.perfetto.dev)[/]")
     if interrupted is not None:
         err_console.print(f"{result.error}; the result of those steps is in {json_path}, their trace in {trace}",

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rollart.core.stats import BREAKDOWN_KEYS, StepRecord
+from rollart.files import write_text_atomic
 
 SHORT = {"generation": "gen", "env_reset": "reset", "env_step": "env", "reward": "reward", "train": "train",
          "weight_sync": "sync", "idle": "idle"}
@@ -71,7 +72,7 @@ class RunResult:
         }
 
     def write_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 def summary_from_steps(steps: list[StepRecord]) -> dict[str, float]:

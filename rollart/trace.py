@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rollart.files import write_text_atomic
+
 if TYPE_CHECKING:
     from rollart.core.trajectory import Trajectory
 
@@ -128,4 +130,4 @@ class Tracer(NullTracer):
             self._stream_path.with_name(path.name + ".part").replace(path)
             self._stream_path = None  # finished: later events stay in memory
             return
-        path.write_text(json.dumps({"traceEvents": self._events, "displayTimeUnit": "ms"}))
+        write_text_atomic(path, json.dumps({"traceEvents": self._events, "displayTimeUnit": "ms"}))

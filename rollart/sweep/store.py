@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterable
+
+from rollart.files import write_text_atomic
 
 
 def point_key(scenario: dict[str, Any], overrides: Iterable[str], seed: int | None, mode: str | None) -> str:
@@ -39,6 +40,4 @@ class ResultStore:
 
     def save(self, key: str, record: dict[str, Any]) -> None:
         """Atomic: a crash mid-write never leaves a half file that a rerun would trust."""
-        tmp = self.points / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
-        os.replace(tmp, self.path(key))
+        write_text_atomic(self.path(key), json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
