@@ -52,7 +52,7 @@ def run(
     tracer = Tracer()  # always kept: an interrupted run writes the trace of its finished steps
     cfg = mode_config(plan, mode)
     t0 = time.perf_counter()
-    exit_code = [0]
+    exit_code = 0
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=quiet or not err_console.is_terminal) as bar:
         task = bar.add_task(f"running {plan.name} ({cfg.name}) on Ray", total=plan.algorithm.steps)
@@ -63,8 +63,9 @@ def run(
             bar.update(task, completed=0)
 
         def report(outcome) -> None:  # noqa: ANN001 - before Ray's tear-down, which can hang
+            nonlocal exit_code
             bar.stop()
-            exit_code[0] = _report(outcome, backend, tracer, json_path, trace, t0)
+            exit_code = _report(outcome, backend, tracer, json_path, trace, t0)
 
         try:
             backend.run(on_outcome=report)
@@ -74,9 +75,9 @@ def run(
         err_console.print(f"tear-down: {backend.teardown_stuck}", highlight=False, soft_wrap=True)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(exit_code[0])
-    if exit_code[0]:
-        raise typer.Exit(code=exit_code[0])
+        os._exit(exit_code)
+    if exit_code:
+        raise typer.Exit(code=exit_code)
 
 
 def _report(outcome, backend, tracer, json_path: Optional[Path], trace: Optional[Path],  # noqa: ANN001

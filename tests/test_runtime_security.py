@@ -5,6 +5,7 @@ worker is survived. All loopback-only and bounded in time."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -27,12 +29,13 @@ DIGITS = Path(__file__).parents[1] / "scenarios" / "local" / "digits.yaml"
 ROLLART = str(Path(sys.executable).parent / "rollart")
 
 
-def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+def _start(tmp_path: Path, *args: str, cli: tuple[str, ...] = (ROLLART,)) -> subprocess.Popen:
+    """``rollart run DIGITS *args`` (``cli``: the command that stands for ``rollart``)."""
     env = dict(os.environ, COLUMNS="120")
     env.pop("RAY_AUTH_MODE", None)
     env.pop("RAY_ADDRESS", None)
     # its own session: a signal to its process group (a terminal's Ctrl-C) does not reach pytest
-    return subprocess.Popen([ROLLART, "run", str(DIGITS), *args], cwd=tmp_path, stdout=subprocess.PIPE,
+    return subprocess.Popen([*cli, "run", str(DIGITS), *args], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
@@ -90,6 +93,19 @@ def _kill_tree(tree: dict[int, str]) -> None:
                 pass
 
 
+@contextlib.contextmanager
+def _reaped(proc: subprocess.Popen) -> Iterator[dict[int, str]]:
+    """Yields a dict for the run's process tree (the test fills it); at the end, whatever
+    happened, the driver and every process recorded there are SIGKILLed."""
+    tree: dict[int, str] = {}
+    try:
+        yield tree
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_tree(tree)
+
+
 def _gone_after(tree: dict[int, str], seconds: float = 10) -> dict[int, str]:
     deadline = time.monotonic() + seconds
     alive = tree
@@ -103,18 +119,13 @@ def _gone_after(tree: dict[int, str], seconds: float = 10) -> dict[int, str]:
 
 def test_two_signals_keep_the_finished_steps_and_kill_ray_instead_of_raising(tmp_path: Path) -> None:
     proc = _start_past_two_checkpoints(tmp_path)
-    tree: dict[int, str] = {}
-    try:
-        tree = _tree(proc.pid)
+    with _reaped(proc) as tree:
+        tree.update(_tree(proc.pid))
         os.killpg(proc.pid, signal.SIGINT)  # an impatient user: Ctrl-C twice
         time.sleep(0.3)
         os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
         left = _gone_after(tree)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill_tree(tree)
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "interrupted by SIGINT" in err
     result = [p for p in tmp_path.glob("rollart-run-*.json") if not p.name.endswith(".trace.json")]
@@ -132,24 +143,15 @@ def test_a_stuck_ray_shutdown_neither_hangs_the_cli_nor_loses_the_result(tmp_pat
             "from rollart.cli import app\n"
             "sys.argv = ['rollart'] + sys.argv[1:]\n"
             "app()\n")
-    env = dict(os.environ, COLUMNS="120")
-    env.pop("RAY_AUTH_MODE", None)
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen([sys.executable, "-c", code, "run", str(DIGITS), "--steps", "2", "-q", "--json", "r.json",
-                             "--trace", "r.trace.json"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)
-    tree: dict[int, str] = {}
-    try:
+    proc = _start(tmp_path, "--steps", "2", "-q", "--json", "r.json", "--trace", "r.trace.json",
+                  cli=(sys.executable, "-c", code))
+    with _reaped(proc) as tree:
         _wait_for(lambda: _has(proc.pid, "ray::EnvWorker"), 240, proc)
         while proc.poll() is None:  # every process the run starts, to check none outlives it
             tree.update(_tree(proc.pid))
             time.sleep(0.5)
         out, err = proc.communicate(timeout=120)
         left = _gone_after(tree)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill_tree(tree)
     assert proc.returncode == 0, err[-2000:]
     assert "did not return within 2 s" in err and "Traceback" not in err
     assert len(json.loads((tmp_path / "r.json").read_text())["steps"]) == 2
@@ -224,42 +226,27 @@ def _post_job(port: int) -> int | str:
 
 def test_sigkill_of_the_driver_leaves_no_process_behind(tmp_path: Path) -> None:
     proc = _start(tmp_path, "--steps", "30", "-q")
-    tree: dict[int, str] = {}
-    try:
+    with _reaped(proc) as tree:
         _wait_for(lambda: _has(proc.pid, "redis-server") and _has(proc.pid, "ray::EnvWorker"), 240, proc)
         time.sleep(2)
-        tree = _tree(proc.pid)
+        tree.update(_tree(proc.pid))
         assert len(tree) > 5
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        alive = tree
-        while time.monotonic() < deadline:
-            alive = {p: st for p, st in tree.items() if _start_time(p) == st}
-            if not alive:
-                break
-            time.sleep(0.25)
-        names = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in alive if os.path.exists(f"/proc/{p}/comm")}
-        assert not alive, f"left running 10 s after SIGKILL of the driver: {names}"
-    finally:
-        _kill_tree(tree)
+        left = _gone_after(tree)
+        assert not left, f"left running 10 s after SIGKILL of the driver: {left}"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_and_keeps_its_finished_steps(tmp_path: Path, sig: int) -> None:
     proc = _start_past_two_checkpoints(tmp_path)
-    tree: dict[int, str] = {}
-    try:
-        tree = _tree(proc.pid)
+    with _reaped(proc) as tree:
+        tree.update(_tree(proc.pid))
         if sig == signal.SIGINT:  # Ctrl-C: the whole foreground process group (Ray's GCS and raylet too)
             os.killpg(proc.pid, sig)
         else:  # SIGTERM: the driver alone (kill PID, a scheduler)
             os.kill(proc.pid, sig)
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill_tree(tree)
     assert proc.returncode == 128 + sig, err[-2000:]
     name = signal.Signals(sig).name
     assert f"interrupted by {name}" in err and "Traceback" not in err

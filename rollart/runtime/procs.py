@@ -127,23 +127,21 @@ class Watchdog:
                                      stderr=subprocess.DEVNULL, start_new_session=True)
 
     def stop(self) -> None:
-        p, self.proc = self.proc, None
-        if p is None:
-            return
-        try:
-            p.stdin.write(b"q")  # type: ignore[union-attr]
-            p.stdin.close()  # type: ignore[union-attr]
-            p.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            p.kill()
+        """The driver's goodbye: the watchdog exits and kills nothing."""
+        self._end(b"q", timeout_s=5.0)
 
     def kill(self, timeout_s: float = 10.0) -> None:
         """Kill the driver's process tree now, as if the driver had died (its stdin closes
         without the goodbye): for a tear-down that is stuck. Waits for the watchdog to finish."""
+        self._end(b"", timeout_s)
+
+    def _end(self, goodbye: bytes, timeout_s: float) -> None:
         p, self.proc = self.proc, None
         if p is None:
             return
         try:
+            if goodbye:
+                p.stdin.write(goodbye)  # type: ignore[union-attr]
             p.stdin.close()  # type: ignore[union-attr]
             p.wait(timeout=timeout_s)
         except (OSError, subprocess.TimeoutExpired):
