@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -518,3 +519,25 @@ def test_swe_analysis_of_timeout_steps_only_reports_what_it_can():
     assert cells["mean step over all steps, the timeout path at the paper's 1 step in 10"] == "Sync — · Sync+ —"
     assert cells["mean step, success path"] == "Sync no such step · Sync+ no such step"
     assert cells["mean step, timeout path"] == "Sync 1,400 s · Sync+ 1,400 s"
+
+
+def test_runner_watchdog_fires_again_when_a_gc_callback_swallows_its_raise():
+    import gc
+
+    from rollart.reproduce.runner import _WallLimit, _watchdog
+
+    def slow_callback(phase: str, info: dict) -> None:  # the alarm lands here; its raise is dropped
+        if phase == "start":
+            time.sleep(0.4)
+
+    deadline = time.monotonic() + 5
+    with pytest.raises(_WallLimit):
+        with _watchdog(0.2):
+            gc.callbacks.append(slow_callback)
+            try:
+                gc.collect()
+            finally:
+                gc.callbacks.remove(slow_callback)
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+    assert time.monotonic() < deadline

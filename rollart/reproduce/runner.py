@@ -73,7 +73,9 @@ def _watchdog(seconds: float | None) -> Iterator[None]:
         raise _WallLimit()
 
     previous = signal.signal(signal.SIGALRM, _fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # Re-armed every second: a raise that lands in a gc callback (hypothesis installs one) is
+    # reported as unraisable and dropped, and a one-shot timer would then never stop the run.
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
     try:
         yield
     finally:
