@@ -32,7 +32,7 @@ from rollart.sim.costs.link import WeightTransferCost
 from rollart.sim.costs.train import ColocationSwitch
 from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
-from rollart.sim.reward import JUDGE_OUTPUT_TOKENS, RULE_REWARD_S, ServerlessPlatform, judge_input_tokens
+from rollart.sim.reward import RULE_REWARD_S, ServerlessPlatform, judge_input_tokens
 from rollart.trace import NullTracer, Tracer
 
 SimGen = Generator[Any, Any, Any]
@@ -194,7 +194,7 @@ class SimBackend:
                                  "platform; define one"])
             s = plan.cluster.serverless
             cost = generation_cost(plan.reward_model, s.gpu, plan.cluster.gpu_type(s.gpu), 1)
-            self.serverless = ServerlessPlatform(self.env, s, cost)
+            self.serverless = ServerlessPlatform(self.env, s, cost, plan.placement.reward.output_tokens)
             return
         r = plan.placement.reward
         if r.gpus == 0 or r.pool is None:
@@ -203,7 +203,7 @@ class SimBackend:
         pool = plan.cluster.gpu_pools[r.pool]
         cost = generation_cost(plan.reward_model, pool.gpu, plan.cluster.gpu_type(pool.gpu), r.tp, pool.profile)
         for i in range(max(1, r.gpus // r.tp)):
-            self.judges.append(GenerationEngine(self.env, 10_000 + i, r.pool, cost, 256, False, None))
+            self.judges.append(GenerationEngine(self.env, 10_000 + i, r.pool, cost, r.max_num_seqs, False, None))
 
     # ---- driving core processes --------------------------------------------------------------
 
@@ -368,7 +368,7 @@ class SimBackend:
             yield from self.serverless.call(n_in)
         else:
             judge = min(self.judges, key=lambda e: (len(e.running) + len(e.waiting), e.id))
-            yield from self._run_request(judge, -1 - traj.id, n_in, JUDGE_OUTPUT_TOKENS, False)
+            yield from self._run_request(judge, -1 - traj.id, n_in, self.plan.placement.reward.output_tokens, False)
         return 0.0  # the simulator models time, not scores
 
     def _train(self, eff: TrainStep) -> SimGen:

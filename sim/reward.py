@@ -12,7 +12,6 @@ from rollart.sim.costs.gpu import GenerationCost
 
 RULE_REWARD_S = 0.005           # a regex / unit-test style check on the CPU
 JUDGE_MAX_INPUT_TOKENS = 32768  # the judge reads the whole trajectory, up to its 32K context (Qwen2.5-7B)
-JUDGE_OUTPUT_TOKENS = 64        # a short verdict
 
 
 def judge_input_tokens(context_tokens: int) -> int:
@@ -30,10 +29,11 @@ class ServerlessPlatform:
     platform's, not the caller's. ``reserved_s`` keeps the instance-lifetime figure (cold
     start until scale-down) for comparison."""
 
-    def __init__(self, env: simpy.Environment, spec: Serverless, judge: GenerationCost):
+    def __init__(self, env: simpy.Environment, spec: Serverless, judge: GenerationCost, output_tokens: int):
         self.env = env
         self.spec = spec
         self.judge = judge
+        self.output_tokens = output_tokens  # the verdict each call writes (placement.reward.output_tokens)
         self.slots = simpy.Resource(env, capacity=spec.max_concurrency)
         self._idle: list[float] = []   # idle-since times of warm instances
         self.cold_starts = 0
@@ -44,7 +44,7 @@ class ServerlessPlatform:
 
     def call_time(self, input_tokens: int) -> float:
         prefill = self.judge.prefill_time(input_tokens, input_tokens * input_tokens / 2)
-        decode = self.judge.decode_line(1).total(input_tokens, 1, JUDGE_OUTPUT_TOKENS)
+        decode = self.judge.decode_line(1).total(input_tokens, 1, self.output_tokens)
         return self.spec.per_call_overhead_s + prefill + decode
 
     def _take_warm(self) -> bool:

@@ -158,6 +158,50 @@ def test_sync_burst_queues_on_dedicated_judges() -> None:
     assert max(rewards) > one
 
 
+
+JUDGED_BURST = ["cluster.gpu_pools.h800.count=9", "tasks.FrozenLake.share=1e-6", "tasks.CodeExec.share=1e-6"]
+
+
+def _dedicated(extra: str = "") -> list[str]:
+    return [*JUDGED_BURST, "placement.reward={where: dedicated, pool: h800, gpus: 1%s}" % extra]
+
+
+def test_a_judge_serving_one_call_at_a_time_is_busy_for_every_call_in_turn() -> None:
+    """ROLL's LLMJudgeRewardWorker scores its shard sample by sample (max_num_seqs 1): no two calls share a
+    step, so the judge is busy for the sum of the calls' single-request times — longer than a batching
+    engine, which decodes the burst's verdicts together — and the Sync burst waits longer for it."""
+    batched, serial = (run_sim(small_plan(_dedicated(extra)), "sync") for extra in ("", ", max_num_seqs: 1"))
+    jb, js = batched.backend.judges[0], serial.backend.judges[0]
+    assert js.max_num_seqs == 1 and jb.max_num_seqs == 256
+    assert js.busy_s > jb.busy_s
+    # one call at a time: every engine step ran at most one request, prefill and verdict decode unbatched
+    calls = sum(1 for t in serial.backend.ctl.trajectories if t.reward is not None and t.task == "GEM-Math")
+    verdict = 64
+    assert js.it == calls * verdict  # the prefill writes the first token, then 63 decode steps, per call
+    reward = lambda out: sum(r.breakdown_s["reward"] for r in out.backend.ctl.stats.steps)  # noqa: E731
+    assert reward(serial) > reward(batched)
+
+
+def test_the_judge_writes_output_tokens_per_call() -> None:
+    """A verdict's decode steps are what output_tokens sets: a YES/NO judge (2) runs 2 steps a call, and a
+    serverless call is shorter by the decode of the tokens it no longer writes."""
+    out = run_sim(small_plan(_dedicated(", max_num_seqs: 1, output_tokens: 2")), "sync")
+    judge = out.backend.judges[0]
+    calls = sum(1 for t in out.backend.ctl.trajectories if t.reward is not None and t.task == "GEM-Math")
+    assert calls > 0 and judge.it == calls * 2
+    long, short = (run_sim(small_plan([*JUDGED_BURST, f"placement.reward.output_tokens={n}"]), "rollart")
+                   .backend.serverless for n in (64, 2))
+    n_in = 4000
+    gap = long.judge.decode_line(1).total(n_in, 1, 64) - long.judge.decode_line(1).total(n_in, 1, 2)
+    assert long.call_time(n_in) - short.call_time(n_in) == pytest.approx(gap)
+    assert gap > 0
+
+
+@pytest.mark.parametrize("field, value", [("max_num_seqs", 0), ("output_tokens", 0), ("output_tokens", 40_000)])
+def test_judge_service_fields_are_validated(field: str, value: int) -> None:
+    with pytest.raises(PlanError, match=f"placement.reward.{field}"):
+        small_plan(_dedicated(f", {field}: {value}"))
+
 # ---- item 8: AReaL-style vs One-off, stale aborts ------------------------------------------
 
 def test_trainer_bound_areal_and_one_off_take_the_same_step() -> None:

@@ -296,6 +296,12 @@ class RewardPlacement(_Strict):
     pool: str | None = None
     gpus: NonNegInt = 0
     tp: PosInt = 1
+    max_num_seqs: Count = Field(256, description=(
+        "judge calls one dedicated judge engine serves at once (a continuous-batching server); 1 = one call at a "
+        "time, as ROLL's LLMJudgeRewardWorker scores its shard of a batch sample by sample"))
+    output_tokens: Annotated[int, Field(gt=0, le=32_768)] = Field(64, description=(
+        "tokens the LLM judge writes per call, dedicated or serverless (assumed: a short verdict; ROLL's Qwen2.5-7B "
+        "RLVR judge prompt asks for a bare YES or NO, about 2)"))
 
 
 class Placement(_Strict):

@@ -38,12 +38,20 @@ SWE_PROFILE_JUDGED = ("tasks.SWE.reward=llm_judge", "placement.trainer.gpus=28",
 SWE_PROFILE_VARIANT = Variant("Sync, the §2 SWE profile (28 + 4 judge H800, batch 128), every SWE trajectory judged",
                               EXP + "swe-step-breakdown", "sync", SWE_PROFILE_JUDGED,
                               params={"config": "sync-swe-profile"})
+# The same step with the judge served as ROLL's published LLMJudgeRewardWorker serves it: each worker scores its
+# shard of the batch one sample at a time, and its Qwen2.5-7B RLVR prompt asks for a bare YES or NO.
+ROLL_JUDGE = (("sync-swe-profile-serial", "… the judge serving one call at a time (ROLL's LLMJudgeRewardWorker)",
+               ("placement.reward.max_num_seqs=1",)),
+              ("sync-swe-profile-roll", "… one call at a time, and a YES/NO verdict (ROLL's Qwen2.5-7B RLVR judge "
+               "prompt, 2 tokens)", ("placement.reward.max_num_seqs=1", "placement.reward.output_tokens=2")))
+ROLL_JUDGE_VARIANTS = tuple(Variant(label, EXP + "swe-step-breakdown", "sync", SWE_PROFILE_JUDGED + ov,
+                                    params={"config": key}) for key, label, ov in ROLL_JUDGE)
 
 
 def _analyse_reward(outs: list[Outcome]) -> Section:
     rows, head = [], {}
-    for key, label in [(k, lab) for k, lab, _, _, _ in REWARD_VARIANTS] + [("sync-swe-profile",
-                                                                          SWE_PROFILE_VARIANT.label)]:
+    for key, label in ([(k, lab) for k, lab, _, _, _ in REWARD_VARIANTS]
+                       + [("sync-swe-profile", SWE_PROFILE_VARIANT.label)] + [(k, lab) for k, lab, _ in ROLL_JUDGE]):
         o = _find(outs, config=key)
         if o is None:
             continue
@@ -67,6 +75,9 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
          f"{fp(head.get('rollart-dedicated-math', {}).get('reward_util'), 1)}", "7.4 %"],
         ["utilisation of 4 dedicated reward GPUs (7B judge), the §2 SWE profile's setup, every trajectory judged",
          f"Sync {fp(head.get('sync-swe-profile', {}).get('reward_util'), 1)}", "7.4 %"],
+        ["… the same, the judge served as ROLL's LLMJudgeRewardWorker: one call at a time · and a YES/NO verdict",
+         f"Sync {fp(head.get('sync-swe-profile-serial', {}).get('reward_util'), 1)} · "
+         f"{fp(head.get('sync-swe-profile-roll', {}).get('reward_util'), 1)}", "7.4 %"],
         ["share of the serverless judge's billed GPU time serving calls (ROLLART, four-task mix)",
          fp(head.get("rollart-serverless", {}).get("serving_share")),
          "88 % (a third-party summary of the paper's figure: reward GPU utilisation 6 % dedicated → 88 % "
@@ -84,7 +95,13 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
              "context) judged, which assumes the paper's judge scored that workload. Its utilisation includes the "
              "steps a timed-out env.reset stretched (about one in ten), in which the judge idles.",
              "A judge call reads the whole trajectory (up to the judge's 32K window) and writes a 64-token verdict "
-             "(`rollart.sim.reward`), on one tp-1 engine per GPU.",
+             "(`placement.reward.output_tokens`, an assumption), on one tp-1 engine per GPU that batches the calls "
+             "it holds (`placement.reward.max_num_seqs`, 256). ROLL's published judge worker (LLMJudgeRewardWorker, "
+             "inference mode) scores its shard one sample at a time, and its Qwen2.5-7B RLVR prompt asks for a "
+             "bare YES or NO: the last rows serve the §2 step that way. The judge's compute then is about one "
+             "prefill of the trajectory per call, less busy time than the batched 64-token default; the paper's "
+             "7.4 % implies more GPU time per call than this model prices (which judge prompt and serving the "
+             "paper's profile used is not in our notes).",
              "Serverless billing is per request: each call's time on an instance plus the cold starts it caused "
              "(`cluster.serverless.cold_start_s`, an assumption of the base plans); the share serving calls is "
              "what is left after cold starts, so it rises with warm reuse (`scale_down_idle_s`) and falls with "
@@ -104,7 +121,7 @@ REWARD_EXP = Experiment(
            "SWE step itself (`paper/experiments/swe-step-breakdown`, 28 + 4 judge H800) with every trajectory judged."),
     steps=4,
     variants=tuple(Variant(label, REWARD, mode, ov, params={"config": key})
-                   for key, label, _, mode, ov in REWARD_VARIANTS) + (SWE_PROFILE_VARIANT,),
+                   for key, label, _, mode, ov in REWARD_VARIANTS) + (SWE_PROFILE_VARIANT, *ROLL_JUDGE_VARIANTS),
     analyse=_analyse_reward,
     plot=lambda outs, path: plots.reward(outs, path, [(k, short) for k, _, short, _, _ in REWARD_VARIANTS], throughput),
     paper="A dedicated 7B reward LLM on 4 of 32 H800 averaged 7.4 % utilisation.",
