@@ -96,9 +96,10 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
              "steps a timed-out env.reset stretched (about one in ten), in which the judge idles.",
              "A judge call reads the whole trajectory (up to the judge's 32K window) and writes a 64-token verdict "
              "(`placement.reward.output_tokens`, an assumption), on one tp-1 engine per GPU that batches the calls "
-             "it holds (`placement.reward.max_num_seqs`, 256). ROLL's published judge worker (LLMJudgeRewardWorker, "
-             "inference mode) scores its shard one sample at a time, and its Qwen2.5-7B RLVR prompt asks for a "
-             "bare YES or NO: the last rows serve the §2 step that way. The judge's compute then is about one "
+             "it holds (`placement.reward.max_num_seqs`, 256), as ROLL's agentic pipeline serves it (each finished "
+             "episode's call goes through a least-loaded request scheduler to a vLLM/SGLang reward cluster). ROLL's "
+             "RLVR judge worker (LLMJudgeRewardWorker, inference mode) instead scores its shard one sample at a time, "
+             "and its Qwen2.5-7B prompt asks for a bare YES or NO: the last rows serve the §2 step that way. The judge's compute then is about one "
              "prefill of the trajectory per call, less busy time than the batched 64-token default; the paper's "
              "7.4 % implies more GPU time per call than this model prices (which judge prompt and serving the "
              "paper's profile used is not in our notes).",
