@@ -226,19 +226,25 @@ def sigma(outs: list[Outcome], path: Path, sigmas: tuple, kinds: tuple,
     _save(fig, path)
 
 
-def reward(outs: list[Outcome], path: Path, items: list[tuple[str, str]], thr: Callable[[Outcome], float]) -> None:
+def reward(outs: list[Outcome], path: Path, items: list[tuple[str, str]], thr: Callable[[Outcome], float],
+           util_only: list[tuple[str, str]] = ()) -> None:
+    """Judge utilisation of ``items`` and then ``util_only`` (another workload: no throughput bar,
+    another colour), and the throughput of ``items``."""
     _style()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
-    labels = [lbl for _, lbl in items]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15 if util_only else 12, 4),
+                                   gridspec_kw={"width_ratios": [len(items) + len(util_only), len(items)]})
+    both = [*items, *util_only]
+    labels = [lbl for _, lbl in both]
     util = []
-    for k, _ in items:
+    for k, _ in both:
         o = _find(outs, config=k)
         u = o.summary.get("reward_gpu_busy_fraction") if o else None
         util.append(100 * u if u is not None else math.nan)
-    b = ax1.bar(range(len(items)), [_nz(u) for u in util], 0.6, color=COLORS[0], edgecolor="black", linewidth=0.5)
+    colors = [COLORS[0]] * len(items) + [COLORS[1]] * len(util_only)
+    b = ax1.bar(range(len(both)), [_nz(u) for u in util], 0.6, color=colors, edgecolor="black", linewidth=0.5)
     _label_bars(ax1, b, "{:.1f} %")
     ax1.axhline(7.4, color="black", ls="--", lw=0.8, label="paper: 7.4 %")
-    ax1.set_xticks(range(len(items)))
+    ax1.set_xticks(range(len(both)))
     ax1.set_xticklabels(labels, fontsize=7)
     ax1.set_ylabel("dedicated reward GPU utilisation (%)")
     ax1.set_title("Reward GPUs (none when serverless)")
@@ -247,7 +253,7 @@ def reward(outs: list[Outcome], path: Path, items: list[tuple[str, str]], thr: C
     b = ax2.bar(range(len(items)), [_nz(v) for v in vals], 0.6, color=COLORS[2], edgecolor="black", linewidth=0.5)
     _label_bars(ax2, b, "{:.3f}")
     ax2.set_xticks(range(len(items)))
-    ax2.set_xticklabels(labels, fontsize=7)
+    ax2.set_xticklabels([lbl for _, lbl in items], fontsize=7)
     ax2.set_ylabel("trajectories / s")
     ax2.set_title("Throughput")
     _save(fig, path)

@@ -44,6 +44,9 @@ ROLL_JUDGE = (("sync-swe-profile-serial", "… the judge serving one call at a t
                ("placement.reward.max_num_seqs=1",)),
               ("sync-swe-profile-roll", "… one call at a time, and a YES/NO verdict (ROLL's Qwen2.5-7B RLVR judge "
                "prompt, 2 tokens)", ("placement.reward.max_num_seqs=1", "placement.reward.output_tokens=2")))
+SWE_PLOT_LABELS = (("sync-swe-profile", "§2 SWE Sync\nbatched\n64 tokens"),
+                   ("sync-swe-profile-serial", "§2 SWE Sync\n1 at a time\n64 tokens"),
+                   ("sync-swe-profile-roll", "§2 SWE Sync\n1 at a time\nYES/NO"))
 ROLL_JUDGE_VARIANTS = tuple(Variant(label, EXP + "swe-step-breakdown", "sync", SWE_PROFILE_JUDGED + ov,
                                     params={"config": key}) for key, label, ov in ROLL_JUDGE)
 
@@ -124,6 +127,7 @@ REWARD_EXP = Experiment(
     variants=tuple(Variant(label, REWARD, mode, ov, params={"config": key})
                    for key, label, _, mode, ov in REWARD_VARIANTS) + (SWE_PROFILE_VARIANT, *ROLL_JUDGE_VARIANTS),
     analyse=_analyse_reward,
-    plot=lambda outs, path: plots.reward(outs, path, [(k, short) for k, _, short, _, _ in REWARD_VARIANTS], throughput),
+    plot=lambda outs, path: plots.reward(outs, path, [(k, short) for k, _, short, _, _ in REWARD_VARIANTS], throughput,
+                                         util_only=[(k, short) for k, short in SWE_PLOT_LABELS]),
     paper="A dedicated 7B reward LLM on 4 of 32 H800 averaged 7.4 % utilisation.",
 )
