@@ -35,26 +35,23 @@ REWARD_VARIANTS = (  # key, label, short label (plots), mode, overrides
 SWE_PROFILE_JUDGED = ("tasks.SWE.reward=llm_judge", "placement.trainer.gpus=28",
                       "placement.generation=[{pool: h800, workers: 28, tp: 1}]",
                       "placement.reward={where: dedicated, pool: h800, gpus: 4, tp: 1}")
-SWE_PROFILE_VARIANT = Variant("Sync, the §2 SWE profile (28 + 4 judge H800, batch 128), every SWE trajectory judged",
-                              EXP + "swe-step-breakdown", "sync", SWE_PROFILE_JUDGED,
-                              params={"config": "sync-swe-profile"})
-# The same step with the judge served as ROLL's published LLMJudgeRewardWorker serves it: each worker scores its
-# shard of the batch one sample at a time, and its Qwen2.5-7B RLVR prompt asks for a bare YES or NO.
-ROLL_JUDGE = (("sync-swe-profile-serial", "… the judge serving one call at a time (ROLL's LLMJudgeRewardWorker)",
-               ("placement.reward.max_num_seqs=1",)),
-              ("sync-swe-profile-roll", "… one call at a time, and a YES/NO verdict (ROLL's Qwen2.5-7B RLVR judge "
-               "prompt, 2 tokens)", ("placement.reward.max_num_seqs=1", "placement.reward.output_tokens=2")))
-SWE_PLOT_LABELS = (("sync-swe-profile", "§2 SWE Sync\nbatched\n64 tokens"),
-                   ("sync-swe-profile-serial", "§2 SWE Sync\n1 at a time\n64 tokens"),
-                   ("sync-swe-profile-roll", "§2 SWE Sync\n1 at a time\nYES/NO"))
-ROLL_JUDGE_VARIANTS = tuple(Variant(label, EXP + "swe-step-breakdown", "sync", SWE_PROFILE_JUDGED + ov,
-                                    params={"config": key}) for key, label, ov in ROLL_JUDGE)
+# That step as shipped, then with the judge served as ROLL's published LLMJudgeRewardWorker serves it: each
+# worker scores its shard of the batch one sample at a time, and its Qwen2.5-7B RLVR prompt asks for a bare YES/NO.
+SWE_JUDGE_VARIANTS = (  # key, label, short label (plots), overrides on top of SWE_PROFILE_JUDGED
+    ("sync-swe-profile", "Sync, the §2 SWE profile (28 + 4 judge H800, batch 128), every SWE trajectory judged",
+     "§2 SWE Sync\nbatched\n64 tokens", ()),
+    ("sync-swe-profile-serial", "… the judge serving one call at a time (ROLL's LLMJudgeRewardWorker)",
+     "§2 SWE Sync\n1 at a time\n64 tokens", ("placement.reward.max_num_seqs=1",)),
+    ("sync-swe-profile-roll",
+     "… one call at a time, and a YES/NO verdict (ROLL's Qwen2.5-7B RLVR judge prompt, 2 tokens)",
+     "§2 SWE Sync\n1 at a time\nYES/NO", ("placement.reward.max_num_seqs=1", "placement.reward.output_tokens=2")),
+)
 
 
 def _analyse_reward(outs: list[Outcome]) -> Section:
     rows, head = [], {}
     for key, label in ([(k, lab) for k, lab, _, _, _ in REWARD_VARIANTS]
-                       + [("sync-swe-profile", SWE_PROFILE_VARIANT.label)] + [(k, lab) for k, lab, _ in ROLL_JUDGE]):
+                       + [(k, lab) for k, lab, _, _ in SWE_JUDGE_VARIANTS]):
         o = _find(outs, config=key)
         if o is None:
             continue
@@ -102,10 +99,10 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
              "it holds (`placement.reward.max_num_seqs`, 256), as ROLL's agentic pipeline serves it (each finished "
              "episode's call goes through a least-loaded request scheduler to a vLLM/SGLang reward cluster). ROLL's "
              "RLVR judge worker (LLMJudgeRewardWorker, inference mode) instead scores its shard one sample at a time, "
-             "and its Qwen2.5-7B prompt asks for a bare YES or NO: the last rows serve the §2 step that way. The judge's compute then is about one "
-             "prefill of the trajectory per call, less busy time than the batched 64-token default; the paper's "
-             "7.4 % implies more GPU time per call than this model prices (which judge prompt and serving the "
-             "paper's profile used is not in our notes).",
+             "and its Qwen2.5-7B prompt asks for a bare YES or NO: the last rows serve the §2 step that way. The "
+             "judge's compute then is about one prefill of the trajectory per call, less busy time than the batched "
+             "64-token default; the paper's 7.4 % implies more GPU time per call than this model prices (which judge "
+             "prompt and serving the paper's profile used is not in our notes).",
              "Serverless billing is per request: each call's time on an instance plus the cold starts it caused "
              "(`cluster.serverless.cold_start_s`, an assumption of the base plans); the share serving calls is "
              "what is left after cold starts, so it rises with warm reuse (`scale_down_idle_s`) and falls with "
@@ -121,13 +118,16 @@ REWARD_EXP = Experiment(
            "four-task mix at batch 128 (GEM-Math "
            "is judged by the LLM, the rest by rules) and GEM-Math alone (every trajectory judged). Compared: Sync and "
            "ROLLART with the dedicated judge, ROLLART with the serverless judge (4 GPUs idle), and ROLLART with "
-           "the serverless judge giving the 4 GPUs to rollout. Scenario `paper/experiments/reward-placement`; and the §2 "
-           "SWE step itself (`paper/experiments/swe-step-breakdown`, 28 + 4 judge H800) with every trajectory judged."),
+           "the serverless judge giving the 4 GPUs to rollout. Scenario `paper/experiments/reward-placement`; and "
+           "the §2 SWE step itself (`paper/experiments/swe-step-breakdown`, 28 + 4 judge H800) with every trajectory "
+           "judged."),
     steps=4,
     variants=tuple(Variant(label, REWARD, mode, ov, params={"config": key})
-                   for key, label, _, mode, ov in REWARD_VARIANTS) + (SWE_PROFILE_VARIANT, *ROLL_JUDGE_VARIANTS),
+                   for key, label, _, mode, ov in REWARD_VARIANTS)
+    + tuple(Variant(label, EXP + "swe-step-breakdown", "sync", SWE_PROFILE_JUDGED + ov, params={"config": key})
+            for key, label, _, ov in SWE_JUDGE_VARIANTS),
     analyse=_analyse_reward,
     plot=lambda outs, path: plots.reward(outs, path, [(k, short) for k, _, short, _, _ in REWARD_VARIANTS], throughput,
-                                         util_only=[(k, short) for k, short in SWE_PLOT_LABELS]),
+                                         util_only=[(k, short) for k, _, short, _ in SWE_JUDGE_VARIANTS]),
     paper="A dedicated 7B reward LLM on 4 of 32 H800 averaged 7.4 % utilisation.",
 )
