@@ -212,6 +212,21 @@ def test_train_share_is_the_mean_over_the_steady_steps():
     assert math.isnan(train_share(empty)) and not trainer_bound(empty)
 
 
+def test_get_batch_wait_is_the_step_less_the_trainers_own_work():
+    """What the trainer does not spend training or syncing weights it spends waiting in get_batch (the
+    paper's production figure: 62 % of iteration time); the throughput comparison reads it per model."""
+    from rollart.reproduce.experiments import THROUGHPUT
+    from rollart.reproduce.figures import wait_share
+
+    o = _fake({"model": "Qwen3-8B", "mode": "rollart"}, [20, 30])
+    assert wait_share(o) == pytest.approx(0.5)  # (30 + 20) / 50 over the two steady steps; the fill step is left out
+    assert math.isnan(wait_share(None)) and math.isnan(wait_share(Outcome(Variant("v", "x"), None, None, "boom", 0.0, 1)))
+    section = THROUGHPUT.analyse([o])
+    row, = [r for r in section.comparison.rows if "get_batch" in r[0]]
+    assert row[1] == "8B 50 % · 14B — · 32B —" and "62 %" in row[2] and "direction only" in row[2]
+    assert section.headline["rollart_wait_share"]["Qwen3-8B"] == pytest.approx(0.5)
+
+
 def test_throughput_says_when_both_rollart_and_areal_are_trainer_bound():
     """Both trainer-bound: the note says ROLLART ÷ AReaL is then their train steps' ratio, read from the runs."""
     from rollart.reproduce.experiments import THROUGHPUT
@@ -385,6 +400,45 @@ def test_transfer_column_is_the_cost_model_and_rdma_beats_tcp_for_every_model():
 # ---------------------------------------------------------------- report and CLI
 
 
+def test_checks_against_a_paper_value_or_range():
+    """Inside the paper's range (or on its value) is no deviation; outside, the relative distance to the nearer
+    end; beyond ±15 % the figure misses. A figure the runs could not give is "not computed", never a pass."""
+    from rollart.reproduce.checks import direction, summary_line, verdict, versus_range, versus_value
+
+    inside = versus_range("r", 3.0, 2.65, 4.58, "2.65–4.58×", str)
+    high = versus_range("r", 5.31, 2.65, 4.58, "2.65–4.58×", str)
+    low = versus_value("u", 0.026, 0.074, "7.4 %", str)
+    edge = versus_value("s", 366 * 1.15, 366, "366 s", str)
+    assert inside.deviation == 0 and inside.agrees and verdict(inside) == "✓ within ±15 % (+0 %)"
+    assert high.deviation == pytest.approx(5.31 / 4.58 - 1) and not high.agrees and verdict(high) == "✗ off by +16 %"
+    assert low.deviation == pytest.approx(0.026 / 0.074 - 1) and verdict(low) == "✗ off by -65 %"
+    assert edge.agrees
+    for bad in (None, math.nan, math.inf):
+        c = versus_value("x", bad, 1.0, "1", str)
+        assert c.agrees is None and c.simulated == "—" and verdict(c) == "not computed"
+    yes, no, unknown = direction("d", "ROLLART", "ROLLART", True), direction("d", "AReaL", "ROLLART", False), \
+        direction("d", "x", "ROLLART", None)
+    assert (verdict(yes), verdict(no), verdict(unknown)) == ("✓ agrees", "✗ disagrees", "not computed")
+    assert not yes.like_for_like and unknown.simulated == "—"
+    assert summary_line([inside, high, low, yes, no, unknown]) == (
+        "1 of 3 like-for-like figures within ±15 % of the paper's; 1 of 3 qualitative statements agree.")
+
+
+def test_throughput_checks_each_model_against_the_papers_ranges():
+    from rollart.reproduce.experiments import THROUGHPUT
+
+    outs = [_fake({"model": "Qwen3-8B", "mode": m}, [10, 10], step=s) for m, s in
+            (("sync", 500.0), ("areal", 120.0), ("rollart", 100.0))]
+    checks = {c.figure: c for c in THROUGHPUT.analyse(outs).checks}
+    assert list(checks) == [f"throughput ROLLART ÷ {d}, Qwen3-{m}" for d in ("Sync", "AReaL-style")
+                            for m in ("8B", "14B", "32B")]
+    c = checks["throughput ROLLART ÷ Sync, Qwen3-8B"]
+    assert c.simulated == "5.00×" and c.deviation == pytest.approx(5 / 4.58 - 1) and c.agrees  # +9 %: within 15 %
+    areal = checks["throughput ROLLART ÷ AReaL-style, Qwen3-8B"]
+    assert areal.deviation == pytest.approx(1.2 / 1.22 - 1) and areal.agrees  # below the range by 2 %
+    assert checks["throughput ROLLART ÷ Sync, Qwen3-14B"].agrees is None
+
+
 def test_select_names_and_errors():
     assert [e.name for e in select(None)] == list(EXPERIMENTS)
     assert [e.name for e in select("alpha, throughput,alpha")] == ["alpha", "throughput"]
@@ -413,6 +467,12 @@ def test_report_generator_on_a_reduced_set(tmp_path):
         assert figure in report, figure
     assert "time-to-score, not throughput" in report
     assert "batch sizes capped at 16" in report
+    # ... and are gathered, with a verdict each, before the contents
+    glance = report[report.index("## The paper's figures at a glance"):report.index("## Contents")]
+    checks = [c for name in data["experiments"] for c in data["experiments"][name]["checks"]]
+    assert sum(c["like_for_like"] for c in checks) == 14 and len(checks) >= 24
+    assert glance.count("\n| ") == len(checks) + 2  # header, rule, a row each
+    assert "like-for-like figures within ±15 % of the paper's" in glance and "reduced run" in glance
 
 
 def test_cli_only_one_experiment(tmp_path, monkeypatch):
@@ -477,6 +537,13 @@ def test_scaling_reads_each_continuous_mode_at_its_best_split():
     assert row[:5] == ["ROLLART", "40 train", "0.200", "64 train", "0.320"] and row[5] == "1.60×"
     assert section.headline["best_split"]["rollart"]["speedup"] == pytest.approx(1.6)
     assert _column(section, "speed-up (ideal 2×)", "ROLLART") == "2.00×"  # the half split's own reading stays
+    # the paper's direction, checked on both readings: here ROLLART is the only mode, so it scales best
+    assert [(c.simulated, c.agrees, c.like_for_like) for c in section.checks] == [
+        ("ROLLART (2.00×)", True, False), ("ROLLART (1.60×)", True, False)]
+    areal = [_fake({"mode": "areal", "gpus": g, "split": sp}, [10, 10], step=st)  # 2.5× either way: scales better
+             for g, sp, st in ((64, "half", 100), (64, 40, 120), (128, "half", 40), (128, 48, 50))]
+    assert [(c.simulated, c.agrees) for c in SCALING.analyse([*outs, *areal]).checks] == [
+        ("AReaL-style (2.50×)", False), ("AReaL-style (2.50×)", False)]
     # one size without an alternative split: nothing to choose, no table
     alone = SCALING.analyse([o for o in outs if o.variant.params["split"] == "half"])
     assert not [t for t, _ in alone.extra_tables if "best" in t] and "best_split" not in alone.headline

@@ -72,6 +72,15 @@ def train_share(o: Outcome) -> float:
     return mean(share(r, "train") for r in steady(o))
 
 
+def wait_share(o: Outcome | None) -> float:
+    """Mean share of the steady steps' time the trainer spends waiting in ``get_batch``: the step
+    minus its own train step and exposed weight sync (:func:`rollout_s`). With a disaggregated
+    trainer this is the share of the step its GPUs sit idle (NaN without records)."""
+    if o is None:
+        return math.nan
+    return mean(rollout_s(r) / r.time_s for r in steady(o) if r.time_s > 0)
+
+
 def trainer_bound(o: Outcome | None) -> bool:
     return o is not None and train_share(o) >= TRAINER_BOUND  # NaN compares False
 

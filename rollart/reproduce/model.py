@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 from rollart.core.stats import StepRecord
 from rollart.plan import Plan
 from rollart.report import RunResult
+from rollart.reproduce.checks import Check
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class Section:
     notes: list[str] = field(default_factory=list)
     extra_tables: list[tuple[str, MdTable]] = field(default_factory=list)
     headline: dict[str, Any] = field(default_factory=dict)  # machine-readable key figures
+    checks: list[Check] = field(default_factory=list)       # paper figures with a verdict (the report's summary)
 
 
 @dataclass(frozen=True)

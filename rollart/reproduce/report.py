@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollart.reproduce.model import Experiment, Outcome, Section
+from rollart.reproduce.checks import Check, summary_line, verdict
+from rollart.reproduce.model import Experiment, MdTable, Outcome, Section
 
 
 @dataclass
@@ -41,6 +42,8 @@ def write_json(runs: list[ExperimentRun], path: Path, meta: dict[str, Any]) -> N
             "steps": run.steps,
             "wall_s": run.wall_s,
             "headline": run.section.headline,
+            "checks": [{"figure": c.figure, "simulated": c.simulated, "paper": c.paper, "agrees": c.agrees,
+                        "deviation": c.deviation, "like_for_like": c.like_for_like} for c in run.section.checks],
             "variants": [{
                 "label": o.variant.label, "scenario": o.variant.scenario, "mode": o.variant.mode,
                 "overrides": list(o.variant.overrides), "params": dict(o.variant.params),
@@ -63,6 +66,18 @@ def _calibration(runs: list[ExperimentRun]) -> dict[str, str]:
     return seen
 
 
+def all_checks(runs: list[ExperimentRun]) -> list[Check]:
+    """Every experiment's paper checks, in report order, each tagged with its experiment."""
+    return [Check(c.figure, c.simulated, c.paper, c.agrees, c.deviation, c.like_for_like, run.experiment.name)
+            for run in runs for c in run.section.checks]
+
+
+def checks_table(checks: list[Check]) -> MdTable:
+    return MdTable(["paper figure", "experiment", "simulated", "paper", "verdict"],
+                   [[c.figure, f"[{c.experiment}](#{c.experiment})", c.simulated, c.paper, verdict(c)]
+                    for c in checks])
+
+
 def write_markdown(runs: list[ExperimentRun], path: Path, meta: dict[str, Any]) -> None:
     lines = ["# The ROLLART paper's experiments, simulated", ""]
     reduced = []
@@ -82,6 +97,15 @@ def write_markdown(runs: list[ExperimentRun], path: Path, meta: dict[str, Any]) 
     for gpu, source in _calibration(runs).items():
         lines.append(f"* cost model {gpu}: {source}")
     lines.append("* task profiles: `calibration/tasks/*.yaml` (the paper scenarios' task mix)")
+    checks = all_checks(runs)
+    if checks:
+        lines += ["", "## The paper's figures at a glance", "",
+                  summary_line(checks) + " Like-for-like: the same quantity on the paper's setup, within the bound "
+                  "when inside the paper's value or range or within 15 % of it; qualitative: the paper's direction or "
+                  "ordering, no number. Each experiment's section has the detail."
+                  + (" **This is a reduced run** (see above): its verdicts do not judge the simulator; run "
+                     "`rollart reproduce` without reductions for that." if reduced else ""),
+                  "", checks_table(checks).render()]
     lines += ["", "## Contents", ""]
     for i, run in enumerate(runs, 1):
         lines.append(f"{i}. [{run.experiment.title}](#{run.experiment.name}) (`{run.experiment.name}`)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rollart.reproduce import plots
+from rollart.reproduce.checks import direction
 from rollart.reproduce.experiments.common import (BOUND_RULE, EXP, STEADY_NOTE, _failures, _find, _same_trainer, _side,
                                                   _train_s)
 from rollart.reproduce.figures import NA, busy, fp, fr, fs, fx, ratio, step_s, throughput, train_share, trainer_bound
@@ -50,7 +51,11 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
              "1 H800 = 3 H20, the paper's 2 × H800 ≈ 6 × H20 pairing. Throughput over the steady-state steps. "
              + STEADY_NOTE] \
         + _affinity_bound_note(outs) + _failures(outs)
-    return Section(table, comparison, notes, headline=head)
+    others = [k for k in ("all-h800", "all-h20", "mix-least-loaded") if k in head]
+    checks = [direction("fastest cost-matched rollout hardware (64 H800 + 24 H20 mix)", label.get(best, NA),
+                        "the affinity-routed mix",
+                        best == "mix-affinity" if best and "mix-affinity" in head and others else None)]
+    return Section(table, comparison, notes, headline=head, checks=checks)
 
 
 def _affinity_bound_note(outs: list[Outcome]) -> list[str]:

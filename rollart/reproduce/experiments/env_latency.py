@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rollart.reproduce import plots
+from rollart.reproduce.checks import direction
 from rollart.reproduce.experiments.common import EXP, _failures, _find
 from rollart.reproduce.experiments.hardware import _rollout_mean
 from rollart.reproduce.figures import NA, fp, fs, ratio, step_s
@@ -39,7 +40,12 @@ def _analyse_sigma(outs: list[Outcome]) -> Section:
              "The +21.3 % is quoted from the paper's SWE profile; this experiment's workload (FrozenLake with an "
              "injected N(10 s, σ²) env.step) is the ablation's, so the two are not the same measurement."] \
         + _failures(outs)
-    return Section(table, comparison, notes, headline=head)
+    infl = [head[str(s)]["inflation"] for s in SIGMAS if math.isfinite(head.get(str(s), {}).get("inflation", math.nan))]
+    checks = [direction("batched rollout inflation over trajectory-level grows with env-latency σ",
+                        " → ".join(fp(x) for x in infl),
+                        "grows with σ", all(b > a for a, b in zip(infl, infl[1:])) and infl[0] > 0
+                        if len(infl) >= 2 else None)]
+    return Section(table, comparison, notes, headline=head, checks=checks)
 
 
 ENV_SIGMA = Experiment(

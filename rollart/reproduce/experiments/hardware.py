@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from rollart.reproduce import plots
+from rollart.reproduce.checks import direction
 from rollart.reproduce.experiments.common import EXP, _failures, _find
 from rollart.reproduce.figures import NA, fs, fx, mean, ratio, rollout_s
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
@@ -99,7 +100,11 @@ def _analyse_hw(outs: list[Outcome]) -> Section:
              f"{ridge:.0f} FLOP per byte). Which pairing the paper's figure "
              "uses is not in our notes; its decode-heavy win for H20 is reproduced per cost, not per GPU."] \
         + _failures(outs)
-    return Section(table, comparison, notes, headline=head)
+    checks = [direction(f"faster cost-equivalent rollout hardware (2 × H800 vs 6 × H20), {task} ({kind})",
+                        head.get(f"{task}.by_batch", NA), want,
+                        head[f"{task}.winner"] == want if head.get(f"{task}.winner", NA) != NA else None)
+              for task, kind, want in (("FrozenLake", "prefill-heavy", "H800"), ("GEM-Math", "decode-heavy", "H20"))]
+    return Section(table, comparison, notes, headline=head, checks=checks)
 
 
 def _winners_by_batch(batches: list[int], wins: list[str]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rollart.reproduce import plots
+from rollart.reproduce.checks import direction
 from rollart.reproduce.experiments.common import EXP, _failures, _find, conversations_per_worker
 from rollart.reproduce.figures import (NA, breakdown_mean, busy, fp, fr, fs, fx, ratio, step_s, steady, throughput,
                                        train_share, trainer_bound)
@@ -72,7 +73,14 @@ def _analyse_pd(outs: list[Outcome]) -> Section:
              "Throughput over the steady-state steps. The paper gives no cluster or batch for this ablation: the "
              "setups are the scenario as shipped, the paper's evaluation batch on it, and the paper's evaluation "
              "cluster and batch."] + _pd_note(outs) + _failures(outs)
-    return Section(table, MdTable(["quantity", "simulated", "paper"], comp), notes, headline=head)
+    checks = []
+    for skey, slabel, _, _ in PD_SETUPS:
+        dense, moe = (ratio(head.get(f"{skey}.{k}.pd"), head.get(f"{skey}.{k}.colocated")) for k in ("dense", "moe"))
+        known = math.isfinite(dense) and math.isfinite(moe)
+        checks.append(direction(f"PD ÷ colocated on SWE, dense · MoE ({slabel})", f"{fx(dense)} · {fx(moe)}",
+                                "both ≥ 1, MoE more (dense a little, MoE clearly)",
+                                dense >= 1 and moe > dense if known else None))
+    return Section(table, MdTable(["quantity", "simulated", "paper"], comp), notes, headline=head, checks=checks)
 
 
 def _tp2_reuse(outs: list[Outcome], key: str, setup: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rollart.reproduce import plots
+from rollart.reproduce.checks import direction
 from rollart.reproduce.experiments.common import B8, _failures, _find
 from rollart.reproduce.figures import NA, fr, fs, fx, ratio, step_s, steady, throughput
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
@@ -36,7 +37,13 @@ def _analyse_redundancy(outs: list[Outcome]) -> Section:
     notes = ["Stragglers come from the calibrated tails (SWE env.reset reaching hundreds of seconds, heavy-tailed "
              "env.step and response lengths); the stressed condition adds a 5 % failure probability to every env "
              "call (each call retried once). Throughput over the steady-state steps."] + _failures(outs)
-    return Section(table, comparison, notes, headline=head)
+    gains = [ratio(head.get(f"{c}.0.25", {}).get("throughput"), head.get(f"{c}.0", {}).get("throughput"))
+             for c, _, _ in CONDITIONS]
+    gains = [g for g in gains if math.isfinite(g)]
+    checks = [direction("redundant envs (0.25) raise throughput, calibrated and stressed envs",
+                        " · ".join(fx(g) for g in gains), "> 1 (mask stragglers and failures)",
+                        all(g > 1 for g in gains) if gains else None)]
+    return Section(table, comparison, notes, headline=head, checks=checks)
 
 
 REDUNDANCY = Experiment(

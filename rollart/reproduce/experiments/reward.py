@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rollart.reproduce import plots
+from rollart.reproduce.checks import versus_value
 from rollart.reproduce.experiments.common import EXP, _failures, _find
 from rollart.reproduce.figures import NA, fp, fr, fs, fx, ratio, step_s, throughput
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
@@ -107,7 +108,9 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
              "(`cluster.serverless.cold_start_s`, an assumption of the base plans); the share serving calls is "
              "what is left after cold starts, so it rises with warm reuse (`scale_down_idle_s`) and falls with "
              "the burstiness of the calls."] + _failures(outs)
-    return Section(table, comparison, notes, headline=head)
+    checks = [versus_value("dedicated 7B judge utilisation, the §2 SWE step (4 of 32 H800)",
+                           head.get("sync-swe-profile", {}).get("reward_util"), 0.074, "7.4 %", lambda x: fp(x, 1))]
+    return Section(table, comparison, notes, headline=head, checks=checks)
 
 
 REWARD_EXP = Experiment(

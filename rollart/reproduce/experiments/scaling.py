@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from rollart.reproduce import plots
+from rollart.reproduce.checks import direction
 from rollart.reproduce.experiments.common import (EXP, MODES, MODE_LABEL, STEADY_NOTE, _bound_note, _failures, _find,
                                                   _side, _train_s, conversations_per_worker, env_managers)
 from rollart.reproduce.figures import NA, busy, fp, fr, fs, fx, ratio, step_s, throughput, train_share, trainer_bound
@@ -87,9 +88,14 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
          "ROLLART scaled better than the baselines (qualitative)"],
         ["ROLLART speed-up 64 → 128", fx(head.get("rollart", {}).get("speedup")), "no number in our notes"],
     ])
+    checks = [direction("mode that scales best from 64 to 128 H800 (Qwen3-14B)",
+                        f"{MODE_LABEL[best]} ({fx(head[best]['speedup'])})" if best else NA,
+                        "ROLLART", best == "rollart" if best else None)]
     best_table, best = _best_splits(all_outs)
     if best:
         winner = max(best, key=lambda m: best[m]["speedup"])
+        checks.append(direction("… each continuous mode at its best train/rollout split",
+                                f"{MODE_LABEL[winner]} ({fx(best[winner]['speedup'])})", "ROLLART", winner == "rollart"))
         comparison.rows.append([f"mode that scales best, {' and '.join(MODE_LABEL[m] for m in best)} each at its best "
                                 "train/rollout split", f"{MODE_LABEL[winner]} ({fx(best[winner]['speedup'])})",
                                 "ROLLART scaled better (qualitative)"])
@@ -100,7 +106,7 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
     extra = [(t, tbl) for t, tbl in (("Each continuous mode at its best train/rollout split", best_table),
                                       ("What bounds ROLLART's rollout at 128 H800 (one knob each)", probe_table))
              if tbl is not None]
-    return Section(table, comparison, notes, extra_tables=extra, headline=head)
+    return Section(table, comparison, notes, extra_tables=extra, headline=head, checks=checks)
 
 
 def _best_splits(outs: list[Outcome]) -> tuple[MdTable | None, dict[str, dict[str, Any]]]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from rollart.calibration.swe_fit import paper_mean_step
 from rollart.reproduce import plots
+from rollart.reproduce.checks import versus_value
 from rollart.reproduce.experiments.common import EXP, _failures
 from rollart.reproduce.figures import NA, fp, fs, fx, mean, ratio, rollout_s, share
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
@@ -178,8 +179,24 @@ def _analyse_swe(outs: list[Outcome]) -> Section:
         f"{fp(gap['env+gen+reset']['inflation'])} with constant resets.",
     ] + _failures(outs)
     figures["gap"] = gap  # type: ignore[assignment]
+    ok, bad = figures.get("sync.success", {}), figures.get("sync.timeout", {})
+
+    def sec(x: float) -> str:
+        return f"{fs(x)} s"
+
+    checks = [
+        versus_value("SWE step, success path (Sync)", ok.get("step_s"), 366, "366 s", sec),
+        versus_value("… generation share", ok.get("gen"), 0.54, "54 %", fp),
+        versus_value("… training share", ok.get("train"), 0.23, "23 %", fp),
+        versus_value("… env.reset share", ok.get("reset"), 0.15, "15 %", fp),
+        versus_value("SWE mean step with env timeouts (1 step in 10)", bad.get("mean_all_s"), 513, "513 s", sec),
+        versus_value("… env.reset share of a timeout step's rollout", bad.get("reset_of_rollout"), 0.78, "78 %", fp),
+        versus_value("batched-env rollout inflation (SWE, Sync vs Sync+)",
+                     ratio(a["rollout_s"], b["rollout_s"]) - 1 if a and b else None, 0.213, "up to +21.3 %",
+                     lambda x: f"{100 * x:+.0f} %"),
+    ]
     return Section(table, comparison, notes, extra_tables=[("What drives the gap (success path)", gap_table)],
-                   headline=figures)
+                   headline=figures, checks=checks)
 
 
 SWE = Experiment(

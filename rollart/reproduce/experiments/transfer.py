@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 from rollart.reproduce import plots
+from rollart.reproduce.checks import direction
 from rollart.reproduce.experiments.common import BASES, _failures, _find
 from rollart.reproduce.figures import NA, breakdown_mean, fr, fs, step_s, throughput
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
@@ -69,7 +70,18 @@ def _analyse_transfer(outs: list[Outcome]) -> Section:
              "ROLLART seeds 0-3: steady step 207-216 s with the store, 206-229 s with NCCL over TCP), more than "
              "the transfer itself differs; compare transfers in the first column, not in the step time."] \
         + _failures(outs)
-    return Section(table, comparison, notes, headline=head)
+    def each(num: str, den: str, field: str) -> bool | None:
+        pairs = [(head.get(f"{m}.{num}", {}).get(field), head.get(f"{m}.{den}", {}).get(field)) for m in BASES]
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+        return all(a < b for a, b in pairs) if pairs else None
+
+    checks = [direction("blocking weight transfer is shorter over RDMA (400 Gbps) than TCP (200 Gbps)",
+                        per("nccl-rdma", "wire_s") + " vs " + per("nccl-tcp", "wire_s"), "RDMA faster",
+                        each("nccl-rdma", "nccl-tcp", "wire_s")),
+              direction("async bucketed store exposes less weight sync than a blocking broadcast",
+                        per("store-tcp") + " vs " + per("nccl-tcp"), "overlapped with rollout",
+                        each("store-tcp", "nccl-tcp", "exposed_s"))]
+    return Section(table, comparison, notes, headline=head, checks=checks)
 
 
 TRANSFER = Experiment(

@@ -1,0 +1,61 @@
+"""Paper checks: one paper figure beside the simulated one, with a verdict, for the report's
+at-a-glance table. A like-for-like figure agrees when it lies within ``TOLERANCE`` of the paper's
+value or range; a qualitative statement (a direction, an ordering) agrees or not."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+TOLERANCE = 0.15  # the fidelity bound on like-for-like figures (relative)
+NA = "—"
+
+
+@dataclass(frozen=True)
+class Check:
+    figure: str
+    simulated: str
+    paper: str
+    agrees: bool | None            # None: the runs did not give the figure
+    deviation: float | None = None  # like-for-like only: relative distance from the paper's value or range
+    like_for_like: bool = True      # False: a qualitative statement (direction, ordering)
+    experiment: str = ""            # filled in by the report
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def versus_range(figure: str, x: float | None, lo: float, hi: float, paper: str,
+                 fmt: Callable[[float], str]) -> Check:
+    """``x`` against the paper's [lo, hi]: 0 inside, else the relative distance to the nearer end."""
+    if not _finite(x):
+        return Check(figure, NA, paper, None)
+    dev = 0.0 if lo <= x <= hi else (x - hi) / hi if x > hi else (x - lo) / lo
+    return Check(figure, fmt(x), paper, abs(dev) <= TOLERANCE, dev)
+
+
+def versus_value(figure: str, x: float | None, target: float, paper: str, fmt: Callable[[float], str]) -> Check:
+    return versus_range(figure, x, target, target, paper, fmt)
+
+
+def direction(figure: str, simulated: str, paper: str, agrees: bool | None) -> Check:
+    return Check(figure, simulated if agrees is not None else NA, paper, agrees, like_for_like=False)
+
+
+def verdict(c: Check) -> str:
+    if c.agrees is None:
+        return "not computed"
+    if c.deviation is not None:
+        off = f"{round(100 * c.deviation):+d} %"  # an int: never "-0 %"
+        return f"✓ within ±{100 * TOLERANCE:.0f} % ({off})" if c.agrees else f"✗ off by {off}"
+    return "✓ agrees" if c.agrees else "✗ disagrees"
+
+
+def summary_line(checks: list[Check]) -> str:
+    values = [c for c in checks if c.like_for_like]
+    dirs = [c for c in checks if not c.like_for_like]
+    return (f"{sum(1 for c in values if c.agrees)} of {len(values)} like-for-like figures within "
+            f"±{100 * TOLERANCE:.0f} % of the paper's; {sum(1 for c in dirs if c.agrees)} of {len(dirs)} qualitative "
+            "statements agree.")
