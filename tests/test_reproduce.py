@@ -461,7 +461,8 @@ def test_report_generator_on_a_reduced_set(tmp_path):
         assert f'<a id="{name}"></a>' in report and f"![{name}]({name}.png)" in report
         assert all(o.ok for o in run.outcomes), [(o.variant.label, o.error) for o in run.outcomes if not o.ok]
         assert len(data["experiments"][name]["variants"]) == len(run.experiment.variants)
-    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(f"{n}.png" for n in EXPERIMENTS)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(["at-a-glance.png",
+                                                                    *(f"{n}.png" for n in EXPERIMENTS)])
     # The paper's figures stand beside the simulated ones.
     for figure in ("366 s", "513 s", "78 %", "21.3 %", "7.4 %", "1.22–1.36×", "2.65–4.58×", "2.05×", "1.35×", "1.31×"):
         assert figure in report, figure
@@ -473,6 +474,22 @@ def test_report_generator_on_a_reduced_set(tmp_path):
     assert sum(c["like_for_like"] for c in checks) == 14 and len(checks) >= 24
     assert glance.count("\n| ") == len(checks) + 2  # header, rule, a row each
     assert "like-for-like figures within ±15 % of the paper's" in glance and "reduced run" in glance
+    assert "![the paper's figures at a glance](at-a-glance.png)" in glance
+
+
+def test_a_failing_glance_plot_loses_nothing_else(tmp_path, monkeypatch):
+    """The at-a-glance figure repeats the table: when it cannot be drawn the report keeps the table."""
+    from rollart.reproduce import plots
+
+    def boom(*_a, **_k):
+        raise RuntimeError("no fonts")
+
+    monkeypatch.setattr(plots, "checks", boom)
+    run_reproduce(select("reward"), tmp_path, steps=1, batch_cap=16, progress=False)
+    report = (tmp_path / "report.md").read_text()
+    assert "## The paper's figures at a glance" in report and "7.4 %" in report
+    assert "at-a-glance.png" not in report and not (tmp_path / "at-a-glance.png").exists()
+    assert json.loads((tmp_path / "results.json").read_text())["meta"]["glance_plot"] is None
 
 
 def test_cli_only_one_experiment(tmp_path, monkeypatch):

@@ -13,8 +13,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollart.reproduce.experiments import EXPERIMENTS
 from rollart.reproduce.model import Experiment, MdTable, ReproduceError, Section
+from rollart.reproduce import plots
+from rollart.reproduce.checks import TOLERANCE
 from rollart.reproduce.plots import placeholder
-from rollart.reproduce.report import ExperimentRun, write_json, write_markdown
+from rollart.reproduce.report import ExperimentRun, all_checks, write_json, write_markdown
 from rollart.reproduce.runner import Runner, env_jobs
 
 
@@ -61,10 +63,27 @@ def run_reproduce(experiments: list[Experiment], out: Path, steps: int | None = 
     n_cached = sum(o.cached for r in runs for o in r.outcomes)
     meta = {"steps": steps, "batch_cap": batch_cap, "jobs": jobs, "wall_s": time.perf_counter() - t_all,
             "variants": n_variants,
-            "cached": n_cached, "experiments": [r.experiment.name for r in runs]}
+            "cached": n_cached, "experiments": [r.experiment.name for r in runs],
+            "glance_plot": _glance_plot(runs, out)}
     write_markdown(runs, out / "report.md", meta)
     write_json(runs, out / "results.json", meta)
     return runs
+
+
+GLANCE_PNG = "at-a-glance.png"
+
+
+def _glance_plot(runs: list[ExperimentRun], out: Path) -> str | None:
+    """The paper checks as one figure; None (and no file) without like-for-like checks or when the
+    plot fails: the report does not depend on it."""
+    checks = all_checks(runs)
+    if not any(c.like_for_like for c in checks):
+        return None
+    try:
+        plots.checks(checks, out / GLANCE_PNG, TOLERANCE)
+    except Exception:  # noqa: BLE001 - the table carries the same figures
+        return None
+    return GLANCE_PNG
 
 
 def _finish(e: Experiment, outcomes: list, steps: int, wall_s: float, out: Path) -> ExperimentRun:

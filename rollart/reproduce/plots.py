@@ -346,3 +346,35 @@ def placeholder(path: Path, title: str, message: str) -> None:
     ax.text(0.5, 0.6, title, ha="center", fontsize=10, weight="bold")
     ax.text(0.5, 0.35, message, ha="center", fontsize=8, wrap=True)
     _save(fig, path)
+
+
+def checks(items: list[Any], path: Path, tolerance: float) -> None:
+    """The like-for-like paper checks as deviation bars inside the ±``tolerance`` band (green
+    within, red beyond; a figure the runs did not give is a grey tick), and how many of the
+    qualitative statements agree."""
+    _style()
+    values = [c for c in items if c.like_for_like]
+    dirs = [c for c in items if not c.like_for_like]
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(values) + 1.4))
+    y = np.arange(len(values))[::-1]
+    dev = [100 * c.deviation if c.deviation is not None else 0.0 for c in values]
+    colors = [PAPER_COLOR if c.agrees is None else "#55A868" if c.agrees else "#C44E52" for c in values]
+    ax.barh(y, dev, 0.6, color=colors, edgecolor="black", linewidth=0.5)
+    ax.axvspan(-100 * tolerance, 100 * tolerance, color="#55A868", alpha=0.08, zorder=0)
+    ax.axvline(0, color="black", lw=0.8)
+    for yi, d, c in zip(y, dev, values):
+        text = "not computed" if c.agrees is None else f"{c.simulated} vs {c.paper}"
+        ax.annotate(text, (d, yi), xytext=(4 if d >= 0 else -4, 0), textcoords="offset points", va="center",
+                    ha="left" if d >= 0 else "right", fontsize=7)
+    ax.set_yticks(y)
+    ax.set_yticklabels([c.figure for c in values], fontsize=7)
+    ax.set_xlabel(f"deviation from the paper's value or range (%); shaded: ±{100 * tolerance:.0f} %")
+    lim = max([100 * tolerance * 2, *(abs(d) * 1.6 for d in dev)])
+    ax.set_xlim(-lim, lim)
+    ax.grid(axis="x", alpha=0.3)
+    ax.grid(axis="y", visible=False)
+    agree = sum(1 for c in dirs if c.agrees)
+    ax.set_title(f"The paper's figures, simulated: {sum(1 for c in values if c.agrees)} of {len(values)} like-for-like "
+                 f"within ±{100 * tolerance:.0f} %\n{agree} of {len(dirs)} qualitative statements agree (the report's "
+                 "table lists them)", fontsize=9)
+    _save(fig, path)

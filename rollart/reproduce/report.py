@@ -106,6 +106,8 @@ def write_markdown(runs: list[ExperimentRun], path: Path, meta: dict[str, Any]) 
                   + (" **This is a reduced run** (see above): its verdicts do not judge the simulator; run "
                      "`rollart reproduce` without reductions for that." if reduced else ""),
                   "", checks_table(checks).render()]
+        if meta.get("glance_plot"):
+            lines += ["", f"![the paper's figures at a glance]({meta['glance_plot']})"]
     lines += ["", "## Contents", ""]
     for i, run in enumerate(runs, 1):
         lines.append(f"{i}. [{run.experiment.title}](#{run.experiment.name}) (`{run.experiment.name}`)")
