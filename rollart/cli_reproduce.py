@@ -85,3 +85,14 @@ def reproduce(
                   f"variants, {time.perf_counter() - t0:.0f} s)", highlight=False)
     for name, label, error in failed:
         console.print(f"[yellow]{escape(name)} · {escape(label)}:[/] {escape(error or '')}", highlight=False)
+    from rollart.reproduce.checks import summary_line, verdict
+    from rollart.reproduce.report import all_checks
+
+    checks = all_checks(runs)
+    if checks:
+        console.print(summary_line(checks) + (" (a reduced run: not a verdict on the simulator)" if batch_cap or steps
+                                               else ""), highlight=False)
+        for c in checks:
+            if c.agrees is False:
+                console.print(f"  [red]{escape(c.figure)}[/] ({escape(c.experiment)}): {escape(c.simulated)} vs "
+                              f"{escape(c.paper)}, {escape(verdict(c))}", highlight=False)

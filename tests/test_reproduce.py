@@ -499,6 +499,9 @@ def test_cli_only_one_experiment(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pd-disaggregation.png", "report.md", "results.json"]
     assert "## 1. Prefill–decode disaggregation" in (tmp_path / "report.md").read_text()
+    out = " ".join(res.stdout.split())  # rich wraps at the terminal width
+    assert "0 of 0 like-for-like figures within ±15 % of the paper's" in out and "qualitative statements agree" in out
+    assert "(a reduced run: not a verdict on the simulator)" in out
 
 
 @pytest.mark.parametrize("args, env, needle", [
