@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollart.reproduce.checks import Check, summary_line, verdict
+from rollart.reproduce.checks import TOLERANCE, Check, summary_line, verdict
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section
 
 
@@ -68,8 +69,7 @@ def _calibration(runs: list[ExperimentRun]) -> dict[str, str]:
 
 def all_checks(runs: list[ExperimentRun]) -> list[Check]:
     """Every experiment's paper checks, in report order, each tagged with its experiment."""
-    return [Check(c.figure, c.simulated, c.paper, c.agrees, c.deviation, c.like_for_like, run.experiment.name)
-            for run in runs for c in run.section.checks]
+    return [dataclasses.replace(c, experiment=run.experiment.name) for run in runs for c in run.section.checks]
 
 
 def checks_table(checks: list[Check]) -> MdTable:
@@ -101,8 +101,8 @@ def write_markdown(runs: list[ExperimentRun], path: Path, meta: dict[str, Any]) 
     if checks:
         lines += ["", "## The paper's figures at a glance", "",
                   summary_line(checks) + " Like-for-like: the same quantity on the paper's setup, within the bound "
-                  "when inside the paper's value or range or within 15 % of it; qualitative: the paper's direction or "
-                  "ordering, no number. Each experiment's section has the detail."
+                  f"when inside the paper's value or range or within {100 * TOLERANCE:.0f} % of it; qualitative: the "
+                  "paper's direction or ordering, no number. Each experiment's section has the detail."
                   + (" **This is a reduced run** (see above): its verdicts do not judge the simulator; run "
                      "`rollart reproduce` without reductions for that." if reduced else ""),
                   "", checks_table(checks).render()]
