@@ -424,6 +424,14 @@ def test_checks_against_a_paper_value_or_range():
         "1 of 3 like-for-like figures within ±15 % of the paper's; 1 of 3 qualitative statements agree.")
 
 
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_without_runs_no_check_passes_or_fails(name):
+    """Every variant failed (or none ran): each paper check says "not computed", never a verdict."""
+    e = EXPERIMENTS[name]
+    for outs in ([], [Outcome(v, None, None, "boom", 0.0, 1) for v in e.variants]):
+        assert all(c.agrees is None and c.simulated == "—" for c in e.analyse(outs).checks)
+
+
 def test_throughput_checks_each_model_against_the_papers_ranges():
     from rollart.reproduce.experiments import THROUGHPUT
 

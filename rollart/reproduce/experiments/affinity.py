@@ -51,10 +51,10 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
              "1 H800 = 3 H20, the paper's 2 × H800 ≈ 6 × H20 pairing. Throughput over the steady-state steps. "
              + STEADY_NOTE] \
         + _affinity_bound_note(outs) + _failures(outs)
-    others = [k for k in ("all-h800", "all-h20", "mix-least-loaded") if k in head]
+    known = [k for k, t in head.items() if math.isfinite(t)]
     checks = [direction("fastest cost-matched rollout hardware (64 H800 + 24 H20 mix)", label.get(best, NA),
-                        "the affinity-routed mix",
-                        best == "mix-affinity" if best and "mix-affinity" in head and others else None)]
+                        "the affinity-routed mix", best == "mix-affinity" if "mix-affinity" in known and len(known) > 1
+                        else None)]
     return Section(table, comparison, notes, headline=head, checks=checks)
 
 

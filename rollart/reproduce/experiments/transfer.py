@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 
 from rollart.reproduce import plots
 from rollart.reproduce.checks import direction
@@ -72,7 +73,7 @@ def _analyse_transfer(outs: list[Outcome]) -> Section:
         + _failures(outs)
     def each(num: str, den: str, field: str) -> bool | None:
         pairs = [(head.get(f"{m}.{num}", {}).get(field), head.get(f"{m}.{den}", {}).get(field)) for m in BASES]
-        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
         return all(a < b for a, b in pairs) if pairs else None
 
     checks = [direction("blocking weight transfer is shorter over RDMA (400 Gbps) than TCP (200 Gbps)",
