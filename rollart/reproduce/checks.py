@@ -23,14 +23,14 @@ class Check:
     experiment: str = ""            # filled in by the report
 
 
-def _finite(x: float | None) -> bool:
+def finite(x: float | None) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def versus_range(figure: str, x: float | None, lo: float, hi: float, paper: str,
                  fmt: Callable[[float], str]) -> Check:
     """``x`` against the paper's [lo, hi]: 0 inside, else the relative distance to the nearer end."""
-    if not _finite(x):
+    if not finite(x):
         return Check(figure, NA, paper, None)
     dev = 0.0 if lo <= x <= hi else (x - hi) / hi if x > hi else (x - lo) / lo
     return Check(figure, fmt(x), paper, abs(dev) <= TOLERANCE, dev)
@@ -53,9 +53,14 @@ def verdict(c: Check) -> str:
     return "✓ agrees" if c.agrees else "✗ disagrees"
 
 
-def summary_line(checks: list[Check]) -> str:
+def tally(checks: list[Check]) -> tuple[int, int, int, int]:
+    """(like-for-like within the bound, like-for-like, qualitative agreeing, qualitative)."""
     values = [c for c in checks if c.like_for_like]
     dirs = [c for c in checks if not c.like_for_like]
-    return (f"{sum(1 for c in values if c.agrees)} of {len(values)} like-for-like figures within "
-            f"±{100 * TOLERANCE:.0f} % of the paper's; {sum(1 for c in dirs if c.agrees)} of {len(dirs)} qualitative "
-            "statements agree.")
+    return sum(1 for c in values if c.agrees), len(values), sum(1 for c in dirs if c.agrees), len(dirs)
+
+
+def summary_line(checks: list[Check]) -> str:
+    ok, n, agree, n_dirs = tally(checks)
+    return (f"{ok} of {n} like-for-like figures within ±{100 * TOLERANCE:.0f} % of the paper's; {agree} of {n_dirs} "
+            "qualitative statements agree.")

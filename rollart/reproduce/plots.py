@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from rollart.reproduce.checks import tally  # noqa: E402
 from rollart.reproduce.figures import mean, ratio, share  # noqa: E402
 from rollart.reproduce.model import Outcome  # noqa: E402
 
@@ -354,7 +355,6 @@ def checks(items: list[Any], path: Path, tolerance: float) -> None:
     qualitative statements agree."""
     _style()
     values = [c for c in items if c.like_for_like]
-    dirs = [c for c in items if not c.like_for_like]
     fig, ax = plt.subplots(figsize=(9, 0.32 * len(values) + 1.4))
     y = np.arange(len(values))[::-1]
     dev = [100 * c.deviation if c.deviation is not None else 0.0 for c in values]
@@ -373,8 +373,7 @@ def checks(items: list[Any], path: Path, tolerance: float) -> None:
     ax.set_xlim(-lim, lim)
     ax.grid(axis="x", alpha=0.3)
     ax.grid(axis="y", visible=False)
-    agree = sum(1 for c in dirs if c.agrees)
-    ax.set_title(f"The paper's figures, simulated: {sum(1 for c in values if c.agrees)} of {len(values)} like-for-like "
-                 f"within ±{100 * tolerance:.0f} %\n{agree} of {len(dirs)} qualitative statements agree (the report's "
-                 "table lists them)", fontsize=9)
+    ok, n, agree, n_dirs = tally(items)
+    ax.set_title(f"The paper's figures, simulated: {ok} of {n} like-for-like within ±{100 * tolerance:.0f} %\n"
+                 f"{agree} of {n_dirs} qualitative statements agree (the report's table lists them)", fontsize=9)
     _save(fig, path)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 
 from rollart.reproduce import plots
-from rollart.reproduce.checks import direction
+from rollart.reproduce.checks import direction, finite
 from rollart.reproduce.experiments.common import BASES, _failures, _find
 from rollart.reproduce.figures import NA, breakdown_mean, fr, fs, step_s, throughput
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
@@ -73,7 +72,7 @@ def _analyse_transfer(outs: list[Outcome]) -> Section:
         + _failures(outs)
     def each(num: str, den: str, field: str) -> bool | None:
         pairs = [(head.get(f"{m}.{num}", {}).get(field), head.get(f"{m}.{den}", {}).get(field)) for m in BASES]
-        pairs = [(a, b) for a, b in pairs if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
+        pairs = [(a, b) for a, b in pairs if finite(a) and finite(b)]
         return all(a < b for a, b in pairs) if pairs else None
 
     checks = [direction("blocking weight transfer is shorter over RDMA (400 Gbps) than TCP (200 Gbps)",
