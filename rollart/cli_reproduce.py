@@ -86,12 +86,12 @@ def reproduce(
     for name, label, error in failed:
         console.print(f"[yellow]{escape(name)} · {escape(label)}:[/] {escape(error or '')}", highlight=False)
     from rollart.reproduce.checks import summary_line, verdict
-    from rollart.reproduce.report import all_checks
+    from rollart.reproduce.report import all_checks, reductions
 
     checks = all_checks(runs)
     if checks:
-        console.print(summary_line(checks) + (" (a reduced run: not a verdict on the simulator)" if batch_cap or steps
-                                               else ""), highlight=False)
+        console.print(summary_line(checks) + (" (a reduced run: not a verdict on the simulator)"
+                                               if reductions(steps, batch_cap) else ""), highlight=False)
         for c in checks:
             if c.agrees is False:
                 console.print(f"  [red]{escape(c.figure)}[/] ({escape(c.experiment)}): {escape(c.simulated)} vs "

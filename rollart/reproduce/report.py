@@ -78,13 +78,19 @@ def checks_table(checks: list[Check]) -> MdTable:
                     for c in checks])
 
 
+def reductions(steps: int | None, batch_cap: int | None) -> list[str]:
+    """What makes a run reduced (its verdicts then do not judge the simulator); empty for a full run."""
+    out = []
+    if steps is not None:
+        out.append(f"`--steps {steps}` for every experiment")
+    if batch_cap is not None:
+        out.append(f"batch sizes capped at {batch_cap} trajectories (`ROLLART_REPRODUCE_BATCH`)")
+    return out
+
+
 def write_markdown(runs: list[ExperimentRun], path: Path, meta: dict[str, Any]) -> None:
     lines = ["# The ROLLART paper's experiments, simulated", ""]
-    reduced = []
-    if meta.get("steps") is not None:
-        reduced.append(f"`--steps {meta['steps']}` for every experiment")
-    if meta.get("batch_cap") is not None:
-        reduced.append(f"batch sizes capped at {meta['batch_cap']} trajectories (`ROLLART_REPRODUCE_BATCH`)")
+    reduced = reductions(meta.get("steps"), meta.get("batch_cap"))
     lines += [f"Written by `rollart reproduce` in {meta['wall_s']:.0f} s of wall time on {meta.get('jobs', 1)} "
               f"process(es): {len(runs)} experiment(s), {meta['variants']} variant(s) ({meta['cached']} reused from "
               "an identical variant)"
