@@ -66,7 +66,8 @@ class RunResult:
             "steps": [{"step": s.step, "time_s": s.time_s, "start_s": s.start_s, "end_s": s.end_s,
                        "breakdown_s": s.breakdown_s, "trajectories": s.trajectories, "tokens": s.tokens,
                        "mean_staleness": s.mean_staleness, "mean_reward": s.mean_reward,
-                       "env_timeouts": s.env_timeouts} for s in self.steps],
+                       "env_timeouts": s.env_timeouts, "response_tokens_max": s.response_tokens_max,
+                       "response_tokens_mean": s.response_tokens_mean} for s in self.steps],
             "summary": self.summary,
             "error": self.error,
         }

@@ -227,6 +227,50 @@ def test_get_batch_wait_is_the_step_less_the_trainers_own_work():
     assert section.headline["rollart_wait_share"]["Qwen3-8B"] == pytest.approx(0.5)
 
 
+def test_response_tail_is_the_trained_batchs_longest_over_its_mean():
+    """The paper's production figure (the longest response ~9× the mean) read per steady step from the
+    trained batch's response lengths, Sync and ROLLART side by side; records without them give no figure."""
+    from rollart.reproduce.experiments import THROUGHPUT
+    from rollart.reproduce.figures import response_tail
+
+    sync = _fake({"model": "Qwen3-8B", "mode": "sync"}, [20, 30])
+    for r, (longest, avg) in zip(sync.records, ((900, 100.0), (300, 100.0), (500, 100.0))):
+        r.response_tokens_max, r.response_tokens_mean = longest, avg
+    assert response_tail(sync) == pytest.approx(4.0)  # (3 + 5) / 2: Sync's fill step (step 0) is left out
+    bare = _fake({"model": "Qwen3-8B", "mode": "rollart"}, [20, 30])  # old records: no response lengths
+    assert math.isnan(response_tail(bare)) and math.isnan(response_tail(None))
+    section = THROUGHPUT.analyse([sync, bare])
+    row, = [r for r in section.comparison.rows if r[0].startswith("longest ÷ mean response")]
+    assert row[1].startswith("8B 4.00× · —") and "~9×" in row[2] and "direction only" in row[2]
+    tuning, = [r for r in section.comparison.rows if "tuning" in r[0]]
+    assert tuning[1] == "—" and "1.66×" in tuning[2]
+
+
+def test_a_simulated_step_records_its_batchs_response_lengths():
+    """Every step of a real simulation says how long its trained batch's responses were: the longest
+    is at least the mean, and the mean times the batch is the batch's generated tokens (positive)."""
+    from rollart.core import mode_config
+    from rollart.sim import simulate_plan
+
+    plan = load_plan(resolve("default"), ["algorithm.batch_size=16", "algorithm.steps=3"])
+    result = simulate_plan(plan, mode_config(plan, "sync"), 0).to_result()
+    for r in result.steps:
+        assert r.response_tokens_max >= r.response_tokens_mean > 0
+        assert r.response_tokens_max == int(r.response_tokens_max)
+    step = result.to_dict()["steps"][0]
+    assert step["response_tokens_max"] == result.steps[0].response_tokens_max
+
+
+def test_reset_success_counts_every_failed_attempt_as_one_more_attempt():
+    from rollart.reproduce.experiments.swe import reset_success
+
+    o = _fake({"kind": "sync"}, [20, 30])  # 3 steps of 8 trajectories
+    o.env_errors = [("SWE", "env_reset", "timeout", 1.0, 2.0), ("SWE", "env_step", "timeout", 3.0, 4.0)]
+    assert reset_success(o) == pytest.approx(24 / 25)  # a failed env.step is not a reset attempt
+    assert math.isnan(reset_success(None)) and math.isnan(reset_success(Outcome(Variant("v", "x"), None, None,
+                                                                                       "boom", 0.0, 1)))
+
+
 def test_throughput_says_when_both_rollart_and_areal_are_trainer_bound():
     """Both trainer-bound: the note says ROLLART ÷ AReaL is then their train steps' ratio, read from the runs."""
     from rollart.reproduce.experiments import THROUGHPUT

@@ -183,6 +183,8 @@ class Controller:
             mean_staleness=sum(n - t.start_version for t in batch) / len(batch),
             mean_reward=sum(rewards) / len(rewards) if rewards else None,
             env_timeouts=self.stats.env_timeouts - self._timeouts_recorded,  # timed out since the last step
+            response_tokens_max=max(t.generated_tokens for t in batch),
+            response_tokens_mean=sum(t.generated_tokens for t in batch) / len(batch),
         )
         self._timeouts_recorded = self.stats.env_timeouts
         self.stats.steps.append(record)

@@ -18,6 +18,11 @@ class StepRecord:
     mean_staleness: float  # mean (n − start version) over the batch
     mean_reward: float | None = None
     env_timeouts: int = 0  # env calls (reset or step, retries included) that timed out during the step
+    # the trained batch's responses (a trajectory's generated tokens, every turn): the longest and the
+    # mean, so a run shows how long its tail is (the paper's production: the longest ~9x the mean);
+    # under --scale-approx, of the batch's simulated subset
+    response_tokens_max: int = 0
+    response_tokens_mean: float = 0.0
 
     @property
     def time_s(self) -> float:

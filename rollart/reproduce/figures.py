@@ -81,6 +81,16 @@ def wait_share(o: Outcome | None) -> float:
     return mean(rollout_s(r) / r.time_s for r in steady(o) if r.time_s > 0)
 
 
+def response_tail(o: Outcome | None) -> float:
+    """Mean over the steady steps of the trained batch's longest response ÷ its mean response (a
+    trajectory's generated tokens, every turn): how long the tail the trainer waits for is (NaN
+    without records, or from records that carry no response lengths)."""
+    if o is None:
+        return math.nan
+    tails = [r.response_tokens_max / r.response_tokens_mean for r in steady(o) if r.response_tokens_mean > 0]
+    return mean(tails) if tails else math.nan
+
+
 def trainer_bound(o: Outcome | None) -> bool:
     return o is not None and train_share(o) >= TRAINER_BOUND  # NaN compares False
 
