@@ -37,7 +37,9 @@ def fit_links() -> dict[str, Any]:
                    "source": "400 Gbps InfiniBand line rate (paper's intra-cluster link); latency assumed"}
     out["pcie"] = {"bandwidth_gbps": 400.0, "latency_us": 2.0, "source": "PCIe Gen5 x16 line rate; latency assumed"}
     out["store"] = {"bucket_overhead_s": STORE_BUCKET_OVERHEAD_S,
-                    "source": "assumed per-bucket put/get round trip of the Mooncake store"}
+                    "source": "fallback only, assumed: the simulator uses the per-bucket overheads measured "
+                              "through the real Mooncake store (calibration/data/weight_transfer/measured.yaml) "
+                              "when that file is present"}
     return out
 
 

@@ -36,12 +36,88 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
+def _overview() -> None:
+    """One line per shipped profile: what it fits, how well, and which terms are measured on that GPU,
+    derived from another GPU's timings, or assumed."""
+    from rollart.calibration.profiles import KernelProfile, load_profile, shipped_profile_path, shipped_profiles
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("profile", "what", "held-out MAPE", "terms"):
+        table.add_column(col, overflow="fold")
+    for name in shipped_profiles():
+        if name == LINKS:
+            from rollart.calibration.links import calibrated_links
+
+            links = calibrated_links()
+            fitted = [k for k, v in links.items() if v.get("mape_heldout") is not None]
+            rated = [k for k, v in links.items() if k not in fitted and "bandwidth_gbps" in v]
+            table.add_row(name, "link models", " · ".join(f"{k} {_pct(links[k]['mape_heldout'])}" for k in fitted),
+                          f"measured: {', '.join(fitted)} (NCCL timings) · line rates: {', '.join(rated)}")
+            continue
+        profile = load_profile(shipped_profile_path(name))
+        if not isinstance(profile, KernelProfile):
+            table.add_row(name, profile.kind, "", "")
+            continue
+        parts: dict[str, list[str]] = {"measured": [], "derived": []}
+        for label, c in (("GEMM bf16", profile.gemm), ("GEMM fp8", profile.gemm_fp8),
+                         ("prefill attention", profile.attn_prefill), ("decode attention bf16 KV", profile.attn_decode),
+                         ("decode attention fp8 KV", profile.attn_decode_fp8_kv), ("HBM stream", profile.stream),
+                         ("all-reduce", profile.allreduce)):
+            if c is not None:
+                parts["derived" if c.derived else "measured"].append(label)
+        fe = profile.fit_error
+        table.add_row(name, f"{profile.gpu} kernels",
+                      f"prefill {_pct(fe.prefill_mape_heldout)} · decode {_pct(fe.decode_mape_heldout)}",
+                      f"measured: {', '.join(parts['measured']) or 'none'} · derived: "
+                      f"{', '.join(parts['derived']) or 'none'} · assumed: iteration overhead "
+                      f"{profile.iteration_overhead_s * 1e3:g} ms")
+    console.print(table)
+    console.print("[dim]rollart calibrate show <profile>: the formulas, coefficients, data, each term's dtype and "
+                  "how every derived term was derived[/]")
+
+
+LINKS = "links"
+
+
+def _show_links() -> None:
+    from rollart.calibration.links import LINKS_FILE, calibrated_links
+    from rollart.sim.costs.link import measured_store
+
+    console.print(f"[bold]link models[/] ({LINKS_FILE})")
+    table = Table(box=None, pad_edge=False)
+    for col in ("link", "bandwidth", "latency", "held-out MAPE", "source"):
+        table.add_column(col, overflow="fold")
+    for kind, v in calibrated_links().items():
+        if "bandwidth_gbps" in v:
+            table.add_row(kind, f"{v['bandwidth_gbps']:g} Gbps", f"{v['latency_us']:g} µs",
+                          _pct(v.get("mape_heldout")), v.get("source", ""))
+    console.print(table)
+    store = measured_store()
+    if store:
+        console.print(f"[bold]weight store, per bucket[/]: publish {store['publish_s'] * 1e3:.1f} ms · pull "
+                      f"{store['pull_s'] * 1e3:.1f} ms (measured through the real Mooncake store, "
+                      "calibration/data/weight_transfer/measured.yaml)", highlight=False)
+    else:
+        console.print(f"[bold]weight store, per bucket[/]: "
+                      f"{calibrated_links().get('store', {}).get('bucket_overhead_s', 0) * 1e3:.1f} ms (assumed: "
+                      "no measurement shipped)", highlight=False)
+
+
 @calibrate_app.command()
-def show(name: str = typer.Argument(..., help="a shipped GPU profile (h800, h20, h100) or a profile YAML"),
+def show(name: Optional[str] = typer.Argument(None, help="a shipped profile (h800, h20, h100, links) or a profile "
+                                                         "YAML; none: one line per shipped profile"),
          plot: Optional[Path] = typer.Option(None, "--plot", help="draw measured vs fitted to this PNG")) -> None:
     """Print a fitted profile: models, coefficients, data, held-out errors and assumptions."""
     from rollart.calibration.profiles import KernelProfile, TrainProfile, load_profile
 
+    if name is None:
+        if plot is not None:
+            _fail("--plot: name the profile to draw (rollart calibrate show <profile> --plot FILE)")
+        return _overview()
+    if name == LINKS and not Path(name).is_file():
+        if plot is not None:
+            _fail("--plot: the link models have no plot; give a GPU profile")
+        return _show_links()
     path = _resolve_profile(name)
     try:
         profile = load_profile(path)

@@ -215,6 +215,31 @@ def test_calibrate_show_prints_fits_and_plots(gpu: str, tmp_path: Path) -> None:
     assert (tmp_path / "fit.png").stat().st_size > 10_000
 
 
+def test_calibrate_show_without_a_name_gives_one_line_per_shipped_profile(tmp_path: Path) -> None:
+    """Every shipped profile, with its held-out error and which terms are measured on that GPU or derived;
+    every name it lists (links included) can then be shown on its own."""
+    from rollart.calibration.profiles import shipped_profiles
+
+    env = dict(os.environ, COLUMNS="400")
+    out = subprocess.run([ROLLART, "calibrate", "show"], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    rows = {ln.split()[0]: ln for ln in out.stdout.splitlines()[1:] if ln.split() and ln.split()[0] in shipped_profiles()}
+    assert set(rows) == set(shipped_profiles()) >= {"h20", "h800", "links"}
+    h20 = build("h20")
+    assert f"prefill {h20.fit_error.prefill_mape_heldout:.1%}" in rows["h20"]
+    assert "measured: GEMM fp8" in rows["h20"] and "derived: GEMM bf16" in rows["h20"]  # H20 has FP8 timings only
+    assert "assumed: iteration overhead 3 ms" in rows["h800"] and "nvlink" in rows["links"]
+    for name in shipped_profiles():
+        one = subprocess.run([ROLLART, "calibrate", "show", name], cwd=tmp_path, capture_output=True, text=True, env=env)
+        assert one.returncode == 0 and "Traceback" not in one.stderr, (name, one.stderr)
+    links = subprocess.run([ROLLART, "calibrate", "show", "links"], cwd=tmp_path, capture_output=True, text=True,
+                           env=env).stdout
+    assert "200 Gbps" in links and "publish" in links and "measured through the real Mooncake store" in links
+    bad = subprocess.run([ROLLART, "calibrate", "show", "--plot", "x.png"], cwd=tmp_path, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "--plot" in bad.stderr and not (tmp_path / "x.png").exists()
+
+
 def test_calibrate_show_unknown_profile_exits_2(tmp_path: Path) -> None:
     out = subprocess.run([ROLLART, "calibrate", "show", "h900"], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 2 and "no profile 'h900'" in out.stderr and "Traceback" not in out.stderr

@@ -48,6 +48,7 @@ COMMANDS: dict[str, Spec] = {
     "rollart simulate --set algorithm.alpah=2": Spec(rc=2, needle="did you mean 'alpha'"),
     "rollart scenarios": Spec(needle="paper/qwen3-8b-128gpu"),
     "rollart run default --steps 1": Spec(rc=2, needle="Qwen3-tiny"),
+    "rollart calibrate show": Spec(needle="measured:"),
     "rollart calibrate show h20 --plot h20.png": Spec(),
     "rollart calibrate profile --engine torch --model Qwen3-tiny --out cpu.csv": Spec(extra=("--repeats", "1"), slow=True),
     "rollart calibrate fit cpu.csv --gpu cpu-local --out cpu.yaml": Spec(slow=True),
