@@ -13,6 +13,12 @@ from rollart.calibration import kernels as K
 from rollart.calibration.profiles import PROFILE_DIR, ComponentFit, KernelProfile, PhaseError, save_profile
 from rollart.plan.presets import GPU_PRESETS
 
+# Per engine step, outside the kernels (scheduling, input preparation, sampling, output processing,
+# launch): ASSUMED, no timing of the paper's vLLM 0.8.4 (V1, no multi-step) is public here. What is
+# public brackets it: vLLM's multi-step RFC (vllm-project/vllm#6854, V0) saw ~4 ms of GPU bubble per
+# decode step; Vidur's cpu_overheads profile (A100, Llama-2-7B, V0) sums to ~2 ms at batch 8 and
+# ~4.6 ms at batch 32 (medians); Lambda's vLLM 0.6 run with multi-step scheduling (H100, Llama-3-8B,
+# 10 users) leaves ~1 ms after the kernels, amortised over the steps of a chunk.
 ITERATION_OVERHEAD_S = 0.003
 # FlashAttention-3 reports up to ~75 % of H100's BF16 peak (740 TFLOP/s) in the forward pass;
 # H20 reaches more of its (much lower) peak, so H800 cannot reuse H20's efficiency as is.
