@@ -36,6 +36,9 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
+LINKS = "links"  # the shipped link table, listed with the GPU profiles
+
+
 def _overview() -> None:
     """One line per shipped profile: what it fits, how well, and which terms are measured on that GPU,
     derived from another GPU's timings, or assumed."""
@@ -75,8 +78,6 @@ def _overview() -> None:
     console.print("[dim]rollart calibrate show <profile>: the formulas, coefficients, data, each term's dtype and "
                   "how every derived term was derived[/]")
 
-
-LINKS = "links"
 
 
 def _show_links() -> None:
