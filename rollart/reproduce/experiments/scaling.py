@@ -83,23 +83,23 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
                      "128 H800 step s", "128 H800 train share of step", "128 H800 traj/s", "128 H800 GPU busy",
                      "speed-up (ideal 2×)", "scaling efficiency"], rows)
     best = max((m for m in MODES if math.isfinite(head[m]["speedup"])), key=lambda m: head[m]["speedup"], default=None)
+    scales_best = f"{MODE_LABEL[best]} ({fx(head[best]['speedup'])})" if best else NA
     comparison = MdTable(["quantity", "simulated", "paper"], [
-        ["mode that scales best from 64 to 128 H800", f"{MODE_LABEL[best]} ({fx(head[best]['speedup'])})" if best else NA,
+        ["mode that scales best from 64 to 128 H800", scales_best,
          "ROLLART scaled better than the baselines (qualitative)"],
         ["ROLLART speed-up 64 → 128", fx(head.get("rollart", {}).get("speedup")), "no number in our notes"],
     ])
-    checks = [direction("mode that scales best from 64 to 128 H800 (Qwen3-14B)",
-                        f"{MODE_LABEL[best]} ({fx(head[best]['speedup'])})" if best else NA,
+    checks = [direction("mode that scales best from 64 to 128 H800 (Qwen3-14B)", scales_best,
                         "ROLLART", best == "rollart" if best else None)]
-    best_table, best = _best_splits(all_outs)
-    if best:
-        winner = max(best, key=lambda m: best[m]["speedup"])
-        checks.append(direction("… each continuous mode at its best train/rollout split",
-                                f"{MODE_LABEL[winner]} ({fx(best[winner]['speedup'])})", "ROLLART", winner == "rollart"))
-        comparison.rows.append([f"mode that scales best, {' and '.join(MODE_LABEL[m] for m in best)} each at its best "
-                                "train/rollout split", f"{MODE_LABEL[winner]} ({fx(best[winner]['speedup'])})",
-                                "ROLLART scaled better (qualitative)"])
-        head["best_split"] = best
+    best_table, splits = _best_splits(all_outs)
+    if splits:
+        winner = max(splits, key=lambda m: splits[m]["speedup"])
+        at_best = f"{MODE_LABEL[winner]} ({fx(splits[winner]['speedup'])})"
+        checks.append(direction("… each continuous mode at its best train/rollout split", at_best, "ROLLART",
+                                winner == "rollart"))
+        comparison.rows.append([f"mode that scales best, {' and '.join(MODE_LABEL[m] for m in splits)} each at its "
+                                "best train/rollout split", at_best, "ROLLART scaled better (qualitative)"])
+        head["best_split"] = splits
     probe_table, probe_note = _rollart_probes(all_outs)
     notes = ["Throughput over the steady-state steps. Batch size stays 512 at both sizes. " + STEADY_NOTE] \
         + _scaling_bound_note(outs) + probe_note + _failures(all_outs)

@@ -8,7 +8,7 @@ from typing import Any
 from rollart.calibration.swe_fit import paper_mean_step
 from rollart.reproduce import plots
 from rollart.reproduce.checks import versus_value
-from rollart.reproduce.experiments.common import EXP, _failures
+from rollart.reproduce.experiments.common import EXP, _failures, _find
 from rollart.reproduce.figures import NA, fp, fs, fx, mean, ratio, rollout_s, share
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
 
@@ -159,7 +159,7 @@ def _analyse_swe(outs: list[Outcome]) -> Section:
         ["steps on the timeout path (this run)", both("rate", "timeout", fp), "about 1 in 10"],
         ["rollout-time inflation of batched env (Sync vs Sync+, success path)", infl, "up to +21.3 %"],
         ["env.reset attempts that succeeded (the calibrated §2 tail, no image caching modelled)",
-         " · ".join(f"{label} {fp(reset_success(next((o for o in outs if o.variant.params['kind'] == kind), None)), 2)}"
+         " · ".join(f"{label} {fp(reset_success(_find(outs, kind=kind)), 2)}"
                     for kind, label in (("sync", "Sync"), ("sync+", "Sync+"))),
          "above 99.99 % once multi-level image caching was added (production; direction only)"],
     ])
