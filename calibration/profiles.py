@@ -13,6 +13,7 @@ Two kinds, both YAML:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -191,3 +192,23 @@ def shipped_profile_path(gpu: str) -> Path | None:
 
 def shipped_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def profile_differences(shipped: object, rebuilt: object, where: str = "") -> list[str]:
+    """Fields where two profile dumps (``model_dump()``) differ. Floats agree to 1e-4 relative (the
+    YAML keeps six significant digits) or within 1e-12 absolute: a least-squares fit's last digits,
+    and a parameter driven to its bound at 0 (a t_seq of 1e-19 or 1e-30 s), depend on the CPU's
+    SIMD path in numpy's reductions; a difference that changes a predicted time does not."""
+    if isinstance(shipped, dict) and isinstance(rebuilt, dict):
+        if shipped.keys() != rebuilt.keys():
+            return [f"{where}: keys {sorted(shipped)} vs {sorted(rebuilt)}"]
+        return [d for k in shipped for d in profile_differences(shipped[k], rebuilt[k], f"{where}.{k}")]
+    if isinstance(shipped, (list, tuple)) and isinstance(rebuilt, (list, tuple)):
+        if len(shipped) != len(rebuilt):
+            return [f"{where}: {len(shipped)} vs {len(rebuilt)} items"]
+        return [d for i, (a, b) in enumerate(zip(shipped, rebuilt))
+                for d in profile_differences(a, b, f"{where}[{i}]")]
+    if isinstance(shipped, float) and isinstance(rebuilt, float):
+        ok = math.isclose(shipped, rebuilt, rel_tol=1e-4, abs_tol=1e-12)
+        return [] if ok else [f"{where}: {shipped!r} shipped, {rebuilt!r} from the data"]
+    return [] if shipped == rebuilt else [f"{where}: {shipped!r} shipped, {rebuilt!r} from the data"]

@@ -17,7 +17,7 @@ from rollart.calibration import kernels as K
 from rollart.calibration.build import build
 from rollart.calibration.engine_fit import EngineFitError, fit_engine_csv
 from rollart.calibration.links import calibrated_links
-from rollart.calibration.profiles import load_profile, save_profile, shipped_profile_path
+from rollart.calibration.profiles import load_profile, profile_differences, save_profile, shipped_profile_path
 from rollart.plan.presets import GPU_PRESETS
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from tests.conftest import run_sim, small_plan
@@ -43,28 +43,9 @@ def test_heldout_error_stays_under_the_reported_limit(built) -> None:
     assert measured.mape_heldout < 0.10 and profile.attn_decode.mape_heldout < 0.15
 
 
-def _differences(shipped: object, rebuilt: object, where: str = "") -> list[str]:
-    """Fields where two profile dumps differ. Floats agree to 1e-4 relative (the YAML keeps six
-    significant digits) or within 1e-12 absolute: a least-squares fit's last digits, and a
-    parameter driven to its bound at 0 (a t_seq of 1e-19 or 1e-30 s), depend on the CPU's SIMD
-    path in numpy's reductions; a difference that changes a predicted time does not."""
-    if isinstance(shipped, dict) and isinstance(rebuilt, dict):
-        if shipped.keys() != rebuilt.keys():
-            return [f"{where}: keys {sorted(shipped)} vs {sorted(rebuilt)}"]
-        return [d for k in shipped for d in _differences(shipped[k], rebuilt[k], f"{where}.{k}")]
-    if isinstance(shipped, (list, tuple)) and isinstance(rebuilt, (list, tuple)):
-        if len(shipped) != len(rebuilt):
-            return [f"{where}: {len(shipped)} vs {len(rebuilt)} items"]
-        return [d for i, (a, b) in enumerate(zip(shipped, rebuilt)) for d in _differences(a, b, f"{where}[{i}]")]
-    if isinstance(shipped, float) and isinstance(rebuilt, float):
-        ok = math.isclose(shipped, rebuilt, rel_tol=1e-4, abs_tol=1e-12)
-        return [] if ok else [f"{where}: {shipped!r} shipped, {rebuilt!r} from the data"]
-    return [] if shipped == rebuilt else [f"{where}: {shipped!r} shipped, {rebuilt!r} from the data"]
-
-
 def test_shipped_profile_is_what_the_data_gives(built) -> None:
     gpu, profile = built
-    assert _differences(load_profile(shipped_profile_path(gpu)).model_dump(), profile.model_dump()) == []
+    assert profile_differences(load_profile(shipped_profile_path(gpu)).model_dump(), profile.model_dump()) == []
 
 
 def test_profile_comparison_catches_a_moved_constant(built) -> None:
@@ -72,8 +53,25 @@ def test_profile_comparison_catches_a_moved_constant(built) -> None:
     dump = profile.model_dump()
     moved = load_profile(shipped_profile_path(gpu)).model_dump()
     moved["attn_decode"]["params"]["e_bw"] *= 1.001  # a 0.1 % change in the streaming rate is a real change
-    assert _differences(moved, dump) == [f".attn_decode.params.e_bw: {moved['attn_decode']['params']['e_bw']!r} "
+    assert profile_differences(moved, dump) == [f".attn_decode.params.e_bw: {moved['attn_decode']['params']['e_bw']!r} "
                                          f"shipped, {dump['attn_decode']['params']['e_bw']!r} from the data"]
+
+
+def test_build_check_compares_without_writing_and_help_writes_nothing(capsys, monkeypatch) -> None:
+    from rollart.calibration import build as B
+
+    shipped = {p: p.read_bytes() for p in B.PROFILE_DIR.glob("*.yaml")}
+    with pytest.raises(SystemExit) as exc:  # --help used to rebuild and rewrite every shipped profile
+        B.main(["--help"])
+    assert exc.value.code == 0
+    assert B.main(["--check"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{gpu}: as shipped" in out for gpu in B.GPUS)
+    real = B.build
+    monkeypatch.setattr(B, "build", lambda gpu: real(gpu).model_copy(update={"iteration_overhead_s": 0.004}))
+    assert B.main(["--check"]) == 1
+    assert ".iteration_overhead_s: 0.003 shipped, 0.004 from the data" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in B.PROFILE_DIR.glob("*.yaml")} == shipped
 
 
 def test_profile_round_trips_through_yaml(built, tmp_path: Path) -> None:
@@ -130,7 +128,7 @@ def test_shipped_profile_survives_timings_moved_in_their_last_bits(gpu: str, mon
         return out
 
     monkeypatch.setattr(D, "_rows", perturbed)
-    assert _differences(load_profile(shipped_profile_path(gpu)).model_dump(), build(gpu).model_dump()) == []
+    assert profile_differences(load_profile(shipped_profile_path(gpu)).model_dump(), build(gpu).model_dump()) == []
 
 
 def test_decode_kernels_without_split_kv_are_found_and_composed() -> None:
