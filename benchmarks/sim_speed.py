@@ -130,7 +130,7 @@ def run_plan(overrides: list[str], steps: int, seed: int = 0, memory: bool = Fal
     res: dict[str, Any] = {"steps": steps, "cpu_s": cpu, "cpu_per_step_s": cpu / steps, "events": events,
                            "effects": backend.effects_handled, "events_per_cpu_s": events / cpu,
                            "sim_step_s": out.elapsed_s / steps, "gc_s": sum(collector.seconds),
-                           "gc_collections": collector.count}
+                           "gc_s_by_generation": collector.seconds, "gc_collections": collector.count}
     if len(marks) >= 2:
         res["steady_cpu_per_step_s"] = (marks[-1][0] - marks[0][0]) / (len(marks) - 1)
         res["steady_sim_step_s"] = (marks[-1][2] - marks[0][2]) / (len(marks) - 1)
