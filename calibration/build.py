@@ -34,6 +34,8 @@ PREFILL_TOKENS = 512  # GEMM rows with at least this many tokens count as prefil
 
 GEMM_FORMULA = "t0 + max(2mkn / (P·e_max·m/(m+m_half)), 2(mk+kn+mn) / (BW·e_mem))"
 GEMM_FP8_FORMULA = "t0 + max(2mkn / (2P·e_max·m/(m+m_half)), (mk+kn+2mn) / (BW·e_mem))"
+GEMM_GROUPED_FORMULA = ("t0 + max(2·G·m·k·n / (2P·e_max·m/(m+m_half)), G·(mk+kn+2mn) / (BW·e_mem)) over G experts of "
+                        "m rows each, one launch")
 FP8_PEAK_RATIO = 2.0  # Hopper dense FP8 tensor-core peak = 2 × BF16 (H800 1979, H20 296 TFLOP/s)
 PREFILL_FORMULA = "t0 + 4·H·d·(S²/2) / (P·e_max·S/(S+s_half))"
 DECODE_FORMULA = ("t0 + t_seq·B + max(4·H·d·B·L / (P·e_c), 2·B·L·H_kv·d·2 / (BW·e_bw)) / occ; occ = 1 with "
@@ -167,6 +169,12 @@ def build(gpu: str) -> KernelProfile:
     fp8 = K.fit_gemm(fx, fy, FP8_PEAK_RATIO * peak, bw, K.FP8_BYTES)
     gemm_fp8 = _component(fp8, GEMM_FP8_FORMULA, fp8_files, dtype="fp8 (DeepGEMM, FP8 peak = 2 × BF16)",
                           derived=("H800 DeepGEMM timings (same Hopper compute silicon)" if gpu == "h100" else None))
+    gx, gy, grouped_files = D.infersim_grouped_gemm(fp8_gpu)
+    grouped = K.fit_grouped_gemm(gx, gy, FP8_PEAK_RATIO * peak, bw, K.FP8_BYTES)
+    gemm_grouped_fp8 = _component(grouped, GEMM_GROUPED_FORMULA, grouped_files,
+                                  dtype="fp8 (DeepGEMM grouped GEMM: masked layout in decode, contiguous in prefill)",
+                                  derived=("H800 DeepGEMM grouped timings (same Hopper compute silicon)"
+                                           if gpu == "h100" else None))
     gemm_predict = lambda x, p: K.gemm_time(x, p, peak, bw)  # noqa: E731
     if gpu == "h20":
         # no BF16 GEMM timings for H20: compute from the FP8 fit times the BF16/FP8 efficiency ratio
@@ -198,6 +206,11 @@ def build(gpu: str) -> KernelProfile:
                        f"{FP8_PEAK_RATIO:g} × the BF16 peak; weight reads at the BF16 GEMM's memory-system rate "
                        f"(e_mem {gemm.params['e_mem']:.3g}) with 1 byte per weight, not at DeepGEMM's small-m rate "
                        f"(e_mem {fp8.params['e_mem']:.3g})")
+    assumptions.append("MoE expert layers: the linear-layer terms of the served dtype times the measured FP8 grouped ÷ "
+                       "dense fit of each parameter (" + ", ".join(
+                           f"{k} ×{grouped.params[k] / fp8.params[k]:.3g}" for k in ("t0", "e_max", "m_half", "e_mem"))
+                       + "): a grouped GEMM departs from a dense one by its schedule over many small weights, taken "
+                       "to be the same for BF16 (no BF16 grouped timings)")
     prefill_ape.append(_heldout_ape(gemm_predict, X, y, held_fit.params, X[:, 0] >= PREFILL_TOKENS))
     decode_ape.append(_heldout_ape(gemm_predict, X, y, held_fit.params, X[:, 0] < PREFILL_TOKENS))
 
@@ -236,7 +249,7 @@ def build(gpu: str) -> KernelProfile:
     return KernelProfile(
         gpu=key, peak_tflops_bf16=sheet["tflops_bf16"], hbm_tbps=sheet["hbm_tbps"],
         peak_tflops_fp8=FP8_PEAK_RATIO * sheet["tflops_bf16"],
-        iteration_overhead_s=ITERATION_OVERHEAD_S, gemm=gemm, gemm_fp8=gemm_fp8,
+        iteration_overhead_s=ITERATION_OVERHEAD_S, gemm=gemm, gemm_fp8=gemm_fp8, gemm_grouped_fp8=gemm_grouped_fp8,
         attn_prefill=attn_prefill, attn_decode=attn_decode, attn_decode_fp8_kv=attn_decode_fp8_kv,
         stream=stream, allreduce=allreduce,
         fit_error=PhaseError(prefill_mape_heldout=round(float(prefill.mean()), 4),

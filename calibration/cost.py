@@ -22,7 +22,7 @@ dispatch/combine all-to-all.
 from __future__ import annotations
 
 from rollart.calibration.kernels import BF16_BYTES, FP8_BYTES, unsplit_key
-from rollart.calibration.profiles import EngineProfile, KernelProfile, TrainProfile
+from rollart.calibration.profiles import EngineProfile, KernelProfile, TrainProfile, grouping_factors
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, kv_heads_per_gpu
 from rollart.sim.costs.moe import all_to_all_s, rank_expert_rows, rank_experts_touched
@@ -72,6 +72,15 @@ class KernelProfileGeneration:
         else:
             self._linear = (dict(profile.gemm.params), self._peak, (2.0, 1.0, 2.0))
             dtype = "FP8 weights (no FP8 timings: BF16 compute)"
+        # MoE expert layers: the linear layers' terms times the measured grouped ÷ dense GEMM factors
+        # (one grouped launch over many small expert weights); e_max and e_mem stay ≤ 1
+        factors = grouping_factors(profile)
+        self._experts = self._linear
+        if factors is not None and model.moe_experts:
+            base, peak_, nbytes = self._linear
+            params = {**base, **{k: base[k] * f for k, f in factors.items()}}
+            params["e_max"], params["e_mem"] = min(1.0, params["e_max"]), min(1.0, params["e_mem"])
+            self._experts = (params, peak_, nbytes)
         p = profile.allreduce.params
         self._nvlink = (p["beta_gbps"] * 1e9 / 8, p["alpha_s"])
         self._network = (network.bytes_per_s, network.latency_s) if network is not None else self._nvlink
@@ -96,10 +105,11 @@ class KernelProfileGeneration:
         layer, a rank's share for a dense one). A MoE layer is one grouped GEMM over the experts
         the busiest rank's tokens touch (``sim.costs.moe``; all ranks when ep = 1): its token-expert
         rows, rows per expert (which sets the efficiency), and those experts' weights read — k
-        experts for one token, all of the rank's for a large batch."""
+        experts for one token, all of the rank's for a large batch — at the grouped-GEMM terms
+        (``profiles.grouping_factors``), the formula of ``kernels.grouped_gemm_time``."""
         if not self.model.moe_experts:
             return self._gemms(m, self._mlp_shapes)
-        p, peak, (ba, bw_, bo) = self._linear
+        p, peak, (ba, bw_, bo) = self._experts
         touched = rank_experts_touched(self.model, m, self.ep)
         rows = rank_expert_rows(self.model, m, self.ep)
         per_expert = rows / touched

@@ -64,6 +64,43 @@ def vidur_h100_gemm() -> tuple[np.ndarray, np.ndarray, list[str]]:
     return np.array(X), np.array(y), [rel(VIDUR_H100_MLP)]
 
 
+GROUPED_PHASES = ("decode", "prefill")  # InferSim's masked-layout and contiguous-layout timings
+
+
+def grouped_rows(expected_m: float, samples: int = 4000) -> tuple[float, float]:
+    """(share of groups holding rows, their mean rows) as InferSim's benchmark ran: each group
+    gets int(m·U) rows, U uniform in [0.7, 1.3] (``generate_m_grouped_*`` in its
+    kernel_benchmark/). At m = 1 half the groups get none, and their weights are not read.
+    (The contiguous layout's alignment padding does not show in the timings: the recorded MFU
+    counts the unpadded rows, and rows of ~40 tokens per group run at that MFU, not at the
+    ≥ 3× the time padding to 128 would take.)"""
+    u = 0.7 + 0.6 * (np.arange(samples) + 0.5) / samples
+    rows = np.floor(expected_m * u)
+    held = rows >= 1
+    share = float(held.mean())
+    return (share, float(rows[held].mean())) if share else (0.0, 0.0)
+
+
+def infersim_grouped_gemm(gpu: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """DeepGEMM FP8 grouped GEMMs of MoE layers (masked layout for decode, contiguous for prefill),
+    the up (gate+up: k = hidden, n = 2·intermediate) and down (k = intermediate, n = hidden)
+    projections of each row. X = (groups holding rows, rows per group, k, n), see
+    ``kernels.grouped_gemm_time``."""
+    X, y, files = [], [], []
+    for phase in GROUPED_PHASES:
+        path = INFERSIM / "grouped_gemm" / phase / gpu / "data.csv"
+        files.append(rel(path))
+        for r in _rows(path):
+            groups, h, inter = float(r["num_local_experts"]), float(r["hidden_size"]), float(r["intermediate_size"])
+            share, m = grouped_rows(float(r["tokens_per_expert"]))
+            if not share:
+                continue
+            for k, n, col in ((h, 2 * inter, "up_proj_us"), (inter, h, "down_proj_us")):
+                X.append([groups * share, m, k, n])
+                y.append(float(r[col]) * 1e-6)
+    return np.array(X), np.array(y), files
+
+
 def _geometry(name: str) -> tuple[int, int, int]:
     q, kv, d = (int(x) for x in name.split("-"))
     return q, kv, d

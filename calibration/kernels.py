@@ -8,6 +8,8 @@ absolute percentage error (MAPE) on rows held out of the fit.
                                 e(m) = e_max · m / (m + m_half); b_a, b_w, b_o bytes per activation,
                                 weight and output element (BF16: 2, 2, 2; DeepGEMM FP8: 1, 1, 2, at
                                 the FP8 peak P = 2 × BF16)
+* grouped GEMM (MoE experts):   the GEMM formula over G experts of m rows each, one launch, every
+                                holding expert's k × n weight read (see ``grouped_gemm_time``)
 * prefill attention (causal):   t = t0 + 4·H·d·(S²/2) / (P·e(S)),  e(S) = e_max · S / (S + S_half)
 * decode attention (B seqs × L): t = t0 + t_seq·B
                                     + max(4·H·d·B·L / (P·e_c), B·L·2·H_kv·d·b_kv / (BW·e_bw)) / occ
@@ -105,6 +107,33 @@ def fit_gemm(X: np.ndarray, y: np.ndarray, peak_flops: float, bw: float,
              nbytes: tuple[float, float, float] = BF16_BYTES) -> Fit:
     return fit_model(lambda x, p: gemm_time(x, p, peak_flops, bw, nbytes), X, y,
                      ["t0", "e_max", "m_half", "e_mem"], [5e-6, 0.7, 64, 0.7], [0, 0.05, 1, 0.05], [1e-3, 1, 1e5, 1])
+
+
+# ---------------------------------------------------------------- grouped GEMM (MoE experts)
+
+
+def grouped_gemm_time(X: np.ndarray, p: dict[str, float], peak_flops: float, bw: float,
+                      nbytes: tuple[float, float, float] = FP8_BYTES) -> np.ndarray:
+    """One grouped GEMM over the experts that hold tokens (a MoE layer's up or down projection).
+
+    X columns: groups G holding rows, rows per group m, k, n. Each group multiplies its m rows by
+    its own k × n weight; one launch for all of them:
+
+        t = t0 + max(2·G·m·k·n / (P·e_max·m/(m+m_half)), G·(b_a·m·k + b_w·k·n + b_o·m·n) / (BW·e_mem))
+
+    the dense GEMM's formula with the rows of each expert setting the tile efficiency and every
+    holding expert's weights read once."""
+    g, m, k, n = (X[:, i] for i in range(4))
+    eff = p["e_max"] * m / (m + p["m_half"])
+    compute = 2 * g * m * k * n / (peak_flops * eff)
+    memory = g * (nbytes[0] * m * k + nbytes[1] * k * n + nbytes[2] * m * n) / (bw * p["e_mem"])
+    return p["t0"] + np.maximum(compute, memory)
+
+
+def fit_grouped_gemm(X: np.ndarray, y: np.ndarray, peak_flops: float, bw: float,
+                     nbytes: tuple[float, float, float] = FP8_BYTES) -> Fit:
+    return fit_model(lambda x, p: grouped_gemm_time(x, p, peak_flops, bw, nbytes), X, y,
+                     ["t0", "e_max", "m_half", "e_mem"], [5e-6, 0.7, 64, 0.5], [0, 0.05, 1, 0.05], [1e-3, 1, 1e5, 1])
 
 
 # ---------------------------------------------------------------- attention

@@ -59,6 +59,10 @@ class KernelProfile(BaseModel):
     # FP8 weights: the compute terms (t0, e_max, m_half) of measured FP8 GEMMs; their weight reads use
     # gemm's e_mem (the byte rate is the memory system's, not the FP8 kernel's). None: not measured.
     gemm_fp8: ComponentFit | None = None
+    # MoE expert layers: measured FP8 grouped GEMMs (one launch over the experts holding tokens). The
+    # composition scales the dense linear-layer terms by this fit ÷ gemm_fp8 (``grouping_factors``).
+    # None: not measured; expert layers are priced as dense GEMMs of their shapes.
+    gemm_grouped_fp8: ComponentFit | None = None
     attn_prefill: ComponentFit
     attn_decode: ComponentFit
     # Decode attention over an FP8 KV cache: t0 and e_bw replacing attn_decode's (1 byte per element)
@@ -70,6 +74,20 @@ class KernelProfile(BaseModel):
     fit_error: PhaseError
     assumptions: list[str] = Field(default_factory=list)
     source: str = ""
+
+
+GROUPED_PARAMS = ("t0", "e_max", "m_half", "e_mem")
+
+
+def grouping_factors(profile: KernelProfile) -> dict[str, float] | None:
+    """How much a grouped GEMM (a MoE layer's experts, one launch) departs from a dense GEMM on this
+    GPU: the measured FP8 grouped fit ÷ the measured FP8 dense fit, per parameter. The composition
+    applies these factors to the dense linear-layer terms of either dtype (the grouping is the
+    kernel's schedule over many small weights, not its arithmetic). None without both fits."""
+    if profile.gemm_grouped_fp8 is None or profile.gemm_fp8 is None:
+        return None
+    g, d = profile.gemm_grouped_fp8.params, profile.gemm_fp8.params
+    return {k: g[k] / d[k] for k in GROUPED_PARAMS}
 
 
 def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
@@ -92,6 +110,14 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
     else:
         out.append(("linear layers, FP8 weights", "fp8 storage, bf16 compute",
                     f"no FP8 timings: BF16 compute, weights read 1 byte each at e_mem {e_mem:.3g}"))
+    f = grouping_factors(profile)
+    if f is not None and profile.gemm_grouped_fp8 is not None:
+        out.append(("MoE expert layers (grouped GEMM)", "as the linear layers",
+                    f"the linear-layer terms × the grouping factors {', '.join(f'{k} ×{v:.3g}' for k, v in f.items())}: "
+                    f"the FP8 grouped fit, {how(profile.gemm_grouped_fp8)}, ÷ the FP8 dense fit"))
+    else:
+        out.append(("MoE expert layers (grouped GEMM)", "as the linear layers",
+                    "no grouped-GEMM timings: priced as dense GEMMs of the experts' shapes"))
     out.append(("lm_head", "bf16", "the BF16 GEMM model (not quantised)"))
     out.append(("prefill attention", profile.attn_prefill.dtype or "bf16", how(profile.attn_prefill)))
     out.append(("decode attention, BF16 KV", profile.attn_decode.dtype or "bf16", how(profile.attn_decode)))

@@ -63,7 +63,7 @@ def _overview() -> None:
             continue
         parts: dict[str, list[str]] = {"measured": [], "derived": []}
         for label, c in (("GEMM bf16", profile.gemm), ("GEMM fp8", profile.gemm_fp8),
-                         ("prefill attention", profile.attn_prefill), ("decode attention bf16 KV", profile.attn_decode),
+                         ("grouped GEMM fp8 (MoE)", profile.gemm_grouped_fp8), ("prefill attention", profile.attn_prefill), ("decode attention bf16 KV", profile.attn_decode),
                          ("decode attention fp8 KV", profile.attn_decode_fp8_kv), ("HBM stream", profile.stream),
                          ("all-reduce", profile.allreduce)):
             if c is not None:
@@ -75,9 +75,25 @@ def _overview() -> None:
                       f"{', '.join(parts['derived']) or 'none'} · assumed: iteration overhead "
                       f"{profile.iteration_overhead_s * 1e3:g} ms")
     console.print(table)
+    _serving_overview()
     console.print("[dim]rollart calibrate show <profile>: the formulas, coefficients, data, each term's dtype and "
                   "how every derived term was derived[/]")
 
+
+
+def _serving_overview() -> None:
+    """The shipped profiles composed for the end-to-end serving setups measured with SGLang (nothing
+    is fitted to these)."""
+    from rollart.calibration.serving import serving_checks
+
+    table = Table(box=None, pad_edge=False, title="end to end: measured serving (SGLang, InferSim README) vs "
+                  "the composed profiles, tokens per GPU per second", title_justify="left")
+    for col in ("model", "phase", "measured", "rollart", "error", "setup"):
+        table.add_column(col, overflow="fold", justify="right" if col in ("measured", "rollart", "error") else "left")
+    for c in serving_checks():
+        table.add_row(f"{c.model} {c.weight_dtype} · {c.gpu}", c.phase, f"{c.measured_tgs:,.0f}",
+                      f"{c.predicted_tgs:,.0f}", f"{c.error:+.1%}", c.setup)
+    console.print(table)
 
 
 def _show_links() -> None:
@@ -131,7 +147,8 @@ def show(name: Optional[str] = typer.Argument(None, help="a shipped profile (h80
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     if isinstance(profile, KernelProfile):
-        components = [("gemm", profile.gemm), ("gemm fp8", profile.gemm_fp8), ("attn prefill", profile.attn_prefill),
+        components = [("gemm", profile.gemm), ("gemm fp8", profile.gemm_fp8),
+                      ("grouped gemm fp8", profile.gemm_grouped_fp8), ("attn prefill", profile.attn_prefill),
                       ("attn decode", profile.attn_decode), ("attn decode fp8 kv", profile.attn_decode_fp8_kv),
                       ("hbm stream", profile.stream), ("all-reduce", profile.allreduce)]
         components = [(label, c) for label, c in components if c is not None]

@@ -27,6 +27,10 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
                       intermediate=25600, vocab=151936, tied_embeddings=0),
     "Qwen2.5-7B": dict(layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128,
                        intermediate=18944, vocab=152064, tied_embeddings=0),
+    # Qwen3-30B-A3B (config.json, shipped in calibration/data/infersim/hf_configs/): 128 experts of
+    # width 768, 8 routed per token; ~30.5 B parameters, ~3.3 B active
+    "Qwen3-30B-A3B": dict(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, intermediate=768,
+                          vocab=151936, tied_embeddings=0, moe_experts=128, moe_active_experts=8),
     # Not a released model: a random-init Qwen3-shaped network small enough to run on a CPU,
     # used to profile and run the real engine on machines without a GPU.
     "Qwen3-tiny": dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16,
