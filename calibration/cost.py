@@ -142,9 +142,17 @@ class KernelProfileGeneration:
         return comm + 2 * self.model.layers * (p["alpha_s"] + 2 * (n - 1) / n * nbytes / (p["beta_gbps"] * 1e9 / 8))
 
     def _prefill_attention(self, new_tokens: float, attention_pairs: float) -> float:
+        """One layer's prefill attention for ``new_tokens`` (a rank's) attending ``attention_pairs``
+        (query, key) pairs in all. The kernel's efficiency rises with the length of each query
+        block's loop over the keys: the fit's curve e(S) = e_max·S/(S+s_half) was measured on causal
+        prefills of S tokens, whose mean loop is S/2 keys, so a step is read at S = 2·pairs/tokens —
+        S itself for a fresh prefill, 2·cached + new for a turn appended to a cached conversation
+        (120 new tokens on a 20K prefix loop over ~20K keys, like a 40K prefill, not a 120-token one)."""
         p = self.profile.attn_prefill.params
-        # Efficiency depends on sequence length; the batch's new tokens stand in for it.
-        eff = p["e_max"] * new_tokens / (new_tokens + p["s_half"])
+        if new_tokens <= 0 or attention_pairs <= 0:
+            return p["t0"]
+        loop = 2.0 * attention_pairs / (new_tokens * self.ep)
+        eff = p["e_max"] * loop / (loop + p["s_half"])
         return p["t0"] + 4 * self._heads * self.model.head_dim * attention_pairs / self.ep / (self._peak * eff)
 
     def _per_cached_token(self, batch: float) -> tuple[float, float]:

@@ -239,3 +239,55 @@ def test_kv_per_gpu_stops_shrinking_at_one_whole_kv_head(model: str, kv_heads: i
     for profile in (None, "datasheet"):
         lines = {tp: _cost(model, gpu, tp, profile).decode_line(16) for tp in (kv_heads, 2 * kv_heads)}
         assert lines[2 * kv_heads].m1 == pytest.approx(lines[kv_heads].m1, rel=1e-9)
+
+
+# ---------------------------------------------------------------- prefill attention of an appended turn
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_an_appended_turn_attends_at_the_efficiency_of_its_key_loop(gpu: str) -> None:
+    # With the prefix cached, a turn prefills n new tokens against c cached ones: every query block
+    # loops over ~c keys, as in a fresh causal prefill of 2c + n tokens (mean loop S/2), not of n.
+    # So per (query, key) pair it costs what that long prefill costs, far less than a short one.
+    cost = _cost("Qwen3-8B", gpu)
+    p = load_profile(shipped_profile_path(gpu)).attn_prefill.params
+    n, c = 120, 20_000
+    pairs = n * (c + n / 2)
+    per_pair = (cost._prefill_attention(n, pairs) - p["t0"]) / pairs
+    long = 2 * c + n
+    assert per_pair == pytest.approx((cost._prefill_attention(long, long * long / 2) - p["t0"]) / (long * long / 2))
+    short = (cost._prefill_attention(n, n * n / 2) - p["t0"]) / (n * n / 2)
+    assert per_pair < short / 3
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_appends_cost_the_same_per_pair_alone_or_sharing_a_step(gpu: str) -> None:
+    # Two identical appends in one step are twice the attention work of one, whatever else the
+    # step holds: the step's token count does not change a sequence's kernel efficiency.
+    cost = _cost("Qwen3-8B", gpu)
+    t0 = load_profile(shipped_profile_path(gpu)).attn_prefill.params["t0"]
+    n, pairs = 200, 200 * (15_000 + 100)
+    one = cost._prefill_attention(n, pairs) - t0
+    assert cost._prefill_attention(2 * n, 2 * pairs) - t0 == pytest.approx(2 * one)
+    assert cost._prefill_attention(64 * n, 64 * pairs) - t0 == pytest.approx(64 * one)
+
+
+@pytest.mark.parametrize("gpu", ["H200", "A100"])
+def test_the_roofline_runs_the_lm_head_per_sampled_row_and_never_the_embedding_lookup(gpu: str) -> None:
+    # GPUs without a profile use the datasheet roofline. A prefill of n tokens multiplies them through
+    # the layers' linear weights (2·(P − embeddings)·n FLOPs) and computes logits for the row that
+    # samples the next token (2·V·h); the input embedding is a row lookup. A decode step of B
+    # sequences computes B rows of logits and reads the lm_head once, not the embedding table.
+    from rollart.sim.costs.gpu import RooflineGeneration
+
+    m, sheet = ModelSpec.model_validate("Qwen3-8B"), GpuType(**GPU_PRESETS[gpu])
+    cost = RooflineGeneration(m, sheet, 1)
+    emb = m.vocab * m.hidden * 2
+    n, pairs = 4096, 4096 * 4096 / 2
+    flops = 2 * (m.active_params - emb) * n + 2 * m.vocab * m.hidden + 4 * m.layers * m.heads * m.head_dim * pairs
+    peak = sheet.tflops_bf16 * 1e12 * cost.eff.prefill_compute
+    assert cost.prefill_time(n, pairs) == pytest.approx(cost.eff.iteration_overhead_s + flops / peak)
+    line = cost.decode_line(16)
+    assert line.m0 * sheet.hbm_tbps * 1e12 * cost.eff.decode_bandwidth == pytest.approx(m.weight_bytes - m.vocab * m.hidden * 2)
+    assert line.c0 * sheet.tflops_bf16 * 1e12 * cost.eff.decode_compute == pytest.approx(
+        16 * (2 * (m.active_params - emb) + 2 * m.vocab * m.hidden))

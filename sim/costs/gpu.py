@@ -176,17 +176,21 @@ class RooflineGeneration:
         self._rank_tp = tp // ep  # GPUs of one expert-parallel rank (sim.costs.moe); tp when ep = 1
         self._peak = self._rank_tp * gpu.tflops_bf16 * 1e12  # one rank's
         self._bw = self._rank_tp * gpu.hbm_tbps * 1e12
-        # peak-seconds (× BF16 peak) per token of the matmuls every token passes through: linear
-        # layers in the served dtype, embeddings / lm_head in BF16; a MoE model's expert part per
-        # token-expert row apart, since with ep each rank computes only its experts' rows
+        # peak-seconds (× BF16 peak) per token of the matmuls every token passes through: the linear
+        # layers in the served dtype; a MoE model's expert part per token-expert row apart, since with
+        # ep each rank computes only its experts' rows. The input embedding is a lookup (no FLOPs, a
+        # few rows read); the lm_head (BF16) runs only for the rows that sample a token: one per
+        # decoding sequence, one per prefill step (as the kernel-profile composition counts them).
         lin_ratio = fp8_peak_ratio if model.weight_dtype == "fp8" else 1.0
         emb = embedding_params(model)
         self._expert_flops_per_row = (2.0 * model.layers * 3 * model.hidden * model.intermediate / lin_ratio
                                       if model.moe_experts else 0.0)
         rows_per_token = max(1, model.moe_active_experts) if model.moe_experts else 0
-        self._flops_per_token = 2.0 * (model.active_params - emb) / lin_ratio + 2.0 * emb \
+        self._flops_per_token = 2.0 * (model.active_params - emb) / lin_ratio \
             - rows_per_token * self._expert_flops_per_row
-        self._dense_bytes = served_weight_bytes(model) - expert_weight_bytes(model)
+        self._lm_head_flops_per_row = 2.0 * model.vocab * model.hidden
+        input_embedding = 0.0 if model.tied_embeddings else 2.0 * model.vocab * model.hidden  # BF16 bytes
+        self._dense_bytes = served_weight_bytes(model) - expert_weight_bytes(model) - input_embedding
         self._bytes_per_expert = expert_weight_bytes(model) / model.moe_experts if model.moe_experts else 0.0
         self._nvlink = gpu.nvlink_gbps * 1e9 / 2  # datasheet NVLink counts both directions
         self._network = network or (self._nvlink, self.eff.allreduce_latency_s)
@@ -217,10 +221,14 @@ class RooflineGeneration:
         per = self.eff.allreduce_latency_s + 2 * (n - 1) / n * nbytes / self._nvlink
         return comm + 2 * self.model.layers * per
 
+    def _lm_head(self, rows: float) -> float:
+        """lm_head FLOPs of the busiest rank for ``rows`` sampling rows (1/ep of them, vocab over tp)."""
+        return self._lm_head_flops_per_row * max(1.0, rows / self.ep)
+
     def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
         if new_tokens <= 0:
             return 0.0
-        flops = self._flops(new_tokens) + self._attn_flops_per_pair * attention_pairs
+        flops = self._flops(new_tokens) + self._lm_head(1) + self._attn_flops_per_pair * attention_pairs
         compute = flops / (self._peak * self.eff.prefill_compute)
         memory = self._weights(new_tokens) / (self._bw * self.eff.decode_bandwidth)
         return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(new_tokens)
@@ -230,7 +238,8 @@ class RooflineGeneration:
         if new_tokens <= 0:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
         tokens = new_tokens + decode_batch
-        flops = self._flops(tokens) + self._attn_flops_per_pair * (attention_pairs + decode_context)
+        flops = self._flops(tokens) + self._lm_head(decode_batch) \
+            + self._attn_flops_per_pair * (attention_pairs + decode_context)
         compute = flops / (self._peak * self.eff.prefill_compute)
         memory = (self._weights(tokens) + self._kv_bytes_per_token * decode_context) \
             / (self._bw * self.eff.decode_bandwidth)
@@ -243,7 +252,7 @@ class RooflineGeneration:
             bw = self._bw * self.eff.decode_bandwidth
             line = DecodeLine(
                 a=self.eff.iteration_overhead_s + self._allreduce(batch),
-                c0=self._flops(batch) / pc,
+                c0=(self._flops(batch) + self._lm_head(batch)) / pc,
                 c1=self._attn_flops_per_pair / pc,
                 m0=self._weights(batch) / bw,
                 m1=self._kv_bytes_per_token / bw,
