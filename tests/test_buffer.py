@@ -51,6 +51,18 @@ def test_evict_stale_aborts_in_flight_and_drops_ready() -> None:
     assert buf.take_batch(1) is None
 
 
+def test_without_eviction_old_groups_stay_and_are_trained_oldest_first() -> None:
+    # AReaL: staleness is bounded by admission only; the buffer drops nothing for age.
+    buf = SampleBuffer(group_size=1, groups_per_batch=1, alpha=0, evict=False)
+    old = make_group(buf, 0, version=0, members=1, size=1)
+    fresh = make_group(buf, 1, version=3, members=1, size=1)
+    assert buf.usable(old, 5) and buf.evict_stale(version=5) == []
+    assert old.members[0].state is TrajState.RUNNING and not old.evicted
+    buf.submit(fresh.members[0], now=1.0)
+    buf.submit(old.members[0], now=2.0)
+    assert buf.take_batch(5) == [old]  # the oldest version first, whatever its age
+
+
 def test_take_batch_whole_groups_oldest_version_first() -> None:
     buf = SampleBuffer(group_size=2, groups_per_batch=2, alpha=2)
     groups = [make_group(buf, gid, version=v, members=2) for gid, v in ((0, 2), (1, 1), (2, 2))]

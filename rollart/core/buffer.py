@@ -13,12 +13,16 @@ class SampleBuffer:
     while ``v >= n - alpha``. Groups that fall out of the window are evicted; their members
     still in flight are returned for the caller to abort (never dropped silently). A batch
     is ``groups_per_batch`` whole groups, oldest version first.
+
+    With ``evict=False`` (AReaL) the window is not enforced here: staleness is bounded only by
+    admission, and a group that finishes late is trained on, oldest first, however old it is.
     """
 
-    def __init__(self, group_size: int, groups_per_batch: int, alpha: int):
+    def __init__(self, group_size: int, groups_per_batch: int, alpha: int, evict: bool = True):
         self.group_size = group_size
         self.groups_per_batch = groups_per_batch
         self.alpha = alpha
+        self.evict = evict
         self.open: dict[int, Group] = {}     # admitted, not yet complete
         self.ready: list[Group] = []         # complete, not consumed (admission order)
         self.changed = Signal("buffer.changed")
@@ -72,10 +76,12 @@ class SampleBuffer:
     # ---- staleness ---------------------------------------------------------------------
 
     def usable(self, group: Group, version: int) -> bool:
-        return group.version >= version - self.alpha
+        return not self.evict or group.version >= version - self.alpha
 
     def evict_stale(self, version: int) -> list[Trajectory]:
         """Drop every group outside the window for ``version``; return in-flight members to abort."""
+        if not self.evict:
+            return []
         to_abort: list[Trajectory] = []
         keep: list[Group] = []
         for g in self.ready:

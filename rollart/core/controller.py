@@ -68,7 +68,7 @@ class Controller:
         self.on_step = on_step
         affinity = plan.placement.hw_affinity if mode.hw_affinity else None
         self.proxy = LLMProxy(build_workers(plan), affinity)
-        self.buffer = SampleBuffer(plan.algorithm.group_size, plan.groups_per_batch, mode.alpha)
+        self.buffer = SampleBuffer(plan.algorithm.group_size, plan.groups_per_batch, mode.alpha, mode.evict_stale)
         self.scheduler = RolloutScheduler(plan.tasks, mode, plan.groups_per_batch, plan.algorithm.group_size,
                                           plan.algorithm.env_managers)
         self.stats = RunStats()

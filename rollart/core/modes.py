@@ -19,6 +19,11 @@ class ModeConfig:
     redundancy: float          # extra members per group, as a fraction of the group size
     async_weight_transfer: bool  # bucketed store publish/pull overlapped with rollout (else blocking)
     update_after_train: bool = False  # push the weights right after each train step, before get_batch (AReaL, ROLL)
+    # Groups older than n − α are evicted and their running members aborted (ROLL's GroupQueue expires
+    # them). AReaL bounds staleness by admission only: its StalenessManager caps submissions at
+    # (α + version + 1) × batch, and its executor trains on finished rollouts oldest first, never
+    # dropping one for age — so a straggler is trained on late, and its staleness may exceed α.
+    evict_stale: bool = True
 
     @property
     def sync_before_get_batch(self) -> bool:
@@ -27,8 +32,8 @@ class ModeConfig:
         first, which hides the weight pull behind the wait. AReaL updates the rollout workers as
         soon as a train step ends (interrupting in-flight generation), so its admission window,
         counted from the workers' version, is one batch wider while the trainer waits: with
-        α = 1 the rollout may run up to two batches ahead and skip a straggling group, which
-        then goes stale. ROLLART does the same: its implementation (ROLL's agentic pipeline) runs
+        α = 1 the rollout may run up to two batches ahead and skip a straggling group (AReaL trains
+        it once it finishes; ROLLART's window evicts it as stale). ROLLART does the same: its implementation (ROLL's agentic pipeline) runs
         suspend → model_update → get_batch → train each step, and its rollout queue keeps groups of
         α + 1 step tags alive (a group expires when step − create_step > α). The paper lists
         get_batch first; read literally (workers still on n − 1 while the trainer waits for batch n)
@@ -41,8 +46,8 @@ def mode_config(plan: Plan, mode: str | None = None) -> ModeConfig:
     """Sync: α=0, lockstep env, reward after batch, dedicated reward, blocking weight sync.
     Sync+: Sync + trajectory-level env/reward + serverless reward.
     One-off: Sync+ with the rollout one batch ahead of training (α=1, batch-level).
-    AReaL-style: trajectory-level, staleness-bounded (plan α), no affinity, no redundancy,
-    blocking weight transfer right after each train step, dedicated reward. ROLLART: everything on, as the plan says,
+    AReaL-style: trajectory-level, staleness bounded by admission only (plan α; nothing evicted), no
+    affinity, no redundancy, blocking weight transfer right after each train step, dedicated reward. ROLLART: everything on, as the plan says,
     with the weights updated before get_batch as ROLL does (see ``sync_before_get_batch``)."""
     mode = mode or plan.algorithm.mode
     a = plan.algorithm
@@ -57,7 +62,7 @@ def mode_config(plan: Plan, mode: str | None = None) -> ModeConfig:
         return ModeConfig(mode, 1, True, False, False, serverless_ok or not has_dedicated, False, 0.0, False)
     if mode == "areal":
         return ModeConfig(mode, a.alpha, False, False, False, not has_dedicated and serverless_ok, False, 0.0, False,
-                          update_after_train=True)
+                          update_after_train=True, evict_stale=False)
     if mode == "rollart":
         return ModeConfig(mode, a.alpha, False, False, False, plan_serverless, True, a.redundancy,
                           plan.weight_sync.transport == "bucketed_store", update_after_train=True)
