@@ -385,9 +385,22 @@ class SimBackend:
         self.trainer_busy_s += t
 
     def _broadcast(self, eff: BroadcastWeights) -> SimGen:
+        """A blocking NCCL broadcast: the trainer GPUs drive it and every receiving engine sits in the
+        collective for its length (its loop runs the receive, not decode steps), then recomputes its
+        in-flight KV under the new weights (steps ③ and ⑤ in one pause; the UpdateWeights that
+        follows has nothing left to do). Engines colocated with the trainer loaded the weights in the
+        switch. A measured CPU hand-off only occupies the trainer (``broadcast_stalls_engines``)."""
         t = self.transfer.broadcast_s()
+        events = [self.engines[wid].update_weights(t) for wid in self._receivers(eff.workers)] \
+            if self.transfer.broadcast_stalls_engines else []
         yield from self._trainer_job(t)
         self.trainer_busy_s += t  # trainer GPUs drive the broadcast
+        yield self.env.all_of(events)
+
+    def _receivers(self, workers: tuple[int, ...]) -> list[int]:
+        """The workers a weight transfer must reach: all but those colocated with the trainer."""
+        shared = {id(e) for e in self.shared_engines}
+        return [wid for wid in workers if id(self.engines[wid]) not in shared]
 
     def _publish(self, eff: PublishWeights) -> SimGen:
         yield from self._trainer_job(self.transfer.publish_pull_s())
@@ -412,11 +425,14 @@ class SimBackend:
                 self.contention.trainer_job(started=False)
 
     def _update(self, eff: UpdateWeights) -> SimGen:
-        events = []
-        for wid in eff.workers:
-            engine = self.engines[wid]
-            tp = self.ctl.proxy.workers[wid].tp
-            events.append(engine.update_weights(self.transfer.swap_s(tp) if eff.from_host else 0.0))
+        """Pulled weights (host memory) are swapped in, each engine's share over its host link, and
+        its in-flight KV recomputed. A GPU broadcast already did both (``_broadcast``); a measured CPU
+        hand-off is swapped in here; colocated engines got the weights in the switch."""
+        if not eff.from_host and self.transfer.broadcast_stalls_engines:
+            return
+        events = [self.engines[wid].update_weights(
+                      self.transfer.swap_s(self.ctl.proxy.workers[wid].tp) if eff.from_host else 0.0)
+                  for wid in self._receivers(eff.workers)]
         yield self.env.all_of(events)
 
     # ---- running ---------------------------------------------------------------------------

@@ -282,6 +282,20 @@ def test_transfer_runs_at_the_effective_not_the_nominal_rate() -> None:
     assert rdma.broadcast_s() < w.broadcast_s()
 
 
+def test_a_measured_link_rate_is_not_discounted_again() -> None:
+    """Without a bandwidth in the plan an IB link takes the calibrated NCCL throughput (already what a
+    transfer reaches, 288.5 Gbps fitted), so no line-rate share applies on top; a given line rate
+    (400 Gbps) is discounted to what a bulk transfer reaches."""
+    from rollart.calibration.links import calibrated_links
+    from rollart.plan.schema import Link
+    from rollart.sim.costs.link import LINK_EFFICIENCY, WeightTransferCost
+
+    fitted = calibrated_links()["ib"]["bandwidth_gbps"] * 1e9 / 8
+    assert WeightTransferCost.effective_bytes_per_s(Link(kind="ib")) == pytest.approx(fitted)
+    line = Link(kind="ib", bandwidth_gbps=400)
+    assert WeightTransferCost.effective_bytes_per_s(line) == pytest.approx(400e9 / 8 * LINK_EFFICIENCY["ib"])
+
+
 def test_gather_grows_with_tp_and_vanishes_at_tp1() -> None:
     """TP shards are all-gathered over NVLink before publishing: (W/pp)·(tp−1)/tp / nvlink."""
     assert _transfer(["placement.trainer.tp=1"]).gather_s == 0
@@ -306,6 +320,54 @@ def test_store_stages_through_host_memory() -> None:
     w = _transfer()
     assert w.stage_s == pytest.approx(w.weight_bytes / w.h2d_bytes_per_s)
     assert w.publish_pull_s() > w.broadcast_s()
+
+
+def _spans(tracer, prefix: str) -> list[tuple[float, float, int, int]]:
+    return [(e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, e["pid"], e["tid"]) for e in tracer.events
+            if e.get("ph") == "X" and e["name"].startswith(prefix)]
+
+
+def test_a_blocking_broadcast_stalls_the_engines_it_reaches() -> None:
+    """With a blocking NCCL broadcast the receiving engines sit in the collective (vLLM applies the
+    weights through its engine loop), so no decode step runs while the broadcast does: in-flight
+    trajectories stall for it, as the paper says of synchronous transfer. Here the broadcast is made
+    long (10 Gbps) so that it shows: not one decode step inside any broadcast window."""
+    from rollart.core import mode_config
+    from rollart.sim import SimBackend
+    from rollart.trace import Tracer
+
+    plan = small_plan(["cluster.links.cross_cluster.bandwidth_gbps=10", "algorithm.steps=4"])
+    tracer = Tracer()
+    backend = SimBackend(plan, mode_config(plan, "areal"), 0, tracer=tracer)
+    assert backend.run().error is None
+    t = backend.transfer.broadcast_s()
+    assert t > 10
+    syncs = _spans(tracer, "weight sync")
+    steps = _spans(tracer, "step:")
+    assert syncs and steps
+    for a, z, *_ in syncs:
+        assert z - a >= t  # the sync waits for the broadcast and the engines' recompute
+        lo, hi = a + 0.5, a + t - 0.5  # past the iteration each engine finishes before it joins
+        assert sum(max(0.0, min(z2, hi) - max(a2, lo)) for a2, z2, *_ in steps) == 0
+
+
+def test_colocated_engines_get_the_weights_in_the_switch_only() -> None:
+    """Colocated: the engines load the new weights when the trainer hands the GPUs back, so nothing
+    is published, broadcast or swapped in again; each engine pauses once per train step (the switch)."""
+    from collections import Counter
+
+    from rollart.core import mode_config
+    from rollart.sim import SimBackend
+    from rollart.trace import Tracer
+
+    for mode in ("rollart", "areal"):
+        plan = small_plan(COLOCATED)
+        tracer = Tracer()
+        backend = SimBackend(plan, mode_config(plan, mode), 0, tracer=tracer)
+        assert backend.run().error is None
+        assert backend.transfer.publish_pull_s() == 0 and backend.transfer.broadcast_s() == 0
+        pauses = Counter((pid, tid) for *_, pid, tid in _spans(tracer, "weight swap"))
+        assert len(pauses) == 8 and max(pauses.values()) <= plan.algorithm.steps, mode
 
 
 def test_every_swe_copy_is_the_fitted_profile() -> None:

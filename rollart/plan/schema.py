@@ -120,6 +120,16 @@ class Link(_Strict):
         us = self.latency_us if self.latency_us is not None else self._default("latency_us")
         return us * 1e-6
 
+    @property
+    def measured_rate(self) -> bool:
+        """The bandwidth is a measured throughput (the calibrated table's NCCL fit, used when the plan
+        gives none), not a line rate that a bulk transfer reaches only a share of."""
+        if self.bandwidth_gbps is not None:
+            return False
+        from rollart.calibration.links import calibrated_links
+
+        return calibrated_links().get(self.kind, {}).get("mape_heldout") is not None
+
 
 def _default_links() -> dict[str, Link]:
     return {"cross_cluster": Link(kind="tcp"), "intra_cluster": Link(kind="ib")}

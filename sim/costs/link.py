@@ -46,21 +46,24 @@ class WeightTransferCost:
     5. **receive**: each worker copies its ``W/tp`` shard host → device and re-shards it
        (``swap_s``; a blocking NCCL broadcast lands on the GPU and only re-shards).
 
-    Synchronous (NCCL broadcast): 1 + 2 + ``lat + W/(bw·eff)``, rollout stalled throughout.
-    Asynchronous (bucketed store): 1 + 2 + 4 + ``n·(lat + o_pub) + W/(bw·eff)`` + one pulled bucket,
-    overlapped with rollout; then ``swap_s`` on the update. When trainer and workers share a
-    physical cluster the intra-cluster link carries both. Colocated: the engines load the new
-    weights in the switch (:class:`~rollart.sim.costs.train.ColocationSwitch`).
+    Synchronous (NCCL broadcast): 1 + 2 + ``lat + W/(bw·eff)``, rollout stalled throughout (the
+    receiving engines sit in the collective). Asynchronous (bucketed store): 1 + 2 + 4 +
+    ``n·(lat + o_pub) + W/(bw·eff)`` + one pulled bucket, overlapped with rollout; then ``swap_s`` on
+    the update. When trainer and workers share a physical cluster the intra-cluster link carries
+    both. Colocated: the engines on the trainer's GPUs load the new weights in the switch
+    (:class:`~rollart.sim.costs.train.ColocationSwitch`), so when every engine is colocated there is
+    nothing left to send.
 
     A measured train profile (``measured``) replaces all of it with the times it measured."""
 
     def __init__(self, plan: Plan, measured: Any = None):
         self.measured = measured
-        self.colocated = plan.placement.colocated
         ws = plan.weight_sync
         links = plan.cluster.links
         pools = plan.cluster.gpu_pools
         tr = plan.placement.trainer
+        # every engine time-shares the trainer's GPUs: the switch loads the new weights, none are sent
+        self.all_colocated = plan.placement.colocated and all(g.pool == tr.pool for g in plan.placement.generation)
         train_cluster = pools[tr.pool].cluster
         same = all(pools[g.pool].cluster == train_cluster for g in plan.placement.generation)
         self.intra: Link = links.get("intra_cluster", links[ws.link])
@@ -80,14 +83,24 @@ class WeightTransferCost:
         self.pull_overhead_s = store.get("pull_s", STORE_BUCKET_OVERHEAD_S)
         self.bucket_overhead_s = self.publish_overhead_s
 
+    @property
+    def broadcast_stalls_engines(self) -> bool:
+        """A GPU broadcast (NCCL) runs inside the receiving engines: they sit in the collective and
+        decode nothing until it ends, and the weights are in place when it does. A measured CPU
+        hand-off (``rollart run`` puts the state in Ray's object store) goes on beside generation;
+        the workers fetch and swap it at the update."""
+        return self.measured is None
+
     @staticmethod
     def effective_bytes_per_s(link: Link) -> float:
-        return link.bytes_per_s * LINK_EFFICIENCY.get(link.kind, 1.0)
+        """The line rate times the kind's share (``LINK_EFFICIENCY``); a rate that is already a
+        measured throughput (a calibrated NCCL fit, when the plan gives no bandwidth) as it is."""
+        return link.bytes_per_s if link.measured_rate else link.bytes_per_s * LINK_EFFICIENCY.get(link.kind, 1.0)
 
     def broadcast_s(self) -> float:
         if self.measured is not None:
             return self.measured.broadcast_s
-        if self.colocated:
+        if self.all_colocated:
             return 0.0  # the engines load the new weights in the colocation switch (ColocationSwitch)
         wire = self.cross.latency_s + self.weight_bytes / self.effective_bytes_per_s(self.cross)
         return self.gather_s + self.convert_s + wire
@@ -95,6 +108,8 @@ class WeightTransferCost:
     def publish_pull_s(self) -> float:
         if self.measured is not None:
             return self.measured.publish_pull_s
+        if self.all_colocated:
+            return 0.0  # the engines load the new weights in the colocation switch (ColocationSwitch)
         buckets = max(1, math.ceil(self.weight_bytes / self.bucket_bytes))
         publish = buckets * (self.cross.latency_s + self.publish_overhead_s) \
             + self.weight_bytes / self.effective_bytes_per_s(self.cross)
