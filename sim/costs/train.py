@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+
 from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
 
 # GRPO step: forward + backward (6·P per token) plus two extra forwards for the
@@ -11,22 +13,42 @@ ATTENTION_PASSES = 5  # forward ×1, backward ×2, two extra forwards
 
 
 class TrainCost:
-    """step = (10·P·T + 5·2·L·H·d·Σ s²) / (gpus · peak · MFU) / (1 − bubble) + optimizer
+    """step = dp · max_rank(10·P'·T_r + 5·2·L·H·d·Σ_r s²) / (gpus · peak · MFU) / (1 − bubble) + optimizer
 
-    with T the batch's tokens, s each sequence length, and the pipeline bubble
-    (pp − 1) / (micro_batches + pp − 1). The optimizer step streams fp32 Adam state
-    (16 bytes per parameter, read and written) at HBM bandwidth, sharded over the GPUs."""
+    P' the parameters whose matmuls every token runs: the active parameters less the input embedding
+    (a lookup, no FLOPs; the lm_head is a GEMM and counts), as Megatron counts model FLOPs. Each of
+    the dp = gpus / (tp·pp) data-parallel ranks trains whole sequences, handed out longest first to
+    the least-loaded rank, so the step waits for the busiest rank: T_r its tokens, s its sequences'
+    lengths. A batch of fewer sequences than ranks leaves ranks idle instead of shrinking the step.
+    The pipeline bubble is (pp − 1) / (micro_batches + pp − 1). The optimizer step streams fp32 Adam
+    state (16 bytes per parameter, read and written) at HBM bandwidth, sharded over the GPUs."""
 
     def __init__(self, model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement):
         self.model, self.gpu, self.trainer = model, gpu, trainer
-        self.source = f"FLOPs model, MFU {trainer.mfu:.2f} (placement.trainer.mfu)"
+        self.source = f"FLOPs model, MFU {trainer.mfu:.3g} (placement.trainer.mfu)"
+        m = model
+        embedding_lookup = 0 if m.tied_embeddings else m.vocab * m.hidden
+        self._linear_per_token = LINEAR_FLOPS_PER_PARAM_TOKEN * (m.active_params - embedding_lookup)
+        self._attention_per_sq = ATTENTION_PASSES * 2 * m.layers * m.heads * m.head_dim
+        self.dp = max(1, trainer.gpus // (trainer.tp * trainer.pp))
+
+    def _flops(self, s: int) -> float:
+        return self._linear_per_token * s + self._attention_per_sq * s * s
+
+    def busiest_rank_flops(self, seq_lens: list[int]) -> float:
+        """FLOPs of the data-parallel rank with the most work, sequences dealt longest first to the
+        least-loaded rank (a balanced packing: the busiest rank holds at most one sequence more
+        than its share)."""
+        if len(seq_lens) <= self.dp:
+            return max((self._flops(s) for s in seq_lens), default=0.0)
+        ranks = [0.0] * self.dp
+        for s in sorted(seq_lens, reverse=True):
+            heapq.heapreplace(ranks, ranks[0] + self._flops(s))
+        return max(ranks)
 
     def step_time(self, seq_lens: list[int]) -> float:
         m, t = self.model, self.trainer
-        tokens = sum(seq_lens)
-        sq = sum(s * s for s in seq_lens)
-        flops = LINEAR_FLOPS_PER_PARAM_TOKEN * m.active_params * tokens \
-            + ATTENTION_PASSES * 2 * m.layers * m.heads * m.head_dim * sq
+        flops = self.dp * self.busiest_rank_flops(seq_lens)
         peak = t.gpus * self.gpu.tflops_bf16 * 1e12 * t.mfu
         bubble = (t.pp - 1) / (t.micro_batches + t.pp - 1)
         optimizer = 2 * 16 * m.params / (t.gpus * self.gpu.hbm_tbps * 1e12)

@@ -1,0 +1,55 @@
+"""The FLOPs/MFU training-step model: what a step's time is made of, and where it stops scaling."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollart.plan.presets import GPU_PRESETS
+from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
+from rollart.sim.costs.train import ATTENTION_PASSES, LINEAR_FLOPS_PER_PARAM_TOKEN, TrainCost
+
+H800 = GpuType(**GPU_PRESETS["H800"])
+
+
+def _cost(model: str = "Qwen3-8B", gpus: int = 64, tp: int = 2, **model_fields) -> TrainCost:
+    m = ModelSpec.model_validate({"preset": model, **model_fields})
+    return TrainCost(m, H800, TrainerPlacement(pool="p", gpus=gpus, tp=tp, mfu=0.5))
+
+
+@pytest.mark.parametrize("model", ["Qwen3-8B", "Qwen3-32B"])
+def test_the_input_embedding_is_a_lookup_not_a_matmul(model: str) -> None:
+    # Megatron counts model FLOPs over the layers' matmuls and the output (logit) layer; the input
+    # embedding is a gather. One sequence of s tokens on one rank: 10·(P − V·h)·s + attention.
+    c = _cost(model, gpus=2, tp=2)
+    m = c.model
+    s = 4096
+    expect = LINEAR_FLOPS_PER_PARAM_TOKEN * (m.active_params - m.vocab * m.hidden) * s \
+        + ATTENTION_PASSES * 2 * m.layers * m.heads * m.head_dim * s * s
+    assert c.busiest_rank_flops([s]) == pytest.approx(expect)
+    # tied embeddings: the one matrix is the lm_head's GEMM and counts once
+    tied = _cost(model, gpus=2, tp=2, tied_embeddings=True)
+    assert tied.busiest_rank_flops([s]) == pytest.approx(
+        LINEAR_FLOPS_PER_PARAM_TOKEN * tied.model.active_params * s
+        + ATTENTION_PASSES * 2 * m.layers * m.heads * m.head_dim * s * s)
+
+
+def test_a_step_stops_shrinking_once_ranks_outnumber_sequences() -> None:
+    # Each data-parallel rank trains whole sequences: with 16 sequences, 32 or 64 ranks leave
+    # ranks idle and the step is one sequence on one tp-wide copy of the model, not 1/dp of the batch.
+    lens = [8192] * 16
+    t = {gpus: _cost(gpus=gpus).step_time(lens) for gpus in (16, 32, 64, 128)}
+    assert t[32] == pytest.approx(t[16] / 2, rel=0.02)  # 8 → 16 ranks: twice as fast
+    one_seq = _cost(gpus=2).busiest_rank_flops([8192])
+    for gpus in (64, 128):
+        c = _cost(gpus=gpus)
+        assert c.busiest_rank_flops(lens) == one_seq
+        assert t[gpus] >= t[32] * 0.99  # no faster than at one sequence per rank (the optimizer shard shrinks)
+
+
+def test_the_busiest_rank_holds_at_most_its_share_plus_one_sequence() -> None:
+    # Longest first onto the least-loaded rank: balanced within the longest sequence's work.
+    c = _cost(gpus=16)  # 8 ranks
+    lens = [32768, 30000, 20000, 16000, 12000, 9000, 8000, 6000, 4000, 3000, 2000, 1000] * 3
+    total = sum(c._flops(s) for s in lens)
+    busiest = c.busiest_rank_flops(lens)
+    assert total / c.dp <= busiest <= total / c.dp + c._flops(max(lens))
