@@ -18,7 +18,7 @@ ABLATION = (
     ("sync", "Sync", None, ()),
     ("sync+", "+ async reward/env (Sync+)", None, ()),
     ("areal", "+ train/rollout overlap (AReaL-style, α = 1)", None, ()),
-    ("rollart-affinity", "+ hardware-affinity routing", "rollart",
+    ("rollart-affinity", "+ hardware-affinity routing, staleness window (evicts)", "rollart",
      ("algorithm.redundancy=0", "weight_sync.transport=nccl_broadcast")),
     ("rollart", "+ redundant envs, async weight transfer (ROLLART)", None, ()),
 )
@@ -116,9 +116,11 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
         TIME_TO_SCORE_CAVEAT,
         "The base plans place no dedicated reward GPUs, so Sync and AReaL-style also send LLM-judge calls to the "
         "serverless platform (the paper's Sync had reserved reward GPUs).",
-        "Incremental ablation: each stage adds one mechanism to the previous one. *+ hardware-affinity routing* is "
+        "Incremental ablation: each stage adds to the previous one. *+ hardware-affinity routing, staleness window* is "
         "ROLLART mode with `algorithm.redundancy=0` and `weight_sync.transport=nccl_broadcast`, which differs from "
-        "AReaL-style only in routing by task tag.",
+        "AReaL-style in routing by task tag and in its staleness window: groups older than n − α are evicted and their "
+        "running members aborted (ROLL's GroupQueue), where AReaL bounds staleness by admission only and trains a "
+        "straggler once it finishes.",
         "Response tail: per steady step, the longest response of the trained batch over the batch's mean, averaged "
         "over the steps. The task mix's per-turn response lengths are assumptions (`calibration/tasks/README.md`); "
         "their tail is what the trainer of a batch-level mode waits for and what ROLLART's redundancy cuts.",
