@@ -13,8 +13,8 @@ import numpy as np
 
 from rollart.calibration import datasets as D
 from rollart.calibration import kernels as K
-from rollart.calibration.profiles import (PROFILE_DIR, ComponentFit, KernelProfile, PhaseError, load_profile,
-                                         profile_differences, save_profile, shipped_profile_path)
+from rollart.calibration.profiles import (GROUPED_PARAMS, PROFILE_DIR, ComponentFit, KernelProfile, PhaseError,
+                                         load_profile, profile_differences, save_profile, shipped_profile_path)
 from rollart.plan.presets import GPU_PRESETS
 
 # Per engine step, outside the kernels (scheduling, input preparation, sampling, output processing,
@@ -208,7 +208,7 @@ def build(gpu: str) -> KernelProfile:
                        f"(e_mem {fp8.params['e_mem']:.3g})")
     assumptions.append("MoE expert layers: the linear-layer terms of the served dtype times the measured FP8 grouped ÷ "
                        "dense fit of each parameter (" + ", ".join(
-                           f"{k} ×{grouped.params[k] / fp8.params[k]:.3g}" for k in ("t0", "e_max", "m_half", "e_mem"))
+                           f"{k} ×{grouped.params[k] / fp8.params[k]:.3g}" for k in GROUPED_PARAMS)
                        + "): a grouped GEMM departs from a dense one by its schedule over many small weights, taken "
                        "to be the same for BF16 (no BF16 grouped timings)")
     prefill_ape.append(_heldout_ape(gemm_predict, X, y, held_fit.params, X[:, 0] >= PREFILL_TOKENS))

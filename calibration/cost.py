@@ -10,6 +10,9 @@ with the linear layers QKV (h → (H+2H_kv)·d/tp), O (H·d/tp → h), gate+up (
 (i/tp → h). Decode attention is linear in the batch's cached tokens X for a given batch (its
 occupancy term depends on B only), so ``decode_line`` is exact for the engine's closed form.
 
+MoE expert layers use the GEMM terms scaled by the profile's measured grouped ÷ dense factors
+(``profiles.grouping_factors``: one launch over many small expert weights).
+
 Dtypes (``model.weight_dtype`` / ``kv_dtype``): FP8 linear layers use the profile's FP8 GEMM
 compute terms at the FP8 peak and read 1 byte per weight at the GPU's memory-system rate
 (``gemm.params["e_mem"]``); lm_head and attention stay BF16; an FP8 KV cache reads 1 byte per

@@ -18,13 +18,12 @@ and the shape of the step added)::
   once with a large matmul on the device in the profiled dtype (so CPU numbers mean
   something), and FLOPs follow the simulator's roofline (``rollart.sim.costs.gpu``)::
 
-      FLOPs = 2·active_params·tokens + 4·layers·heads·head_dim·pairs
+      FLOPs = 2·(active_params − embeddings)·tokens + 2·vocab·hidden·batch + 4·layers·heads·head_dim·pairs
       tokens = batch·new_tokens
       pairs  = batch·(new_tokens·kv_len + new_tokens·(new_tokens+1)/2)   (causal attention)
 
-  ``active_params`` counts the LM head (and, untied, the embedding table) on every token, as
-  the simulator does, although an engine computes logits only for the last position of each
-  sequence; for the tiny model this makes prefill MFU an overestimate.
+  The input embedding is a lookup (no FLOPs) and the LM head runs for the last position of each
+  sequence only, as an engine computes it.
 
 Two engines: :class:`TorchProfiler` (a random-init ``transformers`` Qwen3 model, eager, runs on
 CPU) and :class:`VllmProfiler` (vLLM's offline ``LLM`` API with dummy weights, CUDA only).
@@ -110,9 +109,12 @@ def attention_pairs(batch: int, kv_len: int, new_tokens: int) -> float:
 
 
 def step_flops(spec: ModelSpec, batch: int, kv_len: int, new_tokens: int) -> float:
-    """Model FLOPs of one step, the simulator's convention: 2·P_active per token plus
-    4·L·H·d per attention pair."""
-    return (2.0 * spec.active_params * batch * new_tokens
+    """Model FLOPs of one step, the simulator's convention: 2·(P_active − embeddings) per token,
+    the LM head (2·V·h) once per sequence, 4·L·H·d per attention pair."""
+    from rollart.sim.costs.moe import embedding_params
+
+    return (2.0 * (spec.active_params - embedding_params(spec)) * batch * new_tokens
+            + 2.0 * spec.vocab * spec.hidden * batch
             + 4.0 * spec.layers * spec.heads * spec.head_dim * attention_pairs(batch, kv_len, new_tokens))
 
 

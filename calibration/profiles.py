@@ -111,7 +111,7 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
         out.append(("linear layers, FP8 weights", "fp8 storage, bf16 compute",
                     f"no FP8 timings: BF16 compute, weights read 1 byte each at e_mem {e_mem:.3g}"))
     f = grouping_factors(profile)
-    if f is not None and profile.gemm_grouped_fp8 is not None:
+    if f is not None:
         out.append(("MoE expert layers (grouped GEMM)", "as the linear layers",
                     f"the linear-layer terms × the grouping factors {', '.join(f'{k} ×{v:.3g}' for k, v in f.items())}: "
                     f"the FP8 grouped fit, {how(profile.gemm_grouped_fp8)}, ÷ the FP8 dense fit"))

@@ -25,16 +25,11 @@ HF_CONFIGS = INFERSIM / "hf_configs"
 
 
 def model_from_hf_config(path: Path, weight_dtype: str = "bf16") -> ModelSpec:
-    """A ``ModelSpec`` from a Hugging Face ``config.json`` (Qwen3 dense and Qwen3-MoE keys)."""
-    c = json.loads(path.read_text())
-    moe = int(c.get("num_experts", 0) or 0)
-    return ModelSpec(name=path.name.removesuffix("_config.json"), layers=c["num_hidden_layers"], hidden=c["hidden_size"],
-                     heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"],
-                     head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-                     intermediate=c["moe_intermediate_size"] if moe else c["intermediate_size"],
-                     vocab=c["vocab_size"], tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-                     moe_experts=moe, moe_active_experts=int(c.get("num_experts_per_tok", 0) or 0) if moe else 0,
-                     weight_dtype=weight_dtype)
+    """A ``ModelSpec`` from a shipped Hugging Face ``config.json``, served in ``weight_dtype``."""
+    from rollart.calibration.profile_engine import spec_from_hf_config
+
+    spec = spec_from_hf_config(json.loads(path.read_text()), name=path.name.removesuffix("_config.json"))
+    return ModelSpec.model_validate({**spec.model_dump(), "weight_dtype": weight_dtype})
 
 
 @dataclass(frozen=True)
@@ -76,7 +71,8 @@ def _predict(row: dict, model: ModelSpec, profile: KernelProfile | None) -> tupl
     batch = per_gpu * gpus
     context = int(row["input_tokens"]) + int(row["output_tokens"]) // 2
     step = cost(ep).decode_line(batch).total(batch * context, batch, 1)
-    par = f"tp {gpus}" + (f", ep {ep}" if ep > 1 else "")
+    par = (f"attention data-parallel, experts over {ep} ranks" if ep == gpus > 1
+           else f"tp {gpus}" + (f", ep {ep}" if ep > 1 else ""))
     return per_gpu / step, f"{gpus} GPU ({par}), {per_gpu} sequences a GPU, {context:,} cached tokens each"
 
 

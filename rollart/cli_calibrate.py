@@ -63,7 +63,8 @@ def _overview() -> None:
             continue
         parts: dict[str, list[str]] = {"measured": [], "derived": []}
         for label, c in (("GEMM bf16", profile.gemm), ("GEMM fp8", profile.gemm_fp8),
-                         ("grouped GEMM fp8 (MoE)", profile.gemm_grouped_fp8), ("prefill attention", profile.attn_prefill), ("decode attention bf16 KV", profile.attn_decode),
+                         ("grouped GEMM fp8 (MoE)", profile.gemm_grouped_fp8),
+                         ("prefill attention", profile.attn_prefill), ("decode attention bf16 KV", profile.attn_decode),
                          ("decode attention fp8 KV", profile.attn_decode_fp8_kv), ("HBM stream", profile.stream),
                          ("all-reduce", profile.allreduce)):
             if c is not None:

@@ -153,8 +153,8 @@ class SimBackend:
         pl = self.plan.placement
         if not pl.colocated:
             return None, []
-        shared = [e for e in self.engines if e.pool == pl.trainer.pool]
-        gen_tp = max(g.tp for g in pl.generation if g.pool == pl.trainer.pool)
+        shared = [e for e in self.engines if pl.shares_trainer_gpus(e.pool)]
+        gen_tp = max(g.tp for g in pl.generation if pl.shares_trainer_gpus(g.pool))
         return ColocationSwitch(self.plan.model, pl.trainer, gen_tp, self.transfer.h2d_bytes_per_s), shared
 
     def _host_contention(self) -> HostContention | None:
@@ -399,8 +399,8 @@ class SimBackend:
 
     def _receivers(self, workers: tuple[int, ...]) -> list[int]:
         """The workers a weight transfer must reach: all but those colocated with the trainer."""
-        shared = {id(e) for e in self.shared_engines}
-        return [wid for wid in workers if id(self.engines[wid]) not in shared]
+        pl = self.plan.placement
+        return [wid for wid in workers if not pl.shares_trainer_gpus(self.engines[wid].pool)]
 
     def _publish(self, eff: PublishWeights) -> SimGen:
         yield from self._trainer_job(self.transfer.publish_pull_s())
@@ -426,8 +426,9 @@ class SimBackend:
 
     def _update(self, eff: UpdateWeights) -> SimGen:
         """Pulled weights (host memory) are swapped in, each engine's share over its host link, and
-        its in-flight KV recomputed. A GPU broadcast already did both (``_broadcast``); a measured CPU
-        hand-off is swapped in here; colocated engines got the weights in the switch."""
+        its in-flight KV recomputed. A GPU broadcast already did both (``_broadcast``); after a
+        measured CPU hand-off the engines pause here for the recompute (the measured broadcast
+        includes the load); colocated engines got the weights in the switch."""
         if not eff.from_host and self.transfer.broadcast_stalls_engines:
             return
         events = [self.engines[wid].update_weights(
@@ -515,9 +516,9 @@ class SimOutcome:
             return {}
         busy: dict[str, float] = {}
         gpus: dict[str, int] = {}
-        shared = {id(e) for e in b.shared_engines}
         for e, w in zip(b.engines, b.ctl.proxy.workers):
-            pause = min(b.colocated_pause_s, t) if id(e) in shared else 0.0  # the trainer's time, counted below
+            shared = plan.placement.shares_trainer_gpus(e.pool)
+            pause = min(b.colocated_pause_s, t) if shared else 0.0  # the trainer's time, counted below
             busy[e.pool] = busy.get(e.pool, 0.0) + max(0.0, min(e.busy_until(t), t) - pause) * w.tp
             gpus[e.pool] = gpus.get(e.pool, 0) + w.tp
         tr = plan.placement.trainer

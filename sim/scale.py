@@ -324,7 +324,8 @@ class TailProbe:
         groups = [g for v in versions for g, _ in self._done.get(v, [])]
         ready = max((g.completed_at for g in groups), default=t1)
         # only a batch that waited for all it could be formed from sits on the tail; one formed
-        # while usable groups were still running is an inner quantile, the same in both
+        # while usable groups were still running is an inner quantile, the same in both (a mode
+        # that evicts nothing, AReaL, can use every open group, so any open group counts)
         waited_for_all = not any(ctl.buffer.usable(g, n) for g in ctl.buffer.open.values())
         delay = 0.0
         self._train_rest = None

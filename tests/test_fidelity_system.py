@@ -282,6 +282,21 @@ def test_transfer_runs_at_the_effective_not_the_nominal_rate() -> None:
     assert rdma.broadcast_s() < w.broadcast_s()
 
 
+def test_fully_colocated_plans_send_no_weights_even_with_a_measured_profile() -> None:
+    """Every engine on the trainer's GPUs: the switch loads the weights, so neither the model nor a
+    measured hand-off (a train profile's broadcast / publish + pull) is paid on top."""
+    from types import SimpleNamespace
+
+    from rollart.sim.costs.link import WeightTransferCost
+
+    measured = SimpleNamespace(broadcast_s=0.5, publish_pull_s=0.25, swap_s=0.1)
+    plan = small_plan(COLOCATED)
+    for m in (None, measured):
+        w = WeightTransferCost(plan, m)
+        assert w.all_colocated and w.broadcast_s() == 0 and w.publish_pull_s() == 0
+    assert WeightTransferCost(small_plan(), measured).broadcast_s() == 0.5  # not colocated: measured
+
+
 def test_a_measured_link_rate_is_not_discounted_again() -> None:
     """Without a bandwidth in the plan an IB link takes the calibrated NCCL throughput (already what a
     transfer reaches, 288.5 Gbps fitted), so no line-rate share applies on top; a given line rate

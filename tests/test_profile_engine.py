@@ -81,12 +81,16 @@ def test_moe_specs_are_refused_by_the_torch_engine():
 
 
 def test_step_flops_follow_the_roofline_convention():
-    L, H, d, P = TINY.layers, TINY.heads, TINY.head_dim, TINY.active_params
+    # the layers' matmuls per token (embeddings out: the input one is a lookup), the LM head once
+    # per sequence (its last position), 4·L·H·d per attention pair
+    L, H, d = TINY.layers, TINY.heads, TINY.head_dim
+    P = TINY.active_params - TINY.vocab * TINY.hidden * (1 if TINY.tied_embeddings else 2)
+    head = 2 * TINY.vocab * TINY.hidden
     # decode: 8 sequences, 100 cached tokens each: each new token sees 101 keys.
-    assert pe.step_flops(TINY, 8, 100, 1) == 2 * P * 8 + 4 * L * H * d * 8 * 101
+    assert pe.step_flops(TINY, 8, 100, 1) == 2 * P * 8 + head * 8 + 4 * L * H * d * 8 * 101
     # prefill of 4 tokens after 10 cached: 11 + 12 + 13 + 14 pairs per sequence.
     assert pe.attention_pairs(3, 10, 4) == 3 * (11 + 12 + 13 + 14)
-    assert pe.step_flops(TINY, 3, 10, 4) == 2 * P * 12 + 4 * L * H * d * 3 * 50
+    assert pe.step_flops(TINY, 3, 10, 4) == 2 * P * 12 + head * 3 + 4 * L * H * d * 3 * 50
 
 
 def test_default_cpu_grid_and_limits():

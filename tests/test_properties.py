@@ -61,6 +61,8 @@ def test_run_invariants(p: dict) -> None:
     for n, batch in enumerate(ctl.batches):
         for i in batch:
             assert ctl.trajectories[i].start_version >= n - alpha or not ctl.mode.evict_stale
+    if not ctl.mode.evict_stale:  # nothing is dropped for age
+        assert counts["aborted_stale"] == 0 and not any(g.evicted for g in ctl.groups)
     # Pending work is bounded by O(α·E).
     bg = plan.groups_per_batch
     assert ctl.buffer.pending_high_water <= (1 + alpha) * bg

@@ -46,10 +46,18 @@ def test_a_step_stops_shrinking_once_ranks_outnumber_sequences() -> None:
         assert t[gpus] >= t[32] * 0.99  # no faster than at one sequence per rank (the optimizer shard shrinks)
 
 
-def test_the_busiest_rank_holds_at_most_its_share_plus_one_sequence() -> None:
-    # Longest first onto the least-loaded rank: balanced within the longest sequence's work.
+def test_the_step_waits_for_the_busiest_rank() -> None:
+    # Three equal sequences on two ranks: one rank trains two of them, and the step is that rank's
+    # time, not half the batch's (1.5 sequences' worth).
+    c = _cost(gpus=4)  # tp 2: 2 ranks
+    s = 8192
+    assert c.busiest_rank_flops([s, s, s]) == 2 * c._flops(s)
+    assert c.step_time([s, s, s]) == pytest.approx(c.step_time([s, s, s, s]), rel=1e-9)
+
+
+def test_longest_first_packing_stays_within_one_sequence_of_an_even_share() -> None:
     c = _cost(gpus=16)  # 8 ranks
     lens = [32768, 30000, 20000, 16000, 12000, 9000, 8000, 6000, 4000, 3000, 2000, 1000] * 3
     total = sum(c._flops(s) for s in lens)
     busiest = c.busiest_rank_flops(lens)
-    assert total / c.dp <= busiest <= total / c.dp + c._flops(max(lens))
+    assert total / c.dp <= busiest < total / c.dp + c._flops(max(lens))

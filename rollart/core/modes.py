@@ -33,8 +33,9 @@ class ModeConfig:
         soon as a train step ends (interrupting in-flight generation), so its admission window,
         counted from the workers' version, is one batch wider while the trainer waits: with
         α = 1 the rollout may run up to two batches ahead and skip a straggling group (AReaL trains
-        it once it finishes; ROLLART's window evicts it as stale). ROLLART does the same: its implementation (ROLL's agentic pipeline) runs
-        suspend → model_update → get_batch → train each step, and its rollout queue keeps groups of
+        it once it finishes; ROLLART's window evicts it as stale). ROLLART updates in the same order:
+        its implementation (ROLL's agentic pipeline) runs suspend → model_update → get_batch → train
+        each step, and its rollout queue keeps groups of
         α + 1 step tags alive (a group expires when step − create_step > α). The paper lists
         get_batch first; read literally (workers still on n − 1 while the trainer waits for batch n)
         only α batches would ever be in flight, every batch would be exactly one version stale, and

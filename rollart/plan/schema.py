@@ -324,6 +324,10 @@ class Placement(_Strict):
     colocated: bool = Field(False, description="trainer and the generation workers on its pool time-share the same "
                             "GPUs: each train step offloads the engines and onloads the trainer, and back")
 
+    def shares_trainer_gpus(self, pool: str) -> bool:
+        """Generation workers on ``pool`` time-share the trainer's GPUs (colocated placement)."""
+        return self.colocated and pool == self.trainer.pool
+
 
 # ---------------------------------------------------------------- algorithm & weight sync
 

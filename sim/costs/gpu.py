@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rollart.plan.schema import GpuType, ModelSpec
-from rollart.sim.costs.moe import (all_to_all_s, embedding_params, expert_weight_bytes, rank_expert_rows,
-                                   rank_experts_touched, served_weight_bytes, worker_weight_bytes)
+from rollart.sim.costs.moe import (all_to_all_s, embedding_params, expert_weight_bytes, input_embedding_params,
+                                   rank_expert_rows, rank_experts_touched, served_weight_bytes, worker_weight_bytes)
 
 
 @dataclass(frozen=True)
@@ -152,12 +152,15 @@ class RooflineGeneration:
     """First-principles iteration times for ``model`` on ``tp`` GPUs of type ``gpu``.
 
     prefill(N, A) = o + max(F / (tp·peak·e_p), W(N) / (tp·bw·e_bw)) + 2·L·allreduce(N·h·2 B)
-        with F = 2·P_active·N + 4·L·H·d·A  (A = Σ new·(cached + new/2) attention pairs)
-    decode(B, X)  = o + max((2·P_active·B + 4·L·H·d·X) / (tp·peak·e_c),
+        with F = 2·P_lin·N + 2·V·h + 4·L·H·d·A  (A = Σ new·(cached + new/2) attention pairs)
+    decode(B, X)  = o + max((2·P_lin·B + 2·V·h·B + 4·L·H·d·X) / (tp·peak·e_c),
                             (W(B) + kv·X) / (tp·bw·e_bw)) + 2·L·allreduce(B·h·2 B)
 
-    W(N) is the weight bytes a step over N tokens reads: the whole model when dense; for a MoE
-    model the non-expert weights plus the E·(1 − (1 − k/E)^N) experts the tokens touch
+    P_lin is the active parameters less the embeddings: the input embedding is a row lookup and
+    the lm_head (V·h) runs only for the rows that sample a token (one per prefill step, as the
+    kernel-profile composition counts it; one per decoding sequence). W(N) is the weight bytes a
+    step over N tokens reads: the layers and the lm_head (not the input embedding table) when
+    dense; for a MoE model the non-expert weights plus the E·(1 − (1 − k/E)^N) experts the tokens touch
     (``sim.costs.moe``), so a one-token step reads k experts and a large batch all of them.
     FP8 weights (``model.weight_dtype``) read 1 byte each and run the linear layers' FLOPs at
     ``fp8_peak_ratio`` × the BF16 peak (2 on Hopper's FP8 tensor cores, 1 where weights are only
@@ -189,8 +192,8 @@ class RooflineGeneration:
         self._flops_per_token = 2.0 * (model.active_params - emb) / lin_ratio \
             - rows_per_token * self._expert_flops_per_row
         self._lm_head_flops_per_row = 2.0 * model.vocab * model.hidden
-        input_embedding = 0.0 if model.tied_embeddings else 2.0 * model.vocab * model.hidden  # BF16 bytes
-        self._dense_bytes = served_weight_bytes(model) - expert_weight_bytes(model) - input_embedding
+        self._dense_bytes = served_weight_bytes(model) - expert_weight_bytes(model) \
+            - 2.0 * input_embedding_params(model)  # embeddings are BF16
         self._bytes_per_expert = expert_weight_bytes(model) / model.moe_experts if model.moe_experts else 0.0
         self._nvlink = gpu.nvlink_gbps * 1e9 / 2  # datasheet NVLink counts both directions
         self._network = network or (self._nvlink, self.eff.allreduce_latency_s)
@@ -206,7 +209,8 @@ class RooflineGeneration:
         return self._flops_per_token * tokens / self.ep + self._expert_flops_per_row * rows
 
     def _weights(self, tokens: float) -> float:
-        """Weight bytes the busiest rank reads: ``weight_bytes_read`` when ep = 1."""
+        """Weight bytes the busiest rank reads: ``weight_bytes_read`` less the input embedding table
+        (a lookup) when ep = 1."""
         if not self.model.moe_experts:
             return self._dense_bytes
         return self._dense_bytes + self._bytes_per_expert * rank_experts_touched(self.model, max(1.0, tokens), self.ep)

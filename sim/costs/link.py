@@ -63,7 +63,7 @@ class WeightTransferCost:
         pools = plan.cluster.gpu_pools
         tr = plan.placement.trainer
         # every engine time-shares the trainer's GPUs: the switch loads the new weights, none are sent
-        self.all_colocated = plan.placement.colocated and all(g.pool == tr.pool for g in plan.placement.generation)
+        self.all_colocated = all(plan.placement.shares_trainer_gpus(g.pool) for g in plan.placement.generation)
         train_cluster = pools[tr.pool].cluster
         same = all(pools[g.pool].cluster == train_cluster for g in plan.placement.generation)
         self.intra: Link = links.get("intra_cluster", links[ws.link])
@@ -98,18 +98,18 @@ class WeightTransferCost:
         return link.bytes_per_s if link.measured_rate else link.bytes_per_s * LINK_EFFICIENCY.get(link.kind, 1.0)
 
     def broadcast_s(self) -> float:
-        if self.measured is not None:
-            return self.measured.broadcast_s
         if self.all_colocated:
             return 0.0  # the engines load the new weights in the colocation switch (ColocationSwitch)
+        if self.measured is not None:
+            return self.measured.broadcast_s
         wire = self.cross.latency_s + self.weight_bytes / self.effective_bytes_per_s(self.cross)
         return self.gather_s + self.convert_s + wire
 
     def publish_pull_s(self) -> float:
-        if self.measured is not None:
-            return self.measured.publish_pull_s
         if self.all_colocated:
             return 0.0  # the engines load the new weights in the colocation switch (ColocationSwitch)
+        if self.measured is not None:
+            return self.measured.publish_pull_s
         buckets = max(1, math.ceil(self.weight_bytes / self.bucket_bytes))
         publish = buckets * (self.cross.latency_s + self.publish_overhead_s) \
             + self.weight_bytes / self.effective_bytes_per_s(self.cross)

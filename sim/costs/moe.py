@@ -59,6 +59,12 @@ def embedding_params(model: ModelSpec) -> int:
     return model.vocab * model.hidden * (1 if model.tied_embeddings else 2)
 
 
+def input_embedding_params(model: ModelSpec) -> int:
+    """Parameters only the input embedding uses: a row lookup, no matmul and a few rows read per
+    token. With tied embeddings the one matrix is also the lm_head, a GEMM that counts: 0 here."""
+    return 0 if model.tied_embeddings else model.vocab * model.hidden
+
+
 def served_weight_bytes(model: ModelSpec) -> float:
     """Weight bytes an engine holds: the linear layers in ``weight_dtype``, embeddings in BF16.
     Equals ``model.weight_bytes`` (BF16, the trainer's copy) when the engines serve BF16."""

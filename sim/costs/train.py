@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 
 from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
+from rollart.sim.costs.moe import input_embedding_params
 
 # GRPO step: forward + backward (6·P per token) plus two extra forwards for the
 # old-policy and reference log-probs (2·2·P per token).
@@ -27,8 +28,7 @@ class TrainCost:
         self.model, self.gpu, self.trainer = model, gpu, trainer
         self.source = f"FLOPs model, MFU {trainer.mfu:.3g} (placement.trainer.mfu)"
         m = model
-        embedding_lookup = 0 if m.tied_embeddings else m.vocab * m.hidden
-        self._linear_per_token = LINEAR_FLOPS_PER_PARAM_TOKEN * (m.active_params - embedding_lookup)
+        self._linear_per_token = LINEAR_FLOPS_PER_PARAM_TOKEN * (m.active_params - input_embedding_params(m))
         self._attention_per_sq = ATTENTION_PASSES * 2 * m.layers * m.heads * m.head_dim
         self.dp = max(1, trainer.gpus // (trainer.tp * trainer.pp))
 
@@ -37,8 +37,8 @@ class TrainCost:
 
     def busiest_rank_flops(self, seq_lens: list[int]) -> float:
         """FLOPs of the data-parallel rank with the most work, sequences dealt longest first to the
-        least-loaded rank (a balanced packing: the busiest rank holds at most one sequence more
-        than its share)."""
+        least-loaded rank (longest-processing-time packing: the busiest rank exceeds an even share
+        by less than its last sequence's work)."""
         if len(seq_lens) <= self.dp:
             return max((self._flops(s) for s in seq_lens), default=0.0)
         ranks = [0.0] * self.dp
