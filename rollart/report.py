@@ -134,8 +134,12 @@ def summary_table(result: RunResult) -> Table:
     if sm.get("serverless_gpu_seconds"):
         serving = sm.get("serverless_serving_s")
         share = f" ({serving / sm['serverless_gpu_seconds']:.0%} serving calls)" if serving is not None else ""
-        table.add_row("serverless reward", f"{sm['serverless_gpu_seconds']:.0f} GPU·s billed{share}, "
-                                           f"{sm.get('serverless_cold_starts', 0)} cold starts")
+        per_request = sm.get("serverless_billing", "per_request") == "per_request"
+        up = f"; instances up {sm['serverless_instance_s']:.0f} GPU·s" \
+            if per_request and sm.get("serverless_instance_s") else ""
+        table.add_row("serverless reward", f"{sm['serverless_gpu_seconds']:.0f} GPU·s billed "
+                                           f"{'per request' if per_request else 'as instance time'}{share}, "
+                                           f"{sm.get('serverless_cold_starts', 0)} cold starts{up}")
     table.add_row("aborted", f"{sm['aborted_stale']} stale · {sm['aborted_redundant']} redundant · "
                              f"{sm['env_failures']} env failures"
                              + (f" · {sm['env_timeouts']} env timeouts" if sm.get("env_timeouts") else ""))

@@ -32,7 +32,7 @@ from rollart.sim.costs.link import WeightTransferCost
 from rollart.sim.costs.train import ColocationSwitch
 from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
-from rollart.sim.reward import RULE_REWARD_S, ServerlessPlatform, judge_input_tokens
+from rollart.sim.reward import RULE_REWARD_S, BatchingServerlessPlatform, ServerlessPlatform, judge_input_tokens
 from rollart.trace import NullTracer, Tracer
 
 SimGen = Generator[Any, Any, Any]
@@ -184,7 +184,7 @@ class SimBackend:
 
     def _build_reward(self) -> None:
         plan, mode = self.plan, self.mode
-        self.serverless: ServerlessPlatform | None = None
+        self.serverless: ServerlessPlatform | BatchingServerlessPlatform | None = None
         self.judges: list[GenerationEngine] = []
         if not any(t.reward == "llm_judge" for t in plan.tasks):
             return
@@ -194,7 +194,8 @@ class SimBackend:
                                  "platform; define one"])
             s = plan.cluster.serverless
             cost = generation_cost(plan.reward_model, s.gpu, plan.cluster.gpu_type(s.gpu), 1)
-            self.serverless = ServerlessPlatform(self.env, s, cost, plan.placement.reward.output_tokens)
+            platform = ServerlessPlatform if s.instance_concurrency == 1 else BatchingServerlessPlatform
+            self.serverless = platform(self.env, s, cost, plan.placement.reward.output_tokens)
             return
         r = plan.placement.reward
         if r.gpus == 0 or r.pool is None:
@@ -556,8 +557,12 @@ class SimOutcome:
             "reward_gpu_busy_fraction": self.reward_gpu_busy_fraction(),
             "serverless_gpu_seconds": self.serverless_gpu_seconds(),
             "serverless_cold_starts": b.serverless.cold_starts if b.serverless else 0,
-            # of the billed GPU·s, those serving calls (the rest is cold starts)
+            # of the billed GPU·s, those serving calls (the rest: cold starts, and idle warm time when
+            # the platform bills instance time)
             "serverless_serving_s": b.serverless.busy_s if b.serverless else 0.0,
+            # every instance's life from cold start to scale-down, whatever the billing
+            "serverless_instance_s": b.serverless.reserved_s if b.serverless else 0.0,
+            "serverless_billing": b.plan.cluster.serverless.billing if b.serverless else None,
             "aborted_stale": counts["aborted_stale"],
             "aborted_redundant": counts["aborted_redundant"],
             "env_failures": ctl.stats.env_failures,

@@ -3,12 +3,14 @@ continuous-batching engines) or on an autoscaling serverless platform."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Generator
 
 import simpy
 
 from rollart.plan.schema import Serverless
 from rollart.sim.costs.gpu import GenerationCost
+from rollart.sim.engine import GenerationEngine
 
 RULE_REWARD_S = 0.005           # a regex / unit-test style check on the CPU
 JUDGE_MAX_INPUT_TOKENS = 32768  # the judge reads the whole trajectory, up to its 32K context (Qwen2.5-7B)
@@ -20,14 +22,28 @@ def judge_input_tokens(context_tokens: int) -> int:
     return min(context_tokens, JUDGE_MAX_INPUT_TOKENS)
 
 
-class ServerlessPlatform:
+class _Bill:
+    """The two figures a serverless platform keeps; ``spec.billing`` says which one is the bill."""
+
+    spec: Serverless
+    request_s: float
+    reserved_s: float
+
+    @property
+    def billed_s(self) -> float:
+        """GPU-seconds billed, as ``spec.billing`` counts them."""
+        return self.reserved_s if self.spec.billing == "instance_time" else self.request_s
+
+
+class ServerlessPlatform(_Bill):
     """Instances start cold (``cold_start_s``), serve one call at a time, stay warm until idle
     for ``scale_down_idle_s`` and scale to zero; at most ``max_concurrency`` exist. Each call
     pays ``per_call_overhead_s`` plus the judge's single-request time on the platform GPU.
-    Billing is per request: each call's time on an instance plus the cold starts it caused
-    (the pay-per-use model of serverless GPU functions); a warm instance's idle time is the
-    platform's, not the caller's. ``reserved_s`` keeps the instance-lifetime figure (cold
-    start until scale-down) for comparison."""
+
+    Two figures are kept, and ``spec.billing`` says which one the bill is: ``request_s``, each
+    call's time on an instance plus the cold starts it caused (pay per request: a warm instance's
+    idle time is the platform's), and ``reserved_s``, every instance's life from its cold start
+    until it scales down, idle tail included (platforms that bill container time)."""
 
     def __init__(self, env: simpy.Environment, spec: Serverless, judge: GenerationCost, output_tokens: int):
         self.env = env
@@ -39,7 +55,7 @@ class ServerlessPlatform:
         self.cold_starts = 0
         self.calls = 0
         self.busy_s = 0.0
-        self.billed_s = 0.0     # per request: call time + cold starts
+        self.request_s = 0.0    # per request: call time + cold starts
         self.reserved_s = 0.0   # instance lifetimes: cold start until scale-down (idle tails included)
 
     def call_time(self, input_tokens: int) -> float:
@@ -77,7 +93,7 @@ class ServerlessPlatform:
             finally:
                 # Also when the caller is aborted: the instance worked (and is billed) until now
                 # and stays warm for the next call.
-                self.billed_s += self.env.now - start
+                self.request_s += self.env.now - start
                 self.reserved_s += self.env.now - start
                 if t0 is not None:
                     self.busy_s += self.env.now - t0
@@ -88,3 +104,98 @@ class ServerlessPlatform:
         for t in self._idle:
             self.reserved_s += min(self.spec.scale_down_idle_s, self.env.now - t)
         self._idle = []
+
+
+@dataclass(eq=False)
+class _Instance:
+    engine: GenerationEngine
+    born: float                       # its cold start began
+    ready: simpy.Event                # its cold start is over
+    calls: int = 0                    # calls on it now (admitted, cold-starting or served)
+    active_since: float | None = None  # start of the current stretch with calls being served
+    idle_since: float | None = None    # the last call left (None while it has calls)
+
+
+class BatchingServerlessPlatform(_Bill):
+    """Serverless instances that each run one continuous-batching engine and serve up to
+    ``instance_concurrency`` calls at once (an LLM server behind a serverless GPU function). A call
+    goes to the least-loaded warm instance with a free slot, else to one still cold-starting, else
+    starts a new one (at most ``max_concurrency // instance_concurrency`` exist); an instance idle for
+    ``scale_down_idle_s`` scales down. The same two figures as :class:`ServerlessPlatform`:
+    ``request_s`` (pay per request: each instance's time serving at least one call, counted once
+    however many overlap, plus its cold start) and ``reserved_s`` (each instance's life, idle tail
+    included); ``spec.billing`` picks the bill."""
+
+    def __init__(self, env: simpy.Environment, spec: Serverless, judge: GenerationCost, output_tokens: int):
+        self.env, self.spec, self.judge, self.output_tokens = env, spec, judge, output_tokens
+        self.per_instance = spec.instance_concurrency
+        self.max_instances = max(1, spec.max_concurrency // self.per_instance)
+        self.slots = simpy.Resource(env, capacity=self.max_instances * self.per_instance)
+        self.instances: list[_Instance] = []
+        self.cold_starts = 0
+        self.calls = 0
+        self.busy_s = 0.0
+        self.request_s = 0.0
+        self.reserved_s = 0.0
+
+    def _expire(self) -> None:
+        """Instances idle past the scale-down delay are gone: bill their lives up to it."""
+        now, delay = self.env.now, self.spec.scale_down_idle_s
+        alive = []
+        for inst in self.instances:
+            if inst.idle_since is not None and now - inst.idle_since > delay:
+                self.reserved_s += inst.idle_since + delay - inst.born
+            else:
+                alive.append(inst)
+        self.instances = alive
+
+    def _pick(self) -> _Instance:
+        self._expire()
+        free = [i for i in self.instances if i.calls < self.per_instance]
+        warm = [i for i in free if i.ready.triggered]
+        if warm or free:
+            return min(warm or free, key=lambda i: i.calls)
+        self.cold_starts += 1
+        self.request_s += self.spec.cold_start_s  # the cold start a call caused is billed to it
+        engine = GenerationEngine(self.env, 20_000 + self.cold_starts, "serverless", self.judge,
+                                  self.per_instance, False, None)
+        inst = _Instance(engine, self.env.now, self.env.timeout(self.spec.cold_start_s))
+        self.instances.append(inst)
+        return inst
+
+    def call(self, input_tokens: int) -> Generator[Any, Any, None]:
+        with self.slots.request() as slot:
+            yield slot
+            self.calls += 1
+            inst = self._pick()
+            inst.calls += 1
+            inst.idle_since = None
+            req = None
+            try:
+                yield inst.ready
+                if inst.active_since is None:
+                    inst.active_since = self.env.now
+                yield self.env.timeout(self.spec.per_call_overhead_s)
+                req = inst.engine.add(-1 - self.calls, input_tokens, self.output_tokens)
+                yield req.done
+            except simpy.Interrupt:
+                if req is not None:
+                    inst.engine.abort(req)
+                raise
+            finally:
+                inst.calls -= 1
+                if inst.calls == 0:
+                    now = self.env.now
+                    if inst.active_since is not None:
+                        self.busy_s += now - inst.active_since
+                        self.request_s += now - inst.active_since
+                        inst.active_since = None
+                    inst.idle_since = now
+
+    def close(self) -> None:
+        """Bill the lives of the instances still up when the run ends (idle tails cut at the end)."""
+        now, delay = self.env.now, self.spec.scale_down_idle_s
+        for inst in self.instances:
+            end = now if inst.idle_since is None else min(now, inst.idle_since + delay)
+            self.reserved_s += end - inst.born
+        self.instances = []

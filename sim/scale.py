@@ -344,7 +344,8 @@ class TailProbe:
 
 
 _EXTENSIVE = ("aborted_stale", "aborted_redundant", "env_failures", "env_call_errors", "routed_fallback",
-              "serverless_gpu_seconds", "serverless_cold_starts", "serverless_serving_s", "tokens_per_s")
+              "serverless_gpu_seconds", "serverless_cold_starts", "serverless_serving_s", "serverless_instance_s",
+              "tokens_per_s")
 
 
 def _with_tail(steps: list[Any], tail: "TailProbe | None") -> tuple[list[Any], float, int]:

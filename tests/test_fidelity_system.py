@@ -485,3 +485,41 @@ def test_rollart_updates_before_get_batch_and_keeps_alpha_plus_one_batches_in_fl
     assert ctl.buffer.pending_high_water > ctl.plan.algorithm.batch_size // ctl.plan.algorithm.group_size
     assert all(r.mean_staleness <= 1 for r in ctl.stats.steps)  # α = 1 still bounds every batch
     assert min(r.mean_staleness for r in ctl.stats.steps[1:]) < 1  # some trajectories start on fresh weights
+
+
+# ---- serverless instances that batch, and what the platform bills ------------------------------
+
+def _platform(overrides: list[str]):
+    return run_sim(small_plan(["algorithm.steps=4", *overrides]), "rollart").backend.serverless
+
+
+def test_batching_instances_need_fewer_cold_starts_and_serve_the_same_calls() -> None:
+    """An LLM server on a serverless GPU takes several calls at once (continuous batching): a burst
+    that cold-starts one instance per call when each serves one call cold-starts one per k calls,
+    and every call still completes. Per request, the bill counts an instance's serving time once
+    however many calls overlap in it, so it shrinks with batching; the instance time exceeds it."""
+    from rollart.sim.reward import BatchingServerlessPlatform, ServerlessPlatform
+
+    one = _platform([])
+    four = _platform(["cluster.serverless.instance_concurrency=4"])
+    many = _platform(["cluster.serverless.instance_concurrency=32"])
+    assert isinstance(one, ServerlessPlatform) and isinstance(four, BatchingServerlessPlatform)
+    assert one.calls == four.calls == many.calls > 0
+    assert many.cold_starts <= four.cold_starts < one.cold_starts
+    for p in (four, many):
+        assert p.busy_s <= p.request_s <= p.busy_s + p.cold_starts * p.spec.cold_start_s + 1e-6
+        assert p.reserved_s >= p.request_s
+    assert many.request_s < one.request_s
+
+
+def test_the_bill_follows_the_platforms_billing_model() -> None:
+    """Per request: calls and the cold starts they cause; instance time: every instance's life from
+    its cold start to its scale-down, idle included (as Modal or RunPod bill). Keeping instances warm
+    longer costs nothing per request and more as instance time."""
+    for k in (1, 8):
+        per_request = _platform([f"cluster.serverless.instance_concurrency={k}"])
+        instance = _platform([f"cluster.serverless.instance_concurrency={k}", "cluster.serverless.billing=instance_time"])
+        assert per_request.billed_s == per_request.request_s < instance.billed_s == instance.reserved_s
+        warm = [_platform([f"cluster.serverless.instance_concurrency={k}", "cluster.serverless.billing=instance_time",
+                           f"cluster.serverless.scale_down_idle_s={s}"]).billed_s for s in (1, 600)]
+        assert warm[0] < warm[1]

@@ -569,3 +569,9 @@ def test_extends_resolves_shipped_names(tmp_path):
         what_if.write_text(f"extends: {parent}\nalgorithm: {{alpha: 2}}\n")
         plan = load_plan(what_if)
         assert plan.algorithm.alpha == 2 and plan.model.name == "Qwen3-8B" and plan.name == "what-if"
+
+
+def test_serverless_instance_concurrency_is_bounded_by_the_platform() -> None:
+    line = only_line(problems_of(["cluster.serverless.instance_concurrency=100"]), "cluster.serverless:")
+    assert "instance_concurrency (100)" in line and "max_concurrency" in line
+    assert "cluster.serverless.billing" in " ".join(problems_of(["cluster.serverless.billing=monthly"]))

@@ -96,6 +96,20 @@ class Serverless(_Strict):
     max_concurrency: Count = 64
     per_call_overhead_s: NonNegFloat = 0.03
     scale_down_idle_s: NonNegFloat = 30.0
+    instance_concurrency: Count = Field(
+        1, description="calls one instance serves at once, continuously batched in one engine (LLM servers on "
+        "serverless GPUs, e.g. Modal's concurrent inputs, Ray Serve's max_ongoing_requests); 1: one call per instance")
+    billing: Literal["per_request", "instance_time"] = Field(
+        "per_request", description="what the platform bills: each call's time plus the cold starts it causes "
+        "(pay per request, e.g. on-demand GPU functions billed per execution) or every instance's time from its cold "
+        "start until it scales down, idle included (e.g. Modal, RunPod)")
+
+    @model_validator(mode="after")
+    def _instances(self) -> "Serverless":
+        if self.instance_concurrency > self.max_concurrency:
+            raise ValueError(f"instance_concurrency ({self.instance_concurrency}) cannot exceed max_concurrency "
+                             f"({self.max_concurrency}), the calls the platform runs at once")
+        return self
 
 
 class Link(_Strict):
@@ -386,7 +400,8 @@ class Prices(_Strict):
     # "core" is priced as one vCPU, rounded down for sustained/reserved use.
     cpu_core_usd_per_hour: NonNegFloat = Field(0.04, description="US$ per CPU core-hour of the env pools")
     # Modal's H100 list price is $0.001097 per GPU-second (≈ $3.95/h): serverless GPU time costs
-    # a premium over a reserved GPU-hour, paid only for billed seconds.
+    # a premium over a reserved GPU-hour, paid only for billed seconds (which seconds are billed:
+    # cluster.serverless.billing; Modal itself bills container time, "instance_time").
     serverless_usd_per_gpu_second: NonNegFloat = Field(0.0011, description="US$ per billed serverless GPU-second")
 
     @field_validator("gpu_usd_per_hour", mode="before")

@@ -23,6 +23,13 @@ REWARD_VARIANTS = (  # key, label, short label (plots), mode, overrides
      "rollart", MATH_ONLY),
     ("rollart-serverless", "ROLLART, serverless judge (4 GPUs left idle), four-task mix",
      "ROLLART\nserverless\nmix", "rollart", ("placement.reward.where=serverless",)),
+    ("rollart-serverless-batching", "ROLLART, serverless judge on instances batching 8 calls each, four-task mix",
+     "ROLLART\nserverless\nbatching", "rollart",
+     ("placement.reward.where=serverless", "cluster.serverless.instance_concurrency=8")),
+    ("rollart-serverless-instance-time", "… the same platform billing instance time (idle until scale-down "
+     "included)", "ROLLART\nserverless\ninstance time", "rollart",
+     ("placement.reward.where=serverless", "cluster.serverless.instance_concurrency=8",
+      "cluster.serverless.billing=instance_time")),
     ("rollart-serverless-32", "ROLLART, serverless judge, the 4 GPUs serve rollout, four-task mix",
      "ROLLART\nserverless\n+4 rollout GPUs", "rollart",
      ("placement.reward={where: serverless}", "placement.trainer.gpus=32",
@@ -60,13 +67,14 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
         n = max(1, len(o.records))
         billed = o.summary.get("serverless_gpu_seconds") or 0.0
         serving = ratio(o.summary.get("serverless_serving_s"), billed) if billed else math.nan
+        cost = o.summary.get("cost_per_1k_trajectories_usd")
         head[key] = {"throughput": throughput(o), "reward_util": util, "billed_per_step": billed / n,
-                     "serving_share": serving}
+                     "serving_share": serving, "cost_per_1k": cost}
         rows.append([label, fs(step_s(o)), fr(throughput(o)), fp(util, 1) if util is not None else NA,
                      fs(billed / n) if billed else NA, fp(serving) if math.isfinite(serving) else NA,
-                     str(o.summary.get("serverless_cold_starts") or NA)])
+                     str(o.summary.get("serverless_cold_starts") or NA), f"${cost:.2f}" if cost is not None else NA])
     table = MdTable(["reward placement", "step s", "traj/s", "reward GPU busy", "serverless GPU·s / step",
-                     "billed GPU·s serving calls", "cold starts"], rows)
+                     "billed GPU·s serving calls", "cold starts", "cost per 1k trajectories"], rows)
     comparison = MdTable(["quantity", "simulated", "paper"], [
         ["utilisation of 4 dedicated reward GPUs (7B judge), four-task mix",
          f"Sync {fp(head.get('sync-dedicated', {}).get('reward_util'), 1)} · ROLLART "
@@ -83,6 +91,12 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
          fp(head.get("rollart-serverless", {}).get("serving_share")),
          "88 % (a third-party summary of the paper's figure: reward GPU utilisation 6 % dedicated → 88 % "
          "serverless; not in our notes)"],
+        ["cost per 1k trajectories, ROLLART: 4 dedicated judge GPUs · serverless one call per instance, per request "
+         "· batching instances, per request · the same, instance time",
+         " · ".join(f"${c:.2f}" if (c := head.get(k, {}).get("cost_per_1k")) is not None else NA
+                    for k in ("rollart-dedicated", "rollart-serverless", "rollart-serverless-batching",
+                              "rollart-serverless-instance-time")),
+         "no number in our notes (the 4 dedicated GPUs stay placed in the serverless rows)"],
         ["throughput, serverless + 4 GPUs to rollout ÷ dedicated (ROLLART)",
          fx(ratio(head.get("rollart-serverless-32", {}).get("throughput"),
                   head.get("rollart-dedicated", {}).get("throughput"))), "no number in our notes"],
@@ -104,10 +118,16 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
              "judge's compute then is about one prefill of the trajectory per call, less busy time than the batched "
              "64-token default; the paper's 7.4 % implies more GPU time per call than this model prices (which judge "
              "prompt and serving the paper's profile used is not in our notes).",
-             "Serverless billing is per request: each call's time on an instance plus the cold starts it caused "
-             "(`cluster.serverless.cold_start_s`, an assumption of the base plans); the share serving calls is "
-             "what is left after cold starts, so it rises with warm reuse (`scale_down_idle_s`) and falls with "
-             "the burstiness of the calls."] + _failures(outs)
+             "Serverless billing is per request unless a row says otherwise: each call's time on an instance plus "
+             "the cold starts it caused (`cluster.serverless.cold_start_s`, an assumption of the base plans); the "
+             "share serving calls is what is left after cold starts, so it rises with warm reuse "
+             "(`scale_down_idle_s`) and falls with the burstiness of the calls. By default an instance serves one "
+             "call at a time; the batching rows let each instance take 8 calls into one continuous-batching engine "
+             "(`cluster.serverless.instance_concurrency`), as an LLM server on a serverless GPU does, so a burst "
+             "needs fewer instances and cold starts. Platforms that bill container time (Modal, RunPod) charge each "
+             "instance from its cold start until it scales down, idle included (`cluster.serverless.billing: "
+             "instance_time`): the last serverless row. Which one the paper's in-house platform does is not in "
+             "our notes."] + _failures(outs)
     checks = [versus_value("dedicated 7B judge utilisation, the §2 SWE step (4 of 32 H800)",
                            head.get("sync-swe-profile", {}).get("reward_util"), 0.074, "7.4 %", lambda x: fp(x, 1))]
     return Section(table, comparison, notes, headline=head, checks=checks)
