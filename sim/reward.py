@@ -22,12 +22,22 @@ def judge_input_tokens(context_tokens: int) -> int:
     return min(context_tokens, JUDGE_MAX_INPUT_TOKENS)
 
 
-class _Bill:
-    """The two figures a serverless platform keeps; ``spec.billing`` says which one is the bill."""
+class _Platform:
+    """What every serverless platform keeps: its spec and judge, a bound of ``slots`` calls at once,
+    its counters, and two figures of which ``spec.billing`` says which one is the bill."""
 
-    spec: Serverless
-    request_s: float
-    reserved_s: float
+    def __init__(self, env: simpy.Environment, spec: Serverless, judge: GenerationCost, output_tokens: int,
+                 slots: int):
+        self.env = env
+        self.spec = spec
+        self.judge = judge
+        self.output_tokens = output_tokens  # the verdict each call writes (placement.reward.output_tokens)
+        self.slots = simpy.Resource(env, capacity=slots)
+        self.cold_starts = 0
+        self.calls = 0
+        self.busy_s = 0.0
+        self.request_s = 0.0    # per request: call time + cold starts
+        self.reserved_s = 0.0   # instance lifetimes: cold start until scale-down (idle tails included)
 
     @property
     def billed_s(self) -> float:
@@ -35,7 +45,7 @@ class _Bill:
         return self.reserved_s if self.spec.billing == "instance_time" else self.request_s
 
 
-class ServerlessPlatform(_Bill):
+class ServerlessPlatform(_Platform):
     """Instances start cold (``cold_start_s``), serve one call at a time, stay warm until idle
     for ``scale_down_idle_s`` and scale to zero; at most ``max_concurrency`` exist. Each call
     pays ``per_call_overhead_s`` plus the judge's single-request time on the platform GPU.
@@ -46,17 +56,8 @@ class ServerlessPlatform(_Bill):
     until it scales down, idle tail included (platforms that bill container time)."""
 
     def __init__(self, env: simpy.Environment, spec: Serverless, judge: GenerationCost, output_tokens: int):
-        self.env = env
-        self.spec = spec
-        self.judge = judge
-        self.output_tokens = output_tokens  # the verdict each call writes (placement.reward.output_tokens)
-        self.slots = simpy.Resource(env, capacity=spec.max_concurrency)
+        super().__init__(env, spec, judge, output_tokens, spec.max_concurrency)
         self._idle: list[float] = []   # idle-since times of warm instances
-        self.cold_starts = 0
-        self.calls = 0
-        self.busy_s = 0.0
-        self.request_s = 0.0    # per request: call time + cold starts
-        self.reserved_s = 0.0   # instance lifetimes: cold start until scale-down (idle tails included)
 
     def call_time(self, input_tokens: int) -> float:
         prefill = self.judge.prefill_time(input_tokens, input_tokens * input_tokens / 2)
@@ -116,7 +117,7 @@ class _Instance:
     idle_since: float | None = None    # the last call left (None while it has calls)
 
 
-class BatchingServerlessPlatform(_Bill):
+class BatchingServerlessPlatform(_Platform):
     """Serverless instances that each run one continuous-batching engine and serve up to
     ``instance_concurrency`` calls at once (an LLM server behind a serverless GPU function). A call
     goes to the least-loaded warm instance with a free slot, else to one still cold-starting, else
@@ -127,16 +128,10 @@ class BatchingServerlessPlatform(_Bill):
     included); ``spec.billing`` picks the bill."""
 
     def __init__(self, env: simpy.Environment, spec: Serverless, judge: GenerationCost, output_tokens: int):
-        self.env, self.spec, self.judge, self.output_tokens = env, spec, judge, output_tokens
         self.per_instance = spec.instance_concurrency
         self.max_instances = max(1, spec.max_concurrency // self.per_instance)
-        self.slots = simpy.Resource(env, capacity=self.max_instances * self.per_instance)
+        super().__init__(env, spec, judge, output_tokens, self.max_instances * self.per_instance)
         self.instances: list[_Instance] = []
-        self.cold_starts = 0
-        self.calls = 0
-        self.busy_s = 0.0
-        self.request_s = 0.0
-        self.reserved_s = 0.0
 
     def _expire(self) -> None:
         """Instances idle past the scale-down delay are gone: bill their lives up to it."""
