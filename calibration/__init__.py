@@ -30,16 +30,17 @@ FP8_TENSOR_CORES = {"H800", "H20", "H100", "H200"}
 
 
 def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, profile: str | None = None,  # noqa: ANN201
-                    ep: int = 1, network: "Link | None" = None):
+                    ep: int = 1, network: "Link | None" = None, memory_utilization: float = 0.90):
     """The generation cost model for ``tp`` GPUs of type ``gpu_name`` serving ``model``, with ``ep``
     expert-parallel ranks (MoE) whose all-to-all crosses ``network`` (the cluster's link) when a
-    worker is wider than a node."""
+    worker is wider than a node; the engine may use ``memory_utilization`` of each GPU's memory."""
     from rollart.calibration.cost import EngineProfileGeneration, KernelProfileGeneration
     from rollart.calibration.profiles import EngineProfile, TrainProfile, shipped_profile_path
-    from rollart.sim.costs.gpu import RooflineGeneration
+    from rollart.sim.costs.gpu import RooflineEfficiency, RooflineGeneration
 
     def roofline() -> RooflineGeneration:
-        return RooflineGeneration(model, gpu, tp, fp8_peak_ratio=2.0 if gpu_name.upper() in FP8_TENSOR_CORES else 1.0,
+        return RooflineGeneration(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
+                                  fp8_peak_ratio=2.0 if gpu_name.upper() in FP8_TENSOR_CORES else 1.0,
                                   ep=ep, network=(network.bytes_per_s, network.latency_s) if network else None)
 
     if profile == "datasheet":
@@ -52,8 +53,9 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     if isinstance(loaded, TrainProfile):
         raise ValueError(f"{path} is a train profile: give it to placement.trainer.profile, not to a GPU pool")
     if isinstance(loaded, EngineProfile):
-        return EngineProfileGeneration(model, gpu, tp, loaded, origin)  # measured end to end: as measured
-    return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network)
+        return EngineProfileGeneration(model, gpu, tp, loaded, origin,  # measured end to end: as measured
+                                       memory_utilization=memory_utilization)
+    return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network, memory_utilization)
 
 
 def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement"):  # noqa: ANN201

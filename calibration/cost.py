@@ -35,9 +35,10 @@ _TOKEN_MEMO = 1 << 14  # entries of KernelProfileGeneration._token_terms' memo (
 
 class KernelProfileGeneration:
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: KernelProfile, origin: str,
-                 ep: int = 1, network: Link | None = None):
+                 ep: int = 1, network: Link | None = None, memory_utilization: float = 0.90):
         self.model, self.tp, self.ep, self.profile = model, tp, ep, profile
-        self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency(), ep)
+        self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
+                                              ep)
         self._peak = profile.peak_tflops_bf16 * 1e12
         self._bw = profile.hbm_tbps * 1e12
         rank_tp = tp // ep  # GPUs per expert-parallel rank; attention and dense layers are TP over them
@@ -235,7 +236,8 @@ class KernelProfileGeneration:
 class EngineProfileGeneration:
     """prefill(N, A) = a + b·N + c·A;  decode(B, X) = a + b·B + c·X  (measured end to end)."""
 
-    def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: EngineProfile, origin: str):
+    def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: EngineProfile, origin: str,
+                 memory_utilization: float = 0.90):
         if profile.model.lower() != model.name.lower():
             raise ValueError(f"engine profile {origin} was measured for {profile.model}, not {model.name}")
         self.profile = profile
@@ -244,7 +246,7 @@ class EngineProfileGeneration:
         self.host_parallelism, self.side_by_side = profile.host_parallelism, profile.side_by_side
         self.effect_cpu_s = profile.effect_cpu_s
         self.kv_layout = profile.kv_layout
-        self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency())
+        self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization))
         self.source = (f"calibrated engine profile {profile.gpu}/{profile.model} ({origin}); prefill MAPE "
                        f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
                        f"{profile.fit_error.decode_mape_heldout:.1%} held-out")

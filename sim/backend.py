@@ -137,7 +137,7 @@ class SimBackend:
         gpu_name = pool.gpu
         try:
             cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile,
-                                   g.ep, plan.cluster.links.get("intra_cluster"))
+                                   g.ep, plan.cluster.links.get("intra_cluster"), g.gpu_memory_utilization)
         except (OSError, ValueError) as exc:
             raise PlanError([f"cluster.gpu_pools.{g.pool}.profile: {exc}"]) from None
         longest = max(t.max_context_tokens for t in plan.tasks)
@@ -145,7 +145,8 @@ class SimBackend:
             raise PlanError([f"placement.generation.{gi}.tp: {plan.model.name} "
                              f"({plan.model.weight_bytes / 1e9:.1f} GB of weights) leaves "
                              f"{cost.kv_capacity_tokens} KV tokens on {g.tp} × {gpu_name}, less than one "
-                             f"{longest}-token context (tasks' max_context_tokens); raise tp"])
+                             f"{longest}-token context (tasks' max_context_tokens) at gpu_memory_utilization "
+                             f"{g.gpu_memory_utilization:g}; raise tp or gpu_memory_utilization"])
         return cost
 
     def _colocation(self) -> tuple[ColocationSwitch | None, list[GenerationEngine]]:

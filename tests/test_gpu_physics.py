@@ -291,3 +291,27 @@ def test_the_roofline_runs_the_lm_head_per_sampled_row_and_never_the_embedding_l
     assert line.m0 * sheet.hbm_tbps * 1e12 * cost.eff.decode_bandwidth == pytest.approx(m.weight_bytes - m.vocab * m.hidden * 2)
     assert line.c0 * sheet.tflops_bf16 * 1e12 * cost.eff.decode_compute == pytest.approx(
         16 * (2 * (m.active_params - emb) + 2 * m.vocab * m.hidden))
+
+
+# ---------------------------------------------------------------- the engine's memory share
+
+
+@pytest.mark.parametrize("gpu", [*GPUS, "datasheet"])
+def test_kv_cache_is_the_memory_share_left_after_weights(gpu: str) -> None:
+    # vLLM's gpu_memory_utilization: weights and activations come out of the share, the KV cache
+    # gets the rest, so 10 points less of an 80 GB H800 is ~8 GiB of KV less, whatever the model
+    spec = _spec("Qwen3-8B")
+    name = "H800" if gpu == "datasheet" else gpu
+    sheet = GpuType(**GPU_PRESETS[name])
+    at = {u: generation_cost(spec, name, sheet, 1, "datasheet" if gpu == "datasheet" else None,
+                             memory_utilization=u).kv_capacity_tokens for u in (0.9, 0.8)}
+    lost_gib = (at[0.9] - at[0.8]) * spec.kv_bytes_per_token / 2**30
+    assert lost_gib == pytest.approx(0.1 * sheet.memory_gb, rel=1e-3)
+
+
+def test_a_memory_share_too_small_for_one_context_is_refused_naming_the_field(tmp_path) -> None:
+    from tests.test_cli import assert_clean_usage_error, rollart
+
+    proc = rollart("simulate", "paper/qwen3-32b-128gpu", "--steps", "1",
+                   "--set", "placement.generation.0.gpu_memory_utilization=0.25", cwd=tmp_path)
+    assert_clean_usage_error(proc, "gpu_memory_utilization 0.25", "raise tp or gpu_memory_utilization")

@@ -313,6 +313,10 @@ class GenerationGroup(_Strict):
     role: Literal["both", "prefill", "decode"] = "both"
     ep: Count = Field(1, description="expert-parallel ranks per worker (MoE): its tp GPUs split into ep ranks that "
                       "each run attention for 1/ep of the sequences and hold 1/ep of the experts")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = Field(0.90, description=(
+        "share of each GPU's memory the engine may use (vLLM's gpu_memory_utilization): weights, activations and "
+        "the KV cache; what is left after weights and activations holds the KV cache. 0.90 is vLLM's default; "
+        "ROLL's agentic example configs set 0.8"))
 
 
 class RewardPlacement(_Strict):

@@ -157,11 +157,16 @@ class RuntimeBackend:
                               for n in ray.nodes() if n.get("Alive")}
         self.tokenizer = build_tokenizer(self.model.vocab)
         self.workers = []
+        group_of = [g for g in plan.placement.generation for _ in range(g.workers)]  # build_workers' order
         for w in self.ctl.proxy.workers:
             pool = self.resources.bind(f"gen-{w.id}", w.pool)
+            g = group_of[w.id]
+            # a GPU engine takes the group's sequence slots and memory share, as the simulator prices them
+            engine_kwargs = ({"max_batch": g.max_num_seqs, "gpu_memory_utilization": g.gpu_memory_utilization}
+                             if rt.engine == "vllm" else None)
             actor = InferenceWorkerActor.options(num_cpus=0, max_restarts=3,
                                                  resources=self.resources.ray_resources(pool)).remote(
-                self.model, engine=rt.engine, seed=self.seed, name=f"gen-{w.id}")
+                self.model, engine=rt.engine, seed=self.seed, name=f"gen-{w.id}", engine_kwargs=engine_kwargs)
             self.workers.append(actor)
         # restarted like the inference workers: a dead one's in-flight trajectories fail (and are
         # refilled by the core), the others carry on
