@@ -63,10 +63,15 @@ def test_run_invariants(p: dict) -> None:
             assert ctl.trajectories[i].start_version >= n - alpha or not ctl.mode.evict_stale
     if not ctl.mode.evict_stale:  # nothing is dropped for age
         assert counts["aborted_stale"] == 0 and not any(g.evicted for g in ctl.groups)
-    # Pending work is bounded by O(α·E).
-    bg = plan.groups_per_batch
+    # Pending work is bounded by O(α·E): (1 + α) batches, or with env groups (1 + α)·q groups of
+    # each (q per batch, more env groups than a batch's groups each hold their own)
+    sched = ctl.scheduler
+    bg = plan.groups_per_batch if not sched.env_groups else sched.env_groups * sched.per_batch
     assert ctl.buffer.pending_high_water <= (1 + alpha) * bg
-    assert out.running_high_water <= (1 + alpha) * bg * ctl.scheduler.members_per_group
+    assert out.running_high_water <= (1 + alpha) * bg * sched.members_per_group
+    if sched.env_groups:  # and each env group rolls one group out at a time (a refill joins it)
+        assert max(g.slot for g in ctl.groups) < sched.env_groups
+        assert out.running_high_water <= sched.env_groups * sched.members_per_group
     # Continuous modes roll out on their env managers only, whatever α (a failed member's refill
     # starts as it leaves); every manager taken was given back or is still rolling.
     if not ctl.mode.batch_level_launch:
@@ -101,14 +106,27 @@ def test_same_seed_same_result_and_seed_matters(mode: str) -> None:
     assert [s["time_s"] for s in a["steps"]] != [s["time_s"] for s in c["steps"]]
 
 
-def test_larger_alpha_aborts_stale_stragglers_and_speeds_up() -> None:
+def test_larger_alpha_speeds_up_and_env_groups_wait_for_their_stragglers() -> None:
+    # ROLLART rolls out on env groups (ROLL's GroupQueues): with one per group of a batch, every batch
+    # waits for each env group's oldest episode, so a wider window overlaps more but drops nothing
     base = ["algorithm.steps=8", "algorithm.batch_size=64", "tasks.CodeExec.env.step.sigma=2"]
     slow = run_sim(small_plan([*base, "algorithm.alpha=0"]), "rollart").to_result()
     fast = run_sim(small_plan([*base, "algorithm.alpha=2"]), "rollart").to_result()
     assert fast.summary["step_time_s_mean"] < slow.summary["step_time_s_mean"]
-    assert slow.summary["aborted_stale"] == 0
-    assert fast.summary["aborted_stale"] > 0
+    assert slow.summary["aborted_stale"] == fast.summary["aborted_stale"] == 0
     assert 0 < fast.summary["mean_staleness"] <= 2
+
+
+def test_more_env_groups_than_a_batch_skip_stragglers_whose_episodes_then_expire() -> None:
+    # 20 env groups for batches of 8 groups: a batch takes the first 8 episodes to finish, and the
+    # episodes left behind expire once the window passes them (ROLL's advance_step), so the
+    # stragglers are skipped (faster steps) at the price of discarded rollouts
+    base = ["algorithm.steps=8", "algorithm.batch_size=64", "tasks.CodeExec.env.step.sigma=2", "algorithm.alpha=2"]
+    one = run_sim(small_plan(base), "rollart").to_result()
+    wide = run_sim(small_plan([*base, "algorithm.env_managers=160"]), "rollart").to_result()
+    assert wide.summary["step_time_s_mean"] < one.summary["step_time_s_mean"]
+    assert wide.summary["aborted_stale"] > 0 and one.summary["aborted_stale"] == 0
+    assert 0 < wide.summary["mean_staleness"] <= 2
 
 
 def test_env_that_always_fails_stops_with_a_clear_error_and_keeps_results() -> None:

@@ -16,6 +16,12 @@ class SampleBuffer:
 
     With ``evict=False`` (AReaL) the window is not enforced here: staleness is bounded only by
     admission, and a group that finishes late is trained on, oldest first, however old it is.
+
+    Groups of env groups (``Group.slot`` set: ROLLART, as ROLL's GroupQueue) are taken per env group
+    in admission order, as ROLL's get_batch does: a round offers each env group's oldest pending
+    group and takes the finished ones in the order they finished; the next round (each env group's
+    second oldest) only once every group offered in this one has been taken. With as many env groups
+    as groups per batch (the default) a batch is one episode of each, so the tasks keep their shares.
     """
 
     def __init__(self, group_size: int, groups_per_batch: int, alpha: int, evict: bool = True):
@@ -28,12 +34,25 @@ class SampleBuffer:
         self.changed = Signal("buffer.changed")
         self.consumed_groups = 0
         self.pending_high_water = 0  # most groups ever pending (open + ready) at once
+        self.by_slot: dict[int, list[Group]] = {}  # env groups: their pending groups, oldest first
+        self.slot_consumed: dict[int, int] = {}    # env groups: their groups trained on
 
     # ---- admission & scoring -------------------------------------------------------------
 
     def add_group(self, group: Group) -> None:
         self.open[group.id] = group
+        if group.slot is not None:
+            self.by_slot.setdefault(group.slot, []).append(group)
         self.pending_high_water = max(self.pending_high_water, self.pending_groups)
+
+    def slot_pending(self, slot: int) -> int:
+        """Groups of env group ``slot`` admitted and not yet consumed, evicted or abandoned."""
+        return len(self.by_slot.get(slot, ()))
+
+    def _unslot(self, group: Group) -> None:
+        if group.slot is not None:
+            pending = self.by_slot[group.slot]
+            pending.remove(group)  # at most 1 + α long
 
     def submit(self, traj: Trajectory, now: float) -> list[Trajectory]:
         """A member was scored. Returns the group's other running members to abort as
@@ -64,7 +83,8 @@ class SampleBuffer:
     def abandon(self, group: Group) -> list[Trajectory]:
         """The group cannot be filled (refills exhausted): release its slot."""
         group.abandoned = True
-        self.open.pop(group.id, None)
+        if self.open.pop(group.id, None) is not None:
+            self._unslot(group)
         running = group.running
         for t in running:
             t.state = TrajState.FAILED
@@ -89,6 +109,7 @@ class SampleBuffer:
                 keep.append(g)
             else:
                 g.evicted = True
+                self._unslot(g)
                 for t in g.scored:
                     t.state = TrajState.ABORTED_STALE
         evicted_any = len(keep) != len(self.ready)
@@ -96,6 +117,7 @@ class SampleBuffer:
         for gid in [gid for gid, g in self.open.items() if not self.usable(g, version)]:
             g = self.open.pop(gid)
             g.evicted = True
+            self._unslot(g)
             evicted_any = True
             for t in g.members:
                 if t.state is TrajState.RUNNING:
@@ -109,14 +131,24 @@ class SampleBuffer:
     # ---- batch formation ---------------------------------------------------------------
 
     def take_batch(self, version: int) -> list[Group] | None:
-        """``groups_per_batch`` usable complete groups, oldest version first, or None."""
-        usable = [g for g in self.ready if self.usable(g, version)]
-        if len(usable) < self.groups_per_batch:
-            return None
-        usable.sort(key=lambda g: (g.version, g.completed_at, g.id))
-        batch = usable[: self.groups_per_batch]
+        """``groups_per_batch`` usable complete groups, oldest version first (env groups: by rounds,
+        see the class docstring), or None."""
+        if self.by_slot:
+            batch = self._batch_by_rounds(version)
+            if batch is None:
+                return None
+        else:
+            usable = [g for g in self.ready if self.usable(g, version)]
+            if len(usable) < self.groups_per_batch:
+                return None
+            usable.sort(key=lambda g: (g.version, g.completed_at, g.id))
+            batch = usable[: self.groups_per_batch]
         taken = {g.id for g in batch}
         self.ready = [g for g in self.ready if g.id not in taken]
+        for g in batch:
+            if g.slot is not None:
+                self._unslot(g)
+                self.slot_consumed[g.slot] = self.slot_consumed.get(g.slot, 0) + 1
         for g in batch:
             g.consumed = True
             for t in g.scored:
@@ -124,6 +156,23 @@ class SampleBuffer:
         self.consumed_groups += len(batch)
         self.changed.fire()
         return batch
+
+    def _batch_by_rounds(self, version: int) -> list[Group] | None:
+        batch: list[Group] = []
+        need = self.groups_per_batch
+        rnd = 0
+        while True:
+            offered = [pending[rnd] for pending in self.by_slot.values() if len(pending) > rnd]
+            if not offered:
+                return None  # too few groups admitted yet
+            done = [g for g in offered if g.complete and self.usable(g, version)]
+            if len(done) >= need - len(batch):
+                done.sort(key=lambda g: (g.completed_at, g.id))
+                return batch + done[: need - len(batch)]
+            if len(done) < len(offered):
+                return None  # an env group's oldest episode is still rolling: wait for it
+            batch += done
+            rnd += 1
 
     # ---- accounting -----------------------------------------------------------------------
 

@@ -103,7 +103,9 @@ class Controller:
         the α window holds across the restart."""
         self.version = self.start_version = self.published_version = self.proxy.version = version
         self.buffer.consumed_groups = version * self.plan.groups_per_batch
-        self.scheduler.batch_index = version
+        if self.scheduler.env_groups:  # each env group gave one group a batch
+            self.buffer.slot_consumed = {s: version for s in range(self.scheduler.env_groups)}
+        self.scheduler.resume(version)
 
     # ---- processes ------------------------------------------------------------------------
 
@@ -117,9 +119,9 @@ class Controller:
 
     # ---- bookkeeping used by the processes --------------------------------------------
 
-    def new_group(self, task: TaskSpec, batch_index: int) -> Group:
+    def new_group(self, task: TaskSpec, batch_index: int, slot: int | None = None) -> Group:
         group = Group(id=self._n_groups, task=task.name, version=self.proxy.version,
-                      size=self.plan.algorithm.group_size, batch_index=batch_index)
+                      size=self.plan.algorithm.group_size, batch_index=batch_index, slot=slot)
         self._n_groups += 1
         if self.keep_history:
             self.groups.append(group)
@@ -132,6 +134,8 @@ class Controller:
                           start_version=self.proxy.version, started_at=self.now())
         self._n_trajectories += 1
         self.rolling += 1
+        if group.slot is not None:
+            self.scheduler.on_spawned(group)
         group.members.append(traj)
         if self.keep_history:
             self.trajectories.append(traj)
@@ -139,10 +143,13 @@ class Controller:
             self._live[traj.id] = traj
         return traj
 
-    def trajectory_closed(self) -> None:
+    def trajectory_closed(self, traj: Trajectory) -> None:
         """A trajectory's env closed: its env manager is free for the next group."""
         self.rolling -= 1
         self.env_freed.fire()
+        if traj.group.slot is not None:  # its env group may start its next group
+            self.scheduler.on_closed(traj.group)
+            self.buffer.changed.fire()
 
     def lockstep_barrier(self, batch_index: int) -> LockstepBarrier | None:
         if not self.mode.lockstep_env:

@@ -132,7 +132,7 @@ def run_trajectory(ctl: "Controller", traj: Trajectory) -> Proc:
     except Aborted:
         pass  # an abort that reaches a closing env changes nothing: it closes, and its manager frees
     ctl.tracer.release(traj)
-    ctl.trajectory_closed()
+    ctl.trajectory_closed(traj)
 
 
 def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | None,
@@ -206,8 +206,11 @@ def _on_failure(ctl: "Controller", traj: Trajectory, error: str) -> Proc:
     if group.complete or group.evicted or group.abandoned or traj.state is not TrajState.RUNNING:
         return
     ctl.buffer.fail(traj)
-    if len(group.scored) + len(group.running) >= group.size:
-        return  # redundant members can still fill the group
+    # Replace it at once while the group is short of its launch count: redundant rollout keeps its
+    # spare members, so a failure costs a restart now rather than a late one after a second failure
+    # (with redundancy 0 the launch count is the group size: every failure is replaced).
+    if len(group.scored) + len(group.running) >= ctl.scheduler.members_per_group:
+        return
     if group.refills < ctl.plan.algorithm.max_refills_per_group:
         group.refills += 1
         refill = ctl.new_trajectory(group)

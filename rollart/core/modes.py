@@ -24,6 +24,17 @@ class ModeConfig:
     # (α + version + 1) × batch, and its executor trains on finished rollouts oldest first, never
     # dropping one for age — so a straggler is trained on late, and its staleness may exceed α.
     evict_stale: bool = True
+    # ROLL's env groups (``algorithm.env_groups``, on by default in both continuous modes): the env
+    # managers form fixed groups of one GRPO group's members, each bound to one task (tasks share
+    # the groups by their shares, ROLL's num_groups_partition); a group rolls out its episodes one
+    # after another, α ahead, and a batch takes each group's oldest finished episode (ROLL's
+    # GroupQueue.get), so every batch holds the tasks in their shares and a fast task cannot fill
+    # batches while a slow one's episodes go stale. AReaL-style runs on the same rollout: the paper's
+    # baselines differ from ROLLART in the mechanisms it ablates (affinity, redundancy, transfer,
+    # reward), and its figure (ROLLART 1.22–1.36× AReaL) is what the pooled variant contradicts.
+    # Off: the env managers are one pool and a batch is the oldest finished groups, whatever their
+    # task (AReaL's own rollout executor).
+    env_groups: bool = False
 
     @property
     def sync_before_get_batch(self) -> bool:
@@ -49,7 +60,8 @@ def mode_config(plan: Plan, mode: str | None = None) -> ModeConfig:
     One-off: Sync+ with the rollout one batch ahead of training (α=1, batch-level).
     AReaL-style: trajectory-level, staleness bounded by admission only (plan α; nothing evicted), no
     affinity, no redundancy, blocking weight transfer right after each train step, dedicated reward. ROLLART: everything on, as the plan says,
-    with the weights updated before get_batch as ROLL does (see ``sync_before_get_batch``)."""
+    with the weights updated before get_batch and the env managers in fixed env groups as ROLL does
+    (see ``sync_before_get_batch`` and ``env_groups``)."""
     mode = mode or plan.algorithm.mode
     a = plan.algorithm
     has_dedicated = plan.placement.reward.gpus > 0
@@ -63,8 +75,21 @@ def mode_config(plan: Plan, mode: str | None = None) -> ModeConfig:
         return ModeConfig(mode, 1, True, False, False, serverless_ok or not has_dedicated, False, 0.0, False)
     if mode == "areal":
         return ModeConfig(mode, a.alpha, False, False, False, not has_dedicated and serverless_ok, False, 0.0, False,
-                          update_after_train=True, evict_stale=False)
+                          update_after_train=True, evict_stale=False, env_groups=a.env_groups)
     if mode == "rollart":
         return ModeConfig(mode, a.alpha, False, False, False, plan_serverless, True, a.redundancy,
-                          plan.weight_sync.transport == "bucketed_store", update_after_train=True)
+                          plan.weight_sync.transport == "bucketed_store", update_after_train=True,
+                          env_groups=a.env_groups)
     raise ValueError(f"--mode: unknown mode '{mode}'; modes are: sync, sync+, one-off, areal, rollart")
+
+
+def weight_sync_summary(plan: Plan, mode: ModeConfig) -> str:
+    """How ``mode`` moves the weights to the rollout workers, in words; says so when the plan's
+    ``weight_sync.transport`` asks for what the mode does not do (only ROLLART uses the store)."""
+    ws = plan.weight_sync
+    if mode.async_weight_transfer:
+        return f"bucketed store ({ws.bucket_mb:g} MB buckets), pulled during rollout"
+    note = "blocking NCCL broadcast"
+    if ws.transport == "bucketed_store":
+        note += f" (mode {mode.name} does not use weight_sync.transport=bucketed_store)"
+    return note

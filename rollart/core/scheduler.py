@@ -27,6 +27,13 @@ class RolloutScheduler:
     * Batch-level modes open rollout batch k only when batch k − 1 is finished and
       ``k ≤ proxy_version + α``, then launch its groups together.
     * Tasks follow their shares by smooth weighted round-robin (exact, deterministic).
+    * Env groups (``mode.env_groups``, as ROLL runs its rollout): the E env managers form
+      E ÷ members env groups, each bound to one task by the same round-robin (ROLL's
+      num_groups_partition; see ``slot_task``). An env group starts its next GRPO group once its env managers are
+      free, it holds fewer than (1 + α)·q groups and its consumed + pending groups are fewer than
+      (proxy_version + 1 + α)·q, q = ⌈groups per batch ÷ env groups⌉ (ROLL's GroupQueue creates q
+      episodes a step, α steps' worth ahead at the start, and expires those more than α steps old);
+      the buffer takes each env group's oldest finished one.
     """
 
     def __init__(self, tasks: list[TaskSpec], mode: "ModeConfig", groups_per_batch: int, group_size: int,
@@ -42,6 +49,49 @@ class RolloutScheduler:
         self.groups_launched = 0
         self._wrr = [0.0] * len(tasks)
         self._batch_groups: dict[int, list[Group]] = {}
+        self.env_groups = 0  # continuous modes with mode.env_groups: how many
+        if mode.env_groups and not mode.batch_level_launch:
+            self.env_groups = self.env_managers // self.members_per_group
+            # groups each env group gives a batch: 1 with at least one batch of env managers (ROLL's
+            # max_traj_per_env = 1); more when fewer env groups must fill a batch in rounds
+            self.per_batch = -(-groups_per_batch // self.env_groups)
+            self.slot_rolling = [0] * self.env_groups   # members of each env group on their env managers
+            self.slot_episodes = [0] * self.env_groups  # groups each env group has started
+            self._picks: dict[int, TaskSpec] = {}       # the round-robin's picks still ahead of some env group
+            self._picked = 0
+
+    def slot_task(self, slot: int) -> TaskSpec:
+        """The task of env group ``slot``'s next group: pick k·S + slot of the round-robin for its
+        k-th group (S env groups). When the shares divide the env groups (ROLL's num_groups_partition)
+        every env group keeps one task; otherwise a task's groups rotate among them, so each task
+        keeps its share even with fewer env groups than tasks."""
+        i = self.slot_episodes[slot] * self.env_groups + slot
+        while self._picked <= i:
+            self._picks[self._picked] = self.next_task()
+            self._picked += 1
+        task = self._picks.pop(i)
+        self.slot_episodes[slot] += 1
+        return task
+
+    def resume(self, version: int) -> None:
+        """Continue after ``version`` batches (a checkpoint): batch-level modes at batch ``version``;
+        each env group has given ``version`` groups, so the round-robin resumes past their picks."""
+        self.batch_index = version
+        if self.env_groups:
+            for _ in range(version * self.env_groups):
+                self.next_task()
+            self._picked = version * self.env_groups
+            self.slot_episodes = [version] * self.env_groups
+
+    def on_spawned(self, group: Group) -> None:
+        """A member of ``group`` (a first launch or a refill) took one of its env group's managers."""
+        if group.slot is not None:
+            self.slot_rolling[group.slot] += 1
+
+    def on_closed(self, group: Group) -> None:
+        """A member of ``group`` closed its env: its env manager is free."""
+        if group.slot is not None:
+            self.slot_rolling[group.slot] -= 1
 
     def next_task(self) -> TaskSpec:
         total = sum(t.share for t in self.tasks)
@@ -72,7 +122,28 @@ class RolloutScheduler:
             opened = True
         return opened
 
+    def _run_env_groups(self, ctl: "Controller") -> Generator[Any, Any, None]:
+        buffer, ahead = ctl.buffer, (1 + self.mode.alpha) * self.per_batch
+        while True:
+            limit = (ctl.proxy.version + 1 + self.mode.alpha) * self.per_batch
+            # Until the workers serve a version the trainer's window still holds, a new group would be
+            # stale on admission (ROLL creates a step's episodes once its weights are in).
+            fresh = ctl.proxy.version >= ctl.version - self.mode.alpha
+            for slot in range(self.env_groups if fresh else 0):
+                pending = buffer.slot_pending(slot)
+                if self.slot_rolling[slot] or pending >= ahead or buffer.slot_consumed.get(slot, 0) + pending >= limit:
+                    continue
+                group = ctl.new_group(self.slot_task(slot), self.batch_index, slot=slot)
+                self.groups_launched += 1
+                for _ in range(self.members_per_group):
+                    traj = ctl.new_trajectory(group)
+                    yield Spawn(ctl.trajectory_process(traj), key=traj.id)
+            yield Wait(buffer.changed)  # fired as well when an env group's member closes
+
     def run(self, ctl: "Controller") -> Generator[Any, Any, None]:
+        if self.env_groups:
+            yield from self._run_env_groups(ctl)
+            return
         buffer = ctl.buffer
         while True:
             if self.maybe_open_next_batch(ctl.proxy.version):

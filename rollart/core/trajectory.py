@@ -64,6 +64,7 @@ class Group:
     version: int  # policy version when the group was admitted; bounds every member's staleness
     size: int
     batch_index: int  # which rollout batch admitted it (batch-level modes)
+    slot: int | None = None  # its env group (ROLLART: ROLL's fixed env groups, one task each), else None
     members: list[Trajectory] = field(default_factory=list)
     scored: list[Trajectory] = field(default_factory=list)
     refills: int = 0

@@ -362,8 +362,14 @@ class Algorithm(_Strict):
     env_managers: Annotated[int, Field(gt=0, le=100_000_000)] | None = Field(
         None, description="trajectories rolled out at once by the continuous modes (rollart, areal): the env "
                           "managers, ROLL's num_env_groups × group_size, AReaL's max_concurrent_rollouts; "
-                          "default one batch's members, batch_size × (1 + redundancy). alpha bounds how stale "
-                          "what they roll out may get, not how many run")
+                          "default one batch's members, batch_size × (1 + redundancy); on env groups, one env group per "
+                          "group's members. alpha bounds how stale what they roll out may get, not how many run")
+    env_groups: bool = Field(True, description=(
+        "the continuous modes' env managers form fixed env groups, one GRPO group's members each, bound to "
+        "the tasks by their shares (ROLL's GroupQueue and num_groups_partition): each rolls its episodes out "
+        "one after another, alpha ahead, and a batch takes each env group's oldest finished one, so batches "
+        "keep the task mix. false: one pool of env managers, and a batch is the oldest finished groups "
+        "whatever their task (AReaL's own rollout executor)"))
     max_sim_hours: Annotated[float, Field(gt=0, le=1e6)] = 240.0
 
 
