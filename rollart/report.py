@@ -151,6 +151,8 @@ def summary_table(result: RunResult) -> Table:
     table.add_row("staleness", f"{sm['mean_staleness']:.2f} versions mean")
     if "prefix_cache_hit_rate" in sm:
         table.add_row("prefix cache", f"{sm['prefix_cache_hit_rate']:.0%} of prompt tokens reused")
+    if sm.get("weight_sync"):
+        table.add_row("weight sync", sm["weight_sync"])
     for gpu, source in result.calibration.items():
         table.add_row(f"cost model {gpu}", source)
     return table

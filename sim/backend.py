@@ -22,14 +22,14 @@ from rollart.core import Controller, RunAborted, build_workers
 from rollart.core.effects import (Abort, Aborted, AcquireEnv, BroadcastWeights, ComputeReward, EnvClose, EnvReset,
                                   EnvStep, Generate, GenOutcome, PublishWeights, Sleep, Spawn, TrainStep,
                                   UpdateWeights, Wait)
-from rollart.core.modes import ModeConfig
+from rollart.core.modes import ModeConfig, weight_sync_summary
 from rollart.core.stats import StepRecord
 from rollart.plan import Plan, PlanError
 from rollart.plan.schema import GenerationGroup
 from rollart.report import RunResult, summary_from_steps
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
-from rollart.sim.costs.train import ColocationSwitch
+from rollart.sim.costs.train import ColocationSwitch, trainer_memory_problems
 from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
 from rollart.sim.reward import RULE_REWARD_S, BatchingServerlessPlatform, ServerlessPlatform, judge_input_tokens
@@ -89,6 +89,11 @@ class SimBackend:
         except (OSError, ValueError) as exc:
             raise PlanError([f"placement.trainer.profile: {exc}"]) from None
         measured = self.train_cost.profile if isinstance(self.train_cost, ProfiledTrainCost) else None
+        if measured is None:  # a measured trainer ran, so it fit; a modelled one must fit its GPUs
+            trainer = full.placement.trainer
+            problems = trainer_memory_problems(full.model, full.cluster.gpu_pools[trainer.pool].gpu, gpu, trainer)
+            if problems:
+                raise PlanError(problems)
         self.transfer = WeightTransferCost(full, measured)
         self.trainer_shares_host = measured is not None  # measured on the engines' host: it contends
         self.contention = self._host_contention()
@@ -570,6 +575,7 @@ class SimOutcome:
             "env_call_errors": ctl.stats.env_errors,
             "trajectories": counts,
             "prefix_cache_hit_rate": self.prefix_cache_hit_rate(),
+            "weight_sync": weight_sync_summary(b.plan, b.mode),
             "routed_fallback": ctl.proxy.routed_fallback,
             "steps_done": len(steps),
             "simulated_s": self.elapsed_s,

@@ -100,7 +100,7 @@ def test_expert_parallelism_is_searched_for_moe_models_only():
     cands = list(space.enumerate())
     with_ep = [c for c in cands if c.ep]
     assert with_ep and len(cands) == len(set(cands))
-    for c in random.Random(0).sample(with_ep, 6):
+    for c in random.Random(0).sample(with_ep, min(6, len(with_ep))):  # 4-GPU trainers cannot hold a 30B model
         plan_c = plan_from_dict(c.apply(base))  # the schema accepts it: ep divides tp and the experts
         got = {g.pool: g.ep for g in plan_c.placement.generation}
         assert got == {pool: c.ep_of(pool) for pool, _, _ in c.gen}

@@ -134,3 +134,15 @@ def test_sync_breakdown_follows_the_member_the_reward_gate_waited_for() -> None:
         assert s.breakdown_s["reward"] <= one_call + 1e-6, s.breakdown_s
         assert sum(s.breakdown_s.values()) == pytest.approx(s.time_s)
     assert sum(s.breakdown_s["generation"] for s in steps) > 2 * sum(s.breakdown_s["reward"] for s in steps)
+
+
+def test_the_summary_says_how_the_mode_moves_the_weights() -> None:
+    # only ROLLART uses the bucketed store; a baseline broadcasts, and says the plan's store setting
+    # is not what it ran (the audit found those settings silently ignored)
+    plan = small_plan(["weight_sync.transport=bucketed_store", "algorithm.steps=2"])
+    store = run_sim(plan, "rollart").to_result().summary["weight_sync"]
+    sync = run_sim(plan, "sync").to_result().summary["weight_sync"]
+    assert store.startswith("bucketed store") and "pulled during rollout" in store
+    assert sync == "blocking NCCL broadcast (mode sync does not use weight_sync.transport=bucketed_store)"
+    plain = run_sim(small_plan(["weight_sync.transport=nccl_broadcast", "algorithm.steps=2"]), "sync")
+    assert plain.to_result().summary["weight_sync"] == "blocking NCCL broadcast"

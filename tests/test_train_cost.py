@@ -61,3 +61,30 @@ def test_longest_first_packing_stays_within_one_sequence_of_an_even_share() -> N
     total = sum(c._flops(s) for s in lens)
     busiest = c.busiest_rank_flops(lens)
     assert total / c.dp <= busiest < total / c.dp + c._flops(max(lens))
+
+
+# ---------------------------------------------------------------- what a trainer GPU must hold
+
+
+def test_trainer_state_per_gpu_is_weights_and_grads_over_tp_pp_and_adam_over_all() -> None:
+    from rollart.sim.costs.train import TRAIN_ACTIVATION_RESERVE_GIB, trainer_memory_gib
+
+    m = ModelSpec.model_validate("Qwen3-8B")
+    one = trainer_memory_gib(m, TrainerPlacement(pool="p", gpus=1))
+    # 8.2 B parameters × (2 bf16 + 4 fp32 grad + 12 Adam) bytes on one GPU: ~141 GiB, no 80 GB GPU holds it
+    assert one == pytest.approx(18 * m.params / 2**30 + TRAIN_ACTIVATION_RESERVE_GIB)
+    # the optimizer state shards over every GPU, the weights and gradients only over tp·pp
+    wide = trainer_memory_gib(m, TrainerPlacement(pool="p", gpus=64, tp=2))
+    assert wide == pytest.approx((6 * m.params / 2 + 12 * m.params / 64) / 2**30 + TRAIN_ACTIVATION_RESERVE_GIB)
+    # a MoE's experts spread over expert-parallel ranks: far less than its dense equivalent
+    moe = ModelSpec.model_validate("Qwen3-30B-A3B")
+    t = TrainerPlacement(pool="p", gpus=16, tp=2)
+    assert trainer_memory_gib(moe, t) < 0.5 * (6 * moe.params / 2 + 12 * moe.params / 16) / 2**30
+
+
+def test_a_trainer_that_cannot_hold_its_state_is_refused_in_seconds_naming_the_fix(tmp_path) -> None:
+    from tests.test_cli import assert_clean_usage_error, rollart
+
+    proc = rollart("simulate", "paper/qwen3-8b-128gpu", "--steps", "1", "--mode", "sync+",
+                   "--set", "placement.trainer.gpus=1", "--set", "placement.trainer.tp=1", cwd=tmp_path)
+    assert_clean_usage_error(proc, "placement.trainer.gpus", "141 GiB", "fits from 4 GPUs")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from rollart.plan.loader import PlanError
+from rollart.sim.costs.train import trainer_memory_gib, trainer_memory_problems
 from rollart.plan.schema import Plan
 
 SERVERLESS = ("serverless", None, 0)
@@ -203,6 +204,14 @@ class Space:
         tmax = max_gpus(tr.pool) - step
         trainer_gpus = sorted({n for n in range(unit, tmax + 1, unit)}
                               | ({tr.gpus} if tr.gpus <= tmax and tr.gpus % (tr.tp * tr.pp) == 0 else set()))
+        if tr.profile is None:  # a modelled trainer must hold its state (a measured one ran)
+            sheet = c.gpu_type(c.gpu_pools[tr.pool].gpu)
+            fits = [n for n in trainer_gpus
+                    if trainer_memory_gib(plan.model, tr.model_copy(update={"gpus": n})) <= sheet.memory_gb]
+            if trainer_gpus and not fits:
+                raise PlanError(trainer_memory_problems(plan.model, c.gpu_pools[tr.pool].gpu, sheet,
+                                                        tr.model_copy(update={"gpus": trainer_gpus[-1]})))
+            trainer_gpus = fits
         if not trainer_gpus:
             raise PlanError([f"budget: {budget.describe()} cannot hold a {unit}-GPU trainer and {step} "
                              "generation GPUs"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 
 from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
-from rollart.sim.costs.moe import input_embedding_params
+from rollart.sim.costs.moe import expert_params, input_embedding_params
 
 # GRPO step: forward + backward (6·P per token) plus two extra forwards for the
 # old-policy and reference log-probs (2·2·P per token).
@@ -55,8 +55,41 @@ class TrainCost:
         return flops / peak / (1 - bubble) + optimizer
 
 
-# Colocated placement: bytes that cross PCIe at each switch between training and rollout.
+# What one trainer GPU holds (Megatron with bf16 weights and the distributed optimizer, as ROLL's
+# example configs run it: use_distributed_optimizer in 93 of 94, full recompute in 64 of 73).
 ADAM_STATE_BYTES_PER_PARAM = 12   # fp32 master weights + Adam m and v (distributed optimizer: sharded over all GPUs)
+TRAIN_WEIGHT_GRAD_BYTES = 2 + 4   # bf16 weights + fp32 gradient buffer (bf16 training accumulates in fp32)
+TRAIN_ACTIVATION_RESERVE_GIB = 4.0  # ASSUMED: activations under full recompute, workspace, CUDA context
+
+
+def trainer_memory_gib(model: ModelSpec, trainer: TrainerPlacement) -> float:
+    """GiB one trainer GPU needs at least: its shard of the weights and gradients (dense layers
+    split over tp·pp; a MoE's experts over as many ranks as there are experts, up to gpus / pp:
+    the widest expert parallelism), its 1/gpus of the fp32 master weights and Adam moments
+    (sharded over every rank by the distributed optimizer), and the activation reserve."""
+    experts = expert_params(model)
+    dense = model.params - experts
+    ep = max(1, min(model.moe_experts, trainer.gpus // trainer.pp)) if experts else 1
+    shard = dense / (trainer.tp * trainer.pp) + experts / (ep * trainer.pp)
+    optimizer = ADAM_STATE_BYTES_PER_PARAM * model.params / trainer.gpus
+    return (TRAIN_WEIGHT_GRAD_BYTES * shard + optimizer) / 2**30 + TRAIN_ACTIVATION_RESERVE_GIB
+
+
+def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, trainer: TrainerPlacement) -> list[str]:
+    """A one-line plan error when the trainer's GPUs cannot hold its state, else nothing."""
+    need = trainer_memory_gib(model, trainer)
+    if need <= gpu.memory_gb:
+        return []
+    fit = next((g for g in (2 ** k for k in range(20)) if trainer_memory_gib(
+        model, trainer.model_copy(update={"gpus": g * trainer.tp * trainer.pp})) <= gpu.memory_gb), None)
+    hint = (f"at tp {trainer.tp} · pp {trainer.pp} it fits from {fit * trainer.tp * trainer.pp} GPUs; or raise tp/pp"
+            if fit is not None else "raise tp or pp")
+    return [f"placement.trainer.gpus: training {model.name} needs {need:.0f} GiB a GPU on {trainer.gpus} × {gpu_name} "
+            f"(bf16 weights + fp32 gradients over tp·pp, Adam state over all GPUs, activations), more than its "
+            f"{gpu.memory_gb:g} GB; {hint}"]
+
+
+# Colocated placement: bytes that cross PCIe at each switch between training and rollout.
 SWITCH_FIXED_S = 1.0              # ASSUMED per switch: allocator re-map, process barriers, engine wake-up
 
 
