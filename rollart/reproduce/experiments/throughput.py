@@ -74,7 +74,25 @@ def _throughput_variants() -> tuple[Variant, ...]:
                 out.append(Variant(f"{model} · {MODE_LABEL[m]} · engines at {share:g} of GPU memory", base, m,
                                    memory_share(model, m, share),
                                    params={"model": model, "mode": f"{m}@{share:g}"}))  # not a base lookup's match
+        for m in SHARE_MODES:
+            out.append(Variant(f"{model} · {MODE_LABEL[m]} · one pool of env managers", base, m,
+                               (*baseline_placement(model, m), "algorithm.env_groups=false"),
+                               params={"model": model, "mode": f"{m}@pool"}))
     return tuple(out)
+
+
+def _pool_table(outs: list[Outcome]) -> MdTable:
+    rows = []
+    for model in BASES:
+        got = {k: _find(outs, model=model, mode=k) for k in ("areal", "rollart", "areal@pool", "rollart@pool")}
+        thr = {k: throughput(o) if o is not None else math.nan for k, o in got.items()}
+        stale = {k: str((o.summary or {}).get("aborted_stale", NA)) if o is not None else NA for k, o in got.items()}
+        rows.append([model, fr(thr["areal"]), fr(thr["rollart"]), fx(ratio(thr["rollart"], thr["areal"])),
+                     fr(thr["areal@pool"]), fr(thr["rollart@pool"]) + f" ({stale['rollart@pool']} stale)",
+                     fx(ratio(thr["rollart@pool"], thr["areal@pool"]))])
+    return MdTable(["model", "AReaL-style traj/s, env groups (as shipped)", "ROLLART traj/s, env groups",
+                    "ROLLART ÷ AReaL", "AReaL-style traj/s, one pool", "ROLLART traj/s, one pool",
+                    "ROLLART ÷ AReaL, one pool"], rows)
 
 
 def _memory_share_table(outs: list[Outcome]) -> MdTable:
@@ -157,6 +175,12 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
         "AReaL-style in routing by task tag and in its staleness window: groups older than n − α are evicted and their "
         "running members aborted (ROLL's GroupQueue), where AReaL bounds staleness by admission only and trains a "
         "straggler once it finishes.",
+        "Env groups: the continuous modes roll out as ROLL does (`algorithm.env_groups`): the env managers form "
+        "fixed env groups of one GRPO group's members, bound to the tasks by their shares, each rolling its "
+        "episodes out one after another (α ahead), and a batch takes each env group's oldest finished episode, so "
+        "every batch keeps the task mix. On one pool of env managers a batch is the oldest finished groups "
+        "whatever their task: fast tasks fill the batches, and ROLLART's window expires the slow tasks' groups "
+        "(the stale column), while AReaL-style trains them late.",
         "Response tail: per steady step, the longest response of the trained batch over the batch's mean, averaged "
         "over the steps. The task mix's per-turn response lengths are assumptions (`calibration/tasks/README.md`); "
         "their tail is what the trainer of a batch-level mode waits for and what ROLLART's redundancy cuts.",
@@ -169,7 +193,10 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
                    extra_tables=[("Incremental ablation (throughput, × Sync and × the previous stage)",
                                   MdTable(["model", "stage", "traj/s", "× Sync", "× previous"], abl_rows)),
                                  ("The engines' memory share (`placement.generation[].gpu_memory_utilization`)",
-                                  _memory_share_table(outs))],
+                                  _memory_share_table(outs)),
+                                 ("The continuous modes' rollout: env groups (ROLL, as shipped) or one pool of env "
+                                  "managers (`algorithm.env_groups: false`, AReaL's own executor)",
+                                  _pool_table(outs))],
                    headline=head, checks=checks)
 
 
