@@ -147,8 +147,7 @@ class Controller:
         """A trajectory's env closed: its env manager is free for the next group."""
         self.rolling -= 1
         self.env_freed.fire()
-        if traj.group.slot is not None:  # its env group may start its next group
-            self.scheduler.on_closed(traj.group)
+        if self.scheduler.on_closed(traj.group):  # its env group is free: it may start its next group
             self.buffer.changed.fire()
 
     def lockstep_barrier(self, batch_index: int) -> LockstepBarrier | None:

@@ -88,10 +88,13 @@ class RolloutScheduler:
         if group.slot is not None:
             self.slot_rolling[group.slot] += 1
 
-    def on_closed(self, group: Group) -> None:
-        """A member of ``group`` closed its env: its env manager is free."""
-        if group.slot is not None:
-            self.slot_rolling[group.slot] -= 1
+    def on_closed(self, group: Group) -> bool:
+        """A member of ``group`` closed its env: its env manager is free. True when that freed its
+        env group's last manager (only then may the env group start its next group)."""
+        if group.slot is None:
+            return False
+        self.slot_rolling[group.slot] -= 1
+        return self.slot_rolling[group.slot] == 0
 
     def next_task(self) -> TaskSpec:
         total = sum(t.share for t in self.tasks)
