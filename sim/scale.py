@@ -430,7 +430,10 @@ def scale_result(result: Any, full_plan: Plan, m: int, simulated_plan: Plan, tai
                  f"({sum(g.workers for g in gens)} of {sum(g.workers for g in full_plan.placement.generation)} "
                  f"generation workers, batch {simulated_plan.algorithm.batch_size} of "
                  f"{full_plan.algorithm.batch_size}); the trainer and weight transfer priced on the full plan, "
-                 f"counts and throughput × {m}; the slowest groups the subset does not sample added "
-                 f"{added_s:.1f} s over {corrected} step(s) (order statistics)"),
+                 f"counts and throughput × {m}; "
+                 + ("no tail correction (env groups: a slow episode holds back only its own env group)"
+                    if tail is not None and tail.ctl.scheduler.env_groups else
+                    f"the slowest groups the subset does not sample added {added_s:.1f} s over {corrected} "
+                    f"step(s) (order statistics)")),
     }
     return dataclasses.replace(result, steps=steps, summary=summary, scenario=full_plan.name)
