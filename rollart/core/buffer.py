@@ -149,7 +149,6 @@ class SampleBuffer:
             if g.slot is not None:
                 self._unslot(g)
                 self.slot_consumed[g.slot] = self.slot_consumed.get(g.slot, 0) + 1
-        for g in batch:
             g.consumed = True
             for t in g.scored:
                 t.state = TrajState.USED

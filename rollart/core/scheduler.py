@@ -29,8 +29,8 @@ class RolloutScheduler:
     * Tasks follow their shares by smooth weighted round-robin (exact, deterministic).
     * Env groups (``mode.env_groups``, as ROLL runs its rollout): the E env managers form
       E ÷ members env groups, each bound to one task by the same round-robin (ROLL's
-      num_groups_partition; see ``slot_task``). An env group starts its next GRPO group once its env managers are
-      free, it holds fewer than (1 + α)·q groups and its consumed + pending groups are fewer than
+      num_groups_partition; see ``slot_task``). An env group starts its next GRPO group once its
+      env managers are free, it holds fewer than (1 + α)·q groups and its consumed + pending groups are fewer than
       (proxy_version + 1 + α)·q, q = ⌈groups per batch ÷ env groups⌉ (ROLL's GroupQueue creates q
       episodes a step, α steps' worth ahead at the start, and expires those more than α steps old);
       the buffer takes each env group's oldest finished one.
@@ -131,17 +131,18 @@ class RolloutScheduler:
             limit = (ctl.proxy.version + 1 + self.mode.alpha) * self.per_batch
             # Until the workers serve a version the trainer's window still holds, a new group would be
             # stale on admission (ROLL creates a step's episodes once its weights are in).
-            fresh = ctl.proxy.version >= ctl.version - self.mode.alpha
-            for slot in range(self.env_groups if fresh else 0):
-                pending = buffer.slot_pending(slot)
-                if self.slot_rolling[slot] or pending >= ahead or buffer.slot_consumed.get(slot, 0) + pending >= limit:
-                    continue
-                group = ctl.new_group(self.slot_task(slot), self.batch_index, slot=slot)
-                self.groups_launched += 1
-                for _ in range(self.members_per_group):
-                    traj = ctl.new_trajectory(group)
-                    yield Spawn(ctl.trajectory_process(traj), key=traj.id)
-            yield Wait(buffer.changed)  # fired as well when an env group's member closes
+            if ctl.proxy.version >= ctl.version - self.mode.alpha:
+                for slot in range(self.env_groups):
+                    pending = buffer.slot_pending(slot)
+                    if (self.slot_rolling[slot] or pending >= ahead
+                            or buffer.slot_consumed.get(slot, 0) + pending >= limit):
+                        continue
+                    group = ctl.new_group(self.slot_task(slot), self.batch_index, slot=slot)
+                    self.groups_launched += 1
+                    for _ in range(self.members_per_group):
+                        traj = ctl.new_trajectory(group)
+                        yield Spawn(ctl.trajectory_process(traj), key=traj.id)
+            yield Wait(buffer.changed)  # fired as well when an env group's last manager frees
 
     def run(self, ctl: "Controller") -> Generator[Any, Any, None]:
         if self.env_groups:

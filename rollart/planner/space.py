@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from rollart.plan.loader import PlanError
-from rollart.sim.costs.train import trainer_memory_gib, trainer_memory_problems
 from rollart.plan.schema import Plan
+from rollart.sim.costs.train import trainer_memory_gib, trainer_memory_problems
 
 SERVERLESS = ("serverless", None, 0)
 

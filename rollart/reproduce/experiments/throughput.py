@@ -81,11 +81,17 @@ def _throughput_variants() -> tuple[Variant, ...]:
     return tuple(out)
 
 
+def _thr(outs: list[Outcome], model: str, mode: str) -> float:
+    """Throughput of the variant (``mode`` its params key), NaN when it did not run."""
+    o = _find(outs, model=model, mode=mode)
+    return throughput(o) if o is not None else math.nan
+
+
 def _pool_table(outs: list[Outcome]) -> MdTable:
     rows = []
     for model in BASES:
         got = {k: _find(outs, model=model, mode=k) for k in ("areal", "rollart", "areal@pool", "rollart@pool")}
-        thr = {k: throughput(o) if o is not None else math.nan for k, o in got.items()}
+        thr = {k: _thr(outs, model, k) for k in got}
         stale = {k: str((o.summary or {}).get("aborted_stale", NA)) if o is not None else NA for k, o in got.items()}
         rows.append([model, fr(thr["areal"]), fr(thr["rollart"]), fx(ratio(thr["rollart"], thr["areal"])),
                      fr(thr["areal@pool"]), fr(thr["rollart@pool"]) + f" ({stale['rollart@pool']} stale)",
@@ -202,15 +208,11 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
 
 def _memory_share_note(outs: list[Outcome]) -> list[str]:
     """ROLLART ÷ AReaL-style at each memory share, where the share moves it."""
-    def thr(model: str, mode: str) -> float:
-        o = _find(outs, model=model, mode=mode)
-        return throughput(o) if o is not None else math.nan
-
     parts = []
     for model in BASES:
-        shipped = ratio(thr(model, "rollart"), thr(model, "areal"))
+        shipped = ratio(_thr(outs, model, "rollart"), _thr(outs, model, "areal"))
         for share in MEMORY_SHARES:
-            at = ratio(thr(model, f"rollart@{share:g}"), thr(model, f"areal@{share:g}"))
+            at = ratio(_thr(outs, model, f"rollart@{share:g}"), _thr(outs, model, f"areal@{share:g}"))
             if math.isfinite(at) and math.isfinite(shipped) and abs(at / shipped - 1) > 0.02:
                 parts.append(f"{model}: ROLLART ÷ AReaL-style {fx(shipped)} at 0.90, {fx(at)} at {share:g}")
     if not parts:
