@@ -69,7 +69,7 @@ def test_run_invariants(p: dict) -> None:
     bg = plan.groups_per_batch if not sched.env_groups else sched.env_groups * sched.per_batch
     assert ctl.buffer.pending_high_water <= (1 + alpha) * bg
     assert out.running_high_water <= (1 + alpha) * bg * sched.members_per_group
-    if sched.env_groups:  # and each env group rolls one group out at a time (a refill joins it)
+    if sched.env_groups:  # and each env group's trajectories run on its own env managers
         assert max(g.slot for g in ctl.groups) < sched.env_groups
         assert out.running_high_water <= sched.env_groups * sched.members_per_group
     # Continuous modes roll out on their env managers only, whatever α (a failed member's refill
@@ -115,6 +115,39 @@ def test_larger_alpha_speeds_up_and_env_groups_wait_for_their_stragglers() -> No
     assert fast.summary["step_time_s_mean"] < slow.summary["step_time_s_mean"]
     assert slow.summary["aborted_stale"] == fast.summary["aborted_stale"] == 0
     assert 0 < fast.summary["mean_staleness"] <= 2
+
+
+def test_env_managers_of_an_env_group_work_on_their_own() -> None:
+    """ROLL's env managers each ask their GroupQueue for the oldest episode still short of rollouts
+    (``get_episode_id``): one that finishes early starts the env group's next group while the others
+    finish theirs, and an env group never runs more trajectories than it has env managers (a
+    failed member's replacement waits for a free one)."""
+    from rollart.core import mode_config
+    from rollart.sim import SimBackend
+
+    plan = small_plan(["algorithm.steps=6", "algorithm.batch_size=64", "tasks.CodeExec.env.step.sigma=2",
+                       "tasks.CodeExec.env.failure_prob=0.1"])
+    backend = SimBackend(plan, mode_config(plan, "rollart"), 0)
+    ctl, sched = backend.ctl, backend.ctl.scheduler
+    launch, most = ctl.new_trajectory, [0]
+
+    def watched(group):
+        traj = launch(group)
+        most[0] = max(most[0], sched.slot_rolling[group.slot])
+        return traj
+
+    ctl.new_trajectory = watched  # type: ignore[method-assign]
+    assert backend.run().error is None
+    assert most[0] == sched.members_per_group  # full, never over
+    assert ctl.outcome_counts()["failed"] > 0
+    # groups whose first member started before the env group's previous group had even completed
+    by_slot: dict[int, list] = {}
+    for g in ctl.groups:
+        by_slot.setdefault(g.slot, []).append(g)
+    overlapped = sum(min(t.started_at for t in nxt.members) < prev.completed_at
+                     for groups in by_slot.values() for prev, nxt in zip(groups, groups[1:])
+                     if prev.completed_at is not None)
+    assert overlapped > 0
 
 
 def test_more_env_groups_than_a_batch_skip_stragglers_whose_episodes_then_expire() -> None:

@@ -144,11 +144,11 @@ class Controller:
         return traj
 
     def trajectory_closed(self, traj: Trajectory) -> None:
-        """A trajectory's env closed: its env manager is free for the next group."""
+        """A trajectory's env closed: its env manager is free for the next group (an env group's
+        manager takes it itself: :func:`run_trajectory` calls ``scheduler.fill_slot``)."""
         self.rolling -= 1
         self.env_freed.fire()
-        if self.scheduler.on_closed(traj.group):  # its env group is free: it may start its next group
-            self.buffer.changed.fire()
+        self.scheduler.on_closed(traj.group)
 
     def lockstep_barrier(self, batch_index: int) -> LockstepBarrier | None:
         if not self.mode.lockstep_env:

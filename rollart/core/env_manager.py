@@ -133,6 +133,9 @@ def run_trajectory(ctl: "Controller", traj: Trajectory) -> Proc:
         pass  # an abort that reaches a closing env changes nothing: it closes, and its manager frees
     ctl.tracer.release(traj)
     ctl.trajectory_closed(traj)
+    if traj.group.slot is not None:  # an env group's manager goes on to its next trajectory (ROLL's loop)
+        for nxt in ctl.scheduler.fill_slot(ctl, traj.group.slot):
+            yield Spawn(ctl.trajectory_process(nxt), key=nxt.id)
 
 
 def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | None,
@@ -213,6 +216,8 @@ def _on_failure(ctl: "Controller", traj: Trajectory, error: str) -> Proc:
         return
     if group.refills < ctl.plan.algorithm.max_refills_per_group:
         group.refills += 1
+        if group.slot is not None:  # the env group's next free manager starts it (fill_slot: oldest group short first)
+            return
         refill = ctl.new_trajectory(group)
         yield Spawn(ctl.trajectory_process(refill), key=refill.id)
     else:

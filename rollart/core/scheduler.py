@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Generator
 
 from rollart.core.effects import Spawn, Wait
-from rollart.core.trajectory import Group
+from rollart.core.trajectory import Group, Trajectory
 from rollart.plan.schema import TaskSpec, env_managers_of, members_per_group
 
 if TYPE_CHECKING:
@@ -29,11 +29,12 @@ class RolloutScheduler:
     * Tasks follow their shares by smooth weighted round-robin (exact, deterministic).
     * Env groups (``mode.env_groups``, as ROLL runs its rollout): the E env managers form
       E ÷ members env groups, each bound to one task by the same round-robin (ROLL's
-      num_groups_partition; see ``slot_task``). An env group starts its next GRPO group once its
-      env managers are free, it holds fewer than (1 + α)·q groups and its consumed + pending groups are fewer than
-      (proxy_version + 1 + α)·q, q = ⌈groups per batch ÷ env groups⌉ (ROLL's GroupQueue creates q
-      episodes a step, α steps' worth ahead at the start, and expires those more than α steps old);
-      the buffer takes each env group's oldest finished one.
+      num_groups_partition; see ``slot_task``). Each env manager works on its own (``fill_slot``):
+      when it frees it takes the oldest GRPO group of its env group still short of members, else
+      a new group once its env group holds fewer than (1 + α)·q groups and its consumed + pending
+      groups are fewer than (proxy_version + 1 + α)·q, q = ⌈groups per batch ÷ env groups⌉ (ROLL's
+      GroupQueue creates q episodes a step, α steps' worth ahead at the start, and expires those
+      more than α steps old); the buffer takes each env group's oldest finished one.
     """
 
     def __init__(self, tasks: list[TaskSpec], mode: "ModeConfig", groups_per_batch: int, group_size: int,
@@ -88,13 +89,51 @@ class RolloutScheduler:
         if group.slot is not None:
             self.slot_rolling[group.slot] += 1
 
-    def on_closed(self, group: Group) -> bool:
-        """A member of ``group`` closed its env: its env manager is free. True when that freed its
-        env group's last manager (only then may the env group start its next group)."""
-        if group.slot is None:
-            return False
-        self.slot_rolling[group.slot] -= 1
-        return self.slot_rolling[group.slot] == 0
+    def on_closed(self, group: Group) -> None:
+        """A member of ``group`` closed its env: its env manager is free."""
+        if group.slot is not None:
+            self.slot_rolling[group.slot] -= 1
+
+    def fill_slot(self, ctl: "Controller", slot: int) -> list[Trajectory]:
+        """Put env group ``slot``'s free env managers to work; returns the trajectories started.
+
+        As each of ROLL's env managers asks its GroupQueue for the oldest episode with fewer than
+        group_size + redundancy rollouts started (``get_episode_id``), a free manager first joins the
+        oldest open group still short of members (one admitted while some managers were busy, or
+        one that lost a member to a failure), and only then starts a new group, under the admission
+        rules of the class docstring. A manager never waits for the rest of its env group: one that
+        finishes early works on the next group while the others finish theirs."""
+        members = self.members_per_group
+        free = members - self.slot_rolling[slot]
+        started: list[Trajectory] = []
+        if free <= 0:
+            return started
+        buffer = ctl.buffer
+        for group in buffer.by_slot.get(slot, ()):  # oldest first
+            if group.complete or group.evicted or group.abandoned:
+                continue
+            room = members - len(group.scored) - len(group.running)
+            for _ in range(min(room, free)):
+                started.append(ctl.new_trajectory(group))
+                free -= 1
+            if free <= 0:
+                return started
+        alpha = self.mode.alpha
+        # Until the workers serve a version the trainer's window still holds, a new group would be
+        # stale on admission (ROLL creates a step's episodes once its weights are in).
+        if ctl.proxy.version < ctl.version - alpha:
+            return started
+        limit, ahead = (ctl.proxy.version + 1 + alpha) * self.per_batch, (1 + alpha) * self.per_batch
+        while free > 0:
+            pending = buffer.slot_pending(slot)
+            if pending >= ahead or buffer.slot_consumed.get(slot, 0) + pending >= limit:
+                break
+            group = ctl.new_group(self.slot_task(slot), self.batch_index, slot=slot)
+            self.groups_launched += 1
+            for _ in range(min(members, free)):
+                started.append(ctl.new_trajectory(group))
+                free -= 1
+        return started
 
     def next_task(self) -> TaskSpec:
         total = sum(t.share for t in self.tasks)
@@ -126,23 +165,13 @@ class RolloutScheduler:
         return opened
 
     def _run_env_groups(self, ctl: "Controller") -> Generator[Any, Any, None]:
-        buffer, ahead = ctl.buffer, (1 + self.mode.alpha) * self.per_batch
+        # A manager that frees starts its next trajectory itself (run_trajectory → fill_slot); this
+        # loop serves the managers left idle until the buffer or the weights change.
         while True:
-            limit = (ctl.proxy.version + 1 + self.mode.alpha) * self.per_batch
-            # Until the workers serve a version the trainer's window still holds, a new group would be
-            # stale on admission (ROLL creates a step's episodes once its weights are in).
-            if ctl.proxy.version >= ctl.version - self.mode.alpha:
-                for slot in range(self.env_groups):
-                    pending = buffer.slot_pending(slot)
-                    if (self.slot_rolling[slot] or pending >= ahead
-                            or buffer.slot_consumed.get(slot, 0) + pending >= limit):
-                        continue
-                    group = ctl.new_group(self.slot_task(slot), self.batch_index, slot=slot)
-                    self.groups_launched += 1
-                    for _ in range(self.members_per_group):
-                        traj = ctl.new_trajectory(group)
-                        yield Spawn(ctl.trajectory_process(traj), key=traj.id)
-            yield Wait(buffer.changed)  # fired as well when an env group's last manager frees
+            for slot in range(self.env_groups):
+                for traj in self.fill_slot(ctl, slot):
+                    yield Spawn(ctl.trajectory_process(traj), key=traj.id)
+            yield Wait(ctl.buffer.changed)
 
     def run(self, ctl: "Controller") -> Generator[Any, Any, None]:
         if self.env_groups:

@@ -89,8 +89,10 @@ class AsyncDriver:
                 task.cancel(eff.reason)
 
     async def cancel_all(self) -> None:
-        """Stop every process still running (end of the run)."""
-        tasks = list(self.all_tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Stop every process still running (end of the run), and any a stopping one spawned on
+        its way out (an env manager that closes starts its next trajectory)."""
+        while self.all_tasks:
+            tasks = list(self.all_tasks)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
