@@ -322,8 +322,8 @@ class TailProbe:
         self._train_rest = None
         if ctl.scheduler.env_groups:
             # env groups (ROLLART, AReaL-style): a batch is each env group's oldest episode, and each
-            # env group rolls its episodes out one after another, α ahead: a slow episode delays its
-            # own env group's next ones, not the batch's other groups. Measured against full runs (4
+            # env group's managers roll its episodes out, α ahead: a slow episode delays its own env
+            # group's next ones, not the batch's other groups. Measured against full runs (4
             # steps, steady step s; tests/test_scale.py), the subset needs no tail correction: 128,
             # 512 and 1,024 GPUs +1.3 %, +0.4 %, -0.5 %, where the order-statistics one of the pooled
             # rollout (below) overshot by 9 % and 13 %. The batch is an unselected sample of each

@@ -182,8 +182,9 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
         "running members aborted (ROLL's GroupQueue), where AReaL bounds staleness by admission only and trains a "
         "straggler once it finishes.",
         "Env groups: the continuous modes roll out as ROLL does (`algorithm.env_groups`): the env managers form "
-        "fixed env groups of one GRPO group's members, bound to the tasks by their shares, each rolling its "
-        "episodes out one after another (α ahead), and a batch takes each env group's oldest finished episode, so "
+        "fixed env groups of one GRPO group's members, bound to the tasks by their shares, whose managers each take "
+        "the env group's oldest episode still short of members or start the next one (α ahead), and a batch takes "
+        "each env group's oldest finished episode, so "
         "every batch keeps the task mix. On one pool of env managers a batch is the oldest finished groups "
         "whatever their task: fast tasks fill the batches, and ROLLART's window expires the slow tasks' groups "
         "(the stale column), while AReaL-style trains them late.",
