@@ -339,14 +339,22 @@ class SimBackend:
         traj = eff.traj
         tokens = self.envs.response_tokens(self.plan.task(traj.task), traj.id, eff.max_new_tokens)
         if eff.prefill_worker is not None:
-            yield from self._run_request(self.engines[eff.prefill_worker], traj.id, eff.context_tokens, 1, False)
+            prefill, decode = self.engines[eff.prefill_worker], self.engines[eff.worker]
+            link, kv_per_token = self.transfer.intra, self.plan.model.kv_bytes_per_token
+            remote = 0
+            if prefill.prefix_cache and decode.prefix_cache:
+                # The same KV connector the other way: a prefill worker whose cache lost the conversation
+                # loads the prefix the decode worker still holds instead of recomputing it.
+                have = min(prefill.cache.get(traj.id, 0), eff.context_tokens)
+                held = min(decode.cache.get(traj.id, 0), eff.context_tokens)
+                if held > have:
+                    yield self.env.timeout(link.latency_s + (held - have) * kv_per_token / link.bytes_per_s)
+                    remote = held
+            yield from self._run_request(prefill, traj.id, eff.context_tokens, 1, False, remote)
             # Only the KV the decode worker lacks crosses the link: its prefix cache still holds the
             # conversation up to its last turn (a KV connector loads just the tokens past the local hit).
-            decode = self.engines[eff.worker]
             local = min(decode.cache.get(traj.id, 0), eff.context_tokens) if decode.prefix_cache else 0
-            kv_bytes = (eff.context_tokens - local) * self.plan.model.kv_bytes_per_token
-            link = self.transfer.intra
-            yield self.env.timeout(link.latency_s + kv_bytes / link.bytes_per_s)
+            yield self.env.timeout(link.latency_s + (eff.context_tokens - local) * kv_per_token / link.bytes_per_s)
             if tokens > 1:
                 yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens + 1,
                                              tokens - 1, True)
@@ -355,10 +363,10 @@ class SimBackend:
         return GenOutcome(tokens=tokens)
 
     def _run_request(self, engine: GenerationEngine, traj_id: int, context: int, tokens: int,
-                     prefilled: bool) -> SimGen:
+                     prefilled: bool, remote: int = 0) -> SimGen:
         if engine.request_overhead_s > 0:  # the call's time outside the engine (measured profiles)
             yield self.env.timeout(engine.request_overhead_s)
-        req: Request = engine.add(traj_id, context, tokens, prefilled)
+        req: Request = engine.add(traj_id, context, tokens, prefilled, remote)
         try:
             yield req.done
         except simpy.Interrupt:

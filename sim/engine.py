@@ -52,12 +52,14 @@ class _Timer:
 
 class Request:
     __slots__ = ("traj_id", "context", "new_tokens", "decode_tokens", "done", "admit_iter", "finish_iter",
-                 "kv_final", "aborted", "running")
+                 "kv_final", "aborted", "running", "remote")
 
-    def __init__(self, traj_id: int, context: int, decode_tokens: int, done: simpy.Event, prefilled: bool):
+    def __init__(self, traj_id: int, context: int, decode_tokens: int, done: simpy.Event, prefilled: bool,
+                 remote: int = 0):
         self.traj_id = traj_id
         self.context = context          # tokens the model sees before generating
         self.new_tokens = 0 if prefilled else context
+        self.remote = remote            # prefix tokens a KV connector loads from another worker (PD)
         self.decode_tokens = decode_tokens
         self.done = done
         self.admit_iter = 0
@@ -110,8 +112,8 @@ class GenerationEngine:
 
     # ---- commands (applied between engine steps) ------------------------------------
 
-    def add(self, traj_id: int, context: int, decode_tokens: int, prefilled: bool = False) -> Request:
-        req = Request(traj_id, context, max(1, decode_tokens), self.env.event(), prefilled)
+    def add(self, traj_id: int, context: int, decode_tokens: int, prefilled: bool = False, remote: int = 0) -> Request:
+        req = Request(traj_id, context, max(1, decode_tokens), self.env.event(), prefilled, remote)
         self.waiting.append(req)
         if self._plan is not None:  # _note_calls and _command, inlined for the busy engine
             if self.call_step_s and self.env._now >= self._charged_until:
@@ -340,8 +342,8 @@ class GenerationEngine:
                 # a PD decode request (KV from a prefill worker) must drop it too, or it counts twice
                 cached = cache.pop(req.traj_id, 0)
                 self.cache_tokens -= cached
-                if req.new_tokens:
-                    hit = min(cached, req.context)
+                if req.new_tokens:  # a prefix loaded by the KV connector counts as found (PD prefill)
+                    hit = min(max(cached, req.remote), req.context)
                     self.cache_hits_tokens += hit
                     req.new_tokens = req.context - hit
             n = req.new_tokens

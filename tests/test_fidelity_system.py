@@ -484,6 +484,25 @@ def test_pd_transfers_only_the_kv_the_decode_worker_lacks() -> None:
     assert gen(slow) < 2.5 * gen(fast)
 
 
+def test_pd_prefill_worker_loads_a_lost_prefix_instead_of_recomputing_it() -> None:
+    """With few prefill workers their caches cannot hold every conversation; the KV connector that
+    sends a turn's KV to the decode worker also loads the conversation the decode worker still
+    holds back into a prefill worker that lost it (~60 ms for 20K Qwen3-8B tokens at 400 Gbit/s
+    against ~0.5 s of H800 prefill). Measured (2 prefill workers, batch 128, 2 steps, seed 0): 99 % of
+    the prefill pool's prompt tokens come from cache, against 3 % when every lost prefix was recomputed."""
+    plan = load_plan(resolve("paper/experiments/pd-disaggregation-swe"), [
+        "placement.pd_disaggregation=true", "algorithm.steps=2",
+        "placement.generation=[{pool: h800, workers: 2, tp: 1, role: prefill},"
+        " {pool: h800, workers: 14, tp: 1, role: decode}, {pool: h20, workers: 16, tp: 1, role: decode}]"])
+    out = run_sim(plan)
+    assert out.error is None
+    prefill = [e for e, w in zip(out.backend.engines, out.backend.ctl.proxy.workers) if w.role == "prefill"]
+    assert len(prefill) == 2
+    hits = sum(e.cache_hits_tokens for e in prefill)
+    computed = sum(e.prefill_tokens for e in prefill)
+    assert hits / (hits + computed) > 0.5
+
+
 # ---- ROLLART ÷ AReaL: the weight-update order of ROLL's pipeline -------------------------------
 
 def test_rollart_updates_before_get_batch_and_keeps_alpha_plus_one_batches_in_flight() -> None:

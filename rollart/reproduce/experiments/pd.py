@@ -18,7 +18,11 @@ PD_LAYOUTS = (("colocated", "colocated prefill + decode"),
               ("pd", "prefill on H800, decode on H20"),
               # The same GPUs with prefill workers of 2 H800: each holds twice the KV room, so the prefill
               # side can keep the prefix of every conversation it serves (it must, or it recomputes them).
-              ("pd-tp2", "prefill on H800 (tp 2), decode on H20"))
+              ("pd-tp2", "prefill on H800 (tp 2), decode on H20"),
+              # A P:D ratio closer to the load (prefill is a few % of a SWE turn's GPU time): a quarter of
+              # the H800 prefill, the other H800 decode beside the H20; the prefill workers load the
+              # conversations their caches lost from the decode workers (the KV connector, sim/backend.py).
+              ("pd-quarter", "prefill on ¼ of the H800, decode on the rest and the H20"))
 # The paper gives no cluster or batch for its PD ablation. Whether PD wins turns on how many conversations
 # each rollout worker must keep cached, so the experiment runs three setups: the scenario as shipped
 # (48 GPUs, batch 128), the paper's evaluation batch (512) on it, and the paper's evaluation cluster and
@@ -35,6 +39,11 @@ def _pd_overrides(layout: str, workers: int) -> tuple[str, ...]:
     decode = f"{{pool: h20, workers: {workers}, tp: 1{', role: decode' if layout != 'colocated' else ''}}}"
     if layout == "colocated":
         return (f"placement.generation=[{{pool: h800, workers: {workers}, tp: 1}}, {decode}]",)
+    if layout == "pd-quarter":
+        q = workers // 4
+        return ("placement.pd_disaggregation=true",
+                f"placement.generation=[{{pool: h800, workers: {q}, tp: 1, role: prefill}}, "
+                f"{{pool: h800, workers: {workers - q}, tp: 1, role: decode}}, {decode}]")
     prefill = (f"{{pool: h800, workers: {workers}, tp: 1, role: prefill}}" if layout == "pd"
                else f"{{pool: h800, workers: {workers // 2}, tp: 2, role: prefill}}")
     return ("placement.pd_disaggregation=true", f"placement.generation=[{prefill}, {decode}]")
@@ -63,7 +72,8 @@ def _analyse_pd(outs: list[Outcome]) -> Section:
                              fs(breakdown_mean(steady(o), "generation")), fp(train_share(o)),
                              fp(hit) if hit is not None else NA, busy(o)])
         for lkey, what, paper in (("pd", "PD", "dense a little better, MoE clearly better (qualitative)"),
-                                  ("pd-tp2", "PD with tp-2 prefill", "—")):
+                                  ("pd-tp2", "PD with tp-2 prefill", "—"),
+                                  ("pd-quarter", "PD with ¼ of the H800 prefilling", "—")):
             vs = " · ".join(fx(ratio(head.get(f"{skey}.{k}.{lkey}"), head.get(f"{skey}.{k}.colocated")))
                             for k, _, _ in PD_MODELS)
             comp.append([f"{what} ÷ colocated, dense · MoE ({slabel})", vs, paper])
@@ -114,7 +124,8 @@ def _pd_note(outs: list[Outcome]) -> list[str]:
                           if trainer_bound(col) and trainer_bound(pd) else "") + ".")
     if out:
         out.append("Prefill routing is cache-aware (a trajectory's turns return to the prefill worker holding its "
-                   "conversation) and only the KV the decode worker lacks crosses the link. Where the colocated "
+                   "conversation); only the KV the decode worker lacks crosses the link, and a prefill worker whose "
+                   "cache lost a conversation loads it back from the decode worker's. Where the colocated "
                    "workers keep their conversations cached, a turn prefills ~100–300 new tokens: PD then removes "
                    "only the mixed-step stalls from the decoders (a few % of their time) and takes the prefill GPUs' "
                    "HBM bandwidth out of decode, where long-context decode is bound by reading the KV. Where they "
@@ -129,7 +140,8 @@ PD = Experiment(
     title="Prefill–decode disaggregation vs colocation (dense and MoE) on SWE",
     setup=("SWE-only rollout (calibrated profile, ROLLART mode, α = 1), dense Qwen3-8B and MoE Qwen3-30B-A3B (128 "
            "experts, 8 active): every worker doing prefill and decode (least-loaded over both pools), or prefill on "
-           "the H800 and decode on the H20 with the KV crossing the 400 Gbps link. Three setups: 16 H800 + 16 H20 "
+           "the H800 and decode on the H20 with the KV crossing the 400 Gbps link (also with tp-2 prefill workers, and "
+           "with a quarter of the H800 prefilling and the rest decoding beside the H20). Three setups: 16 H800 + 16 H20 "
            "rollout and 16 H800 training at batch 128 (the scenarios as shipped) and at batch 512, and the paper's "
            "evaluation cluster at batch 512 (32 H800 + 32 H20 rollout, 64 H800 training). Scenarios "
            "`paper/experiments/pd-disaggregation-swe{,-moe}`."),
