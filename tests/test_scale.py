@@ -149,6 +149,11 @@ def _mean(runs: list[tuple[float, float]]) -> tuple[float, float]:
 #   128 GPUs      380.0 / 17,878 (m = 2)      374.9 / 17,865      +1.3 % / +0.1 %
 #   512 GPUs      380.4 / 71,417 (m = 8)      378.7 / 71,485      +0.4 % / -0.1 %
 #   1,024 GPUs    379.7 / 143,075 (m = 16)    381.8 / 141,535     -0.5 % / +1.1 %
+# Since an env group's managers each take its oldest group short of members (ROLL's get_episode_id; session 37),
+# the same way:
+#   128 GPUs      380.0 / 17,974 (m = 2)      374.4 / 18,042      +1.5 % / -0.4 %
+#   512 GPUs      381.4 / 71,631 (m = 8)      381.2 / 71,473      +0.1 % / +0.2 %
+#   1,024 GPUs    381.0 / 143,473 (m = 16)    383.6 / 141,989     -0.7 % / +1.0 %
 APPROX_SEEDS = {1: range(4), 4: range(12), 8: range(12)}
 FULL_SEEDS = {1: range(4), 4: range(2), 8: range(3)}
 
