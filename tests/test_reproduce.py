@@ -468,6 +468,18 @@ def test_checks_against_a_paper_value_or_range():
         "1 of 3 like-for-like figures within ±15 % of the paper's; 1 of 3 qualitative statements agree.")
 
 
+def test_a_winner_by_less_than_the_seed_spread_is_a_tie():
+    """An ordering read off one seed: a lead smaller than the seed-to-seed spread (3 %) is a tie, and a
+    qualitative check that needs one winner does not pass on it."""
+    from rollart.reproduce.checks import TIE_MARGIN, leader_text, leaders
+
+    assert leaders({"a": 1.39, "b": 1.36, "c": 1.10}) == ["a", "b"]  # 2.2 % apart: a tie
+    assert leaders({"a": 1.40, "b": 1.30, "c": math.nan}) == ["a"]
+    assert leaders({"a": math.nan}) == [] and leaders({}) == []
+    assert leader_text(["a", "b"], str.upper) == f"tie within {100 * TIE_MARGIN:.0f} % (one seed): A, B"
+    assert leader_text(["a"], str.upper) == "A" and leader_text([], str.upper) == "—"
+
+
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_without_runs_no_check_passes_or_fails(name):
     """Every variant failed (or none ran): each paper check says "not computed", never a verdict."""

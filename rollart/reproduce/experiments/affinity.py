@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from rollart.reproduce import plots
-from rollart.reproduce.checks import direction
+from rollart.reproduce.checks import direction, leader_text, leaders
 from rollart.reproduce.experiments.common import (BOUND_RULE, EXP, STEADY_NOTE, _failures, _find, _same_trainer, _side,
                                                   _train_s)
 from rollart.reproduce.figures import NA, busy, fp, fr, fs, fx, ratio, step_s, throughput, train_share, trainer_bound
@@ -37,10 +37,11 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
                      str(o.summary.get("routed_fallback", NA))])
     table = MdTable(["rollout hardware (same cost)", "step s", "train share of step", "traj/s", "× all-H800",
                      "GPU busy", "requests routed off their preferred pool"], rows)
-    best = max(head, key=lambda k: head[k] if math.isfinite(head[k]) else -1) if head else None
+    top = leaders(head)
     label = dict((k, lbl) for k, lbl, _ in AFF_VARIANTS)
+    fastest = leader_text(top, lambda k: label.get(k, NA))
     comparison = MdTable(["quantity", "simulated", "paper"], [
-        ["fastest cost-matched rollout hardware", label.get(best, NA),
+        ["fastest cost-matched rollout hardware", fastest,
          "the affinity-routed H800 + H20 mix (qualitative, no number in our notes)"],
         ["mix with affinity ÷ all-H800", fx(ratio(head.get("mix-affinity"), head.get("all-h800"))), "> 1 (qualitative)"],
         ["mix with affinity ÷ all-H20", fx(ratio(head.get("mix-affinity"), head.get("all-h20"))), "> 1 (qualitative)"],
@@ -52,8 +53,8 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
              + STEADY_NOTE] \
         + _affinity_bound_note(outs) + _failures(outs)
     known = [k for k, t in head.items() if math.isfinite(t)]
-    checks = [direction("fastest cost-matched rollout hardware (64 H800 + 24 H20 mix)", label.get(best, NA),
-                        "the affinity-routed mix", best == "mix-affinity" if "mix-affinity" in known and len(known) > 1
+    checks = [direction("fastest cost-matched rollout hardware (64 H800 + 24 H20 mix)", fastest,
+                        "the affinity-routed mix", top == ["mix-affinity"] if "mix-affinity" in known and len(known) > 1
                         else None)]
     return Section(table, comparison, notes, headline=head, checks=checks)
 

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from rollart.reproduce import plots
-from rollart.reproduce.checks import direction
+from rollart.reproduce.checks import direction, leader_text, leaders
 from rollart.reproduce.experiments.common import (EXP, MODES, MODE_LABEL, STEADY_NOTE, _bound_note, _failures, _find,
                                                   _side, _train_s, conversations_per_worker, env_managers)
 from rollart.reproduce.figures import NA, busy, fp, fr, fs, fx, ratio, step_s, throughput, train_share, trainer_bound
@@ -82,21 +82,21 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
     table = MdTable(["mode", "64 H800 step s", "64 H800 train share of step", "64 H800 traj/s", "64 H800 GPU busy",
                      "128 H800 step s", "128 H800 train share of step", "128 H800 traj/s", "128 H800 GPU busy",
                      "speed-up (ideal 2×)", "scaling efficiency"], rows)
-    best = max((m for m in MODES if math.isfinite(head[m]["speedup"])), key=lambda m: head[m]["speedup"], default=None)
-    scales_best = f"{MODE_LABEL[best]} ({fx(head[best]['speedup'])})" if best else NA
+    top = leaders({m: head[m]["speedup"] for m in MODES})
+    scales_best = leader_text(top, lambda m: f"{MODE_LABEL[m]} ({fx(head[m]['speedup'])})")
     comparison = MdTable(["quantity", "simulated", "paper"], [
         ["mode that scales best from 64 to 128 H800", scales_best,
          "ROLLART scaled better than the baselines (qualitative)"],
         ["ROLLART speed-up 64 → 128", fx(head.get("rollart", {}).get("speedup")), "no number in our notes"],
     ])
     checks = [direction("mode that scales best from 64 to 128 H800 (Qwen3-14B)", scales_best,
-                        "ROLLART", best == "rollart" if best else None)]
+                        "ROLLART", top == ["rollart"] if top else None)]
     best_table, splits = _best_splits(all_outs)
     if splits:
-        winner = max(splits, key=lambda m: splits[m]["speedup"])
-        at_best = f"{MODE_LABEL[winner]} ({fx(splits[winner]['speedup'])})"
+        winners = leaders({m: splits[m]["speedup"] for m in splits})
+        at_best = leader_text(winners, lambda m: f"{MODE_LABEL[m]} ({fx(splits[m]['speedup'])})")
         checks.append(direction("… each continuous mode at its best train/rollout split", at_best, "ROLLART",
-                                winner == "rollart"))
+                                winners == ["rollart"]))
         comparison.rows.append([f"mode that scales best, {' and '.join(MODE_LABEL[m] for m in splits)} each at its "
                                 "best train/rollout split", at_best, "ROLLART scaled better (qualitative)"])
         head["best_split"] = splits
