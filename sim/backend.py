@@ -342,14 +342,13 @@ class SimBackend:
             prefill, decode = self.engines[eff.prefill_worker], self.engines[eff.worker]
             link, kv_per_token = self.transfer.intra, self.plan.model.kv_bytes_per_token
             remote = 0
-            if prefill.prefix_cache and decode.prefix_cache:
+            if prefill.prefix_cache and decode.prefix_cache and traj.id not in prefill.cache:
                 # The same KV connector the other way: a prefill worker whose cache lost the conversation
-                # loads the prefix the decode worker still holds instead of recomputing it.
-                have = min(prefill.cache.get(traj.id, 0), eff.context_tokens)
-                held = min(decode.cache.get(traj.id, 0), eff.context_tokens)
-                if held > have:
-                    yield self.env.timeout(link.latency_s + (held - have) * kv_per_token / link.bytes_per_s)
-                    remote = held
+                # loads the prefix the decode worker still holds instead of recomputing it (while it holds
+                # its own copy it recomputes the last response's tokens with the turn, as before).
+                remote = min(decode.cache.get(traj.id, 0), eff.context_tokens)
+                if remote:
+                    yield self.env.timeout(link.latency_s + remote * kv_per_token / link.bytes_per_s)
             yield from self._run_request(prefill, traj.id, eff.context_tokens, 1, False, remote)
             # Only the KV the decode worker lacks crosses the link: its prefix cache still holds the
             # conversation up to its last turn (a KV connector loads just the tokens past the local hit).

@@ -488,7 +488,7 @@ def test_pd_prefill_worker_loads_a_lost_prefix_instead_of_recomputing_it() -> No
     """With few prefill workers their caches cannot hold every conversation; the KV connector that
     sends a turn's KV to the decode worker also loads the conversation the decode worker still
     holds back into a prefill worker that lost it (~60 ms for 20K Qwen3-8B tokens at 400 Gbit/s
-    against ~0.5 s of H800 prefill). Measured (2 prefill workers, batch 128, 2 steps, seed 0): 99 % of
+    against ~0.5 s of H800 prefill). Measured (2 prefill workers, batch 128, 2 steps, seed 0): 98 % of
     the prefill pool's prompt tokens come from cache, against 3 % when every lost prefix was recomputed."""
     plan = load_plan(resolve("paper/experiments/pd-disaggregation-swe"), [
         "placement.pd_disaggregation=true", "algorithm.steps=2",

@@ -90,7 +90,7 @@ class Controller:
         self.weights_updated = Signal("weights.updated")
         self.rolling = 0                 # trajectories on an env manager (spawned, not yet closed)
         self.env_freed = Signal("env.freed")
-        self.finished = False
+        self.finished = False            # the trainer is done, or the backend is stopping the run
         self.batches: list[tuple[int, ...]] = []  # trajectory ids of each training batch
         self._lockstep: dict[int, LockstepBarrier] = {}
         self._reward_gate: dict[int, LockstepBarrier] = {}

@@ -133,7 +133,7 @@ def run_trajectory(ctl: "Controller", traj: Trajectory) -> Proc:
         pass  # an abort that reaches a closing env changes nothing: it closes, and its manager frees
     ctl.tracer.release(traj)
     ctl.trajectory_closed(traj)
-    if traj.group.slot is not None:  # an env group's manager goes on to its next trajectory (ROLL's loop)
+    if traj.group.slot is not None and not ctl.finished:  # its env manager goes on to its next one (ROLL's loop)
         for nxt in ctl.scheduler.fill_slot(ctl, traj.group.slot):
             yield Spawn(ctl.trajectory_process(nxt), key=nxt.id)
 

@@ -595,6 +595,7 @@ class RuntimeBackend:
                 break
         if main.done() and not main.cancelled() and main.exception() is not None:
             error = _describe(main.exception())
+        self.ctl.finished = True  # stopping: no env manager that closes now starts another trajectory
         await driver.cancel_all()
         self.counters.host_cpu_s = await self._host_cpu_s() - cpu0
         self.counters.host_cpu_wall_s = time.monotonic() - cpu_t0
