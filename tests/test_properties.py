@@ -171,6 +171,24 @@ def test_env_that_always_fails_stops_with_a_clear_error_and_keeps_results() -> N
     assert result.error == out.error and result.summary["env_failures"] > 0
 
 
+def test_a_task_that_cannot_fill_a_group_stops_the_run_with_the_fix() -> None:
+    """A long-horizon task whose env fails nearly every trajectory (30 % of env calls over its turns) abandons
+    every group once its refills run out, while the shorter tasks keep succeeding: the failed-in-a-row count
+    never trips, and the batches, which need that task's groups, never form. The run stops naming the task
+    instead of simulating on until max_sim_hours (at 9b56e3f: past 100,000 simulated s, 29,000 groups and 0
+    steps after 40 s of wall time); what was done is kept."""
+    import time
+
+    plan = small_plan(["algorithm.batch_size=64", "algorithm.steps=6", "algorithm.alpha=0", "algorithm.redundancy=0",
+                       "algorithm.max_refills_per_group=1", "algorithm.env_managers=40",
+                       *(f"tasks.{t}.env.failure_prob=0.3" for t in ("CodeExec", "FrozenLake", "GEM-Math"))])
+    t0 = time.process_time()
+    out = run_sim(plan, "rollart", seed=3)
+    assert out.error is not None and "tasks.FrozenLake.env" in out.error and "abandoned" in out.error, out.error
+    assert time.process_time() - t0 < 60  # not minutes of simulating nothing
+    assert out.to_result().error == out.error
+
+
 def test_failures_are_refilled_and_counted() -> None:
     out = run_sim(small_plan(["tasks.CodeExec.env.failure_prob=0.4", "algorithm.redundancy=0"]), "rollart")
     assert out.error is None

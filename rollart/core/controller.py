@@ -95,6 +95,10 @@ class Controller:
         self._lockstep: dict[int, LockstepBarrier] = {}
         self._reward_gate: dict[int, LockstepBarrier] = {}
         self._failure_limit = 20 * plan.algorithm.batch_size
+        # groups of a task abandoned (refills exhausted) since one of that task's groups last completed:
+        # successes of other tasks do not help a batch that needs this task's groups
+        self._abandoned_in_a_row: dict[str, int] = {}
+        self._abandon_limit = 20 * plan.groups_per_batch
         self._timeouts_recorded = 0      # stats.env_timeouts already attributed to a step
 
     def resume_from(self, version: int) -> None:
@@ -149,6 +153,20 @@ class Controller:
         self.rolling -= 1
         self.env_freed.fire()
         self.scheduler.on_closed(traj.group)
+
+    def group_abandoned(self, group: Group) -> None:
+        """``group`` ran out of refills. Many of one task's in a row, none of its groups completing
+        meanwhile, mean that task cannot fill a group (its env fails nearly every trajectory): stop
+        with the fix rather than simulate on until ``max_sim_hours``."""
+        n = self._abandoned_in_a_row[group.task] = self._abandoned_in_a_row.get(group.task, 0) + 1
+        if n > self._abandon_limit:
+            task = self.plan.task(group.task)
+            raise RunAborted(f"tasks.{group.task}.env: {n} groups in a row abandoned (their members failed beyond "
+                             f"algorithm.max_refills_per_group = {self.plan.algorithm.max_refills_per_group}) without "
+                             f"one completing; check failure_prob ({task.env.failure_prob:g} per env call) and timeout_s")
+
+    def group_completed(self, group: Group) -> None:
+        self._abandoned_in_a_row[group.task] = 0
 
     def lockstep_barrier(self, batch_index: int) -> LockstepBarrier | None:
         if not self.mode.lockstep_env:

@@ -197,6 +197,8 @@ def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | Non
     traj.finished_at = ctl.now()
     ctl.stats.consecutive_failures = 0
     surplus = ctl.buffer.submit(traj, ctl.now())
+    if traj.group.complete:
+        ctl.group_completed(traj.group)
     if surplus:
         yield Abort(tuple(surplus), "redundant")
 
@@ -221,6 +223,7 @@ def _on_failure(ctl: "Controller", traj: Trajectory, error: str) -> Proc:
         refill = ctl.new_trajectory(group)
         yield Spawn(ctl.trajectory_process(refill), key=refill.id)
     else:
+        ctl.group_abandoned(group)
         running = ctl.buffer.abandon(group)
         if running:
             yield Abort(tuple(running), "group abandoned")
