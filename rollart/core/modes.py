@@ -26,8 +26,9 @@ class ModeConfig:
     evict_stale: bool = True
     # ROLL's env groups (``algorithm.env_groups``, on by default in both continuous modes): the env
     # managers form fixed groups of one GRPO group's members, each bound to one task (tasks share
-    # the groups by their shares, ROLL's num_groups_partition); a group rolls out its episodes one
-    # after another, α ahead, and a batch takes each group's oldest finished episode (ROLL's
+    # the groups by their shares, ROLL's num_groups_partition); each manager, once free, joins its
+    # group's oldest episode still short of members or starts the next, α ahead (ROLL's
+    # GroupQueue.get_episode_id), and a batch takes each group's oldest finished episode (ROLL's
     # GroupQueue.get), so every batch holds the tasks in their shares and a fast task cannot fill
     # batches while a slow one's episodes go stale. AReaL-style runs on the same rollout: the paper's
     # baselines differ from ROLLART in the mechanisms it ablates (affinity, redundancy, transfer,

@@ -366,8 +366,9 @@ class Algorithm(_Strict):
                           "group's members. alpha bounds how stale what they roll out may get, not how many run")
     env_groups: bool = Field(True, description=(
         "the continuous modes' env managers form fixed env groups, one GRPO group's members each, bound to "
-        "the tasks by their shares (ROLL's GroupQueue and num_groups_partition): each rolls its episodes out "
-        "one after another, alpha ahead, and a batch takes each env group's oldest finished one, so batches "
+        "the tasks by their shares (ROLL's GroupQueue and num_groups_partition): each env manager, once free, "
+        "joins its env group's oldest episode still short of members or starts the next one, alpha ahead, and a "
+        "batch takes each env group's oldest finished one, so batches "
         "keep the task mix. false: one pool of env managers, and a batch is the oldest finished groups "
         "whatever their task (AReaL's own rollout executor)"))
     max_sim_hours: Annotated[float, Field(gt=0, le=1e6)] = 240.0

@@ -75,13 +75,18 @@ def trainer_memory_gib(model: ModelSpec, trainer: TrainerPlacement) -> float:
     return (TRAIN_WEIGHT_GRAD_BYTES * shard + optimizer) / 2**30 + TRAIN_ACTIVATION_RESERVE_GIB
 
 
+def trainer_fits(model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement) -> bool:
+    """Whether each of the trainer's GPUs holds :func:`trainer_memory_gib`."""
+    return trainer_memory_gib(model, trainer) <= gpu.memory_gb
+
+
 def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, trainer: TrainerPlacement) -> list[str]:
     """A one-line plan error when the trainer's GPUs cannot hold its state, else nothing."""
-    need = trainer_memory_gib(model, trainer)
-    if need <= gpu.memory_gb:
+    if trainer_fits(model, gpu, trainer):
         return []
-    fit = next((g for g in (2 ** k for k in range(20)) if trainer_memory_gib(
-        model, trainer.model_copy(update={"gpus": g * trainer.tp * trainer.pp})) <= gpu.memory_gb), None)
+    need = trainer_memory_gib(model, trainer)
+    fit = next((g for g in (2 ** k for k in range(20))
+                if trainer_fits(model, gpu, trainer.model_copy(update={"gpus": g * trainer.tp * trainer.pp}))), None)
     hint = (f"at tp {trainer.tp} · pp {trainer.pp} it fits from {fit * trainer.tp * trainer.pp} GPUs; or raise tp/pp"
             if fit is not None else "raise tp or pp")
     return [f"placement.trainer.gpus: training {model.name} needs {need:.0f} GiB a GPU on {trainer.gpus} × {gpu_name} "
