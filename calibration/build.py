@@ -43,6 +43,10 @@ DECODE_FORMULA = ("t0 + t_seq·B + max(4·H·d·B·L / (P·e_c), 2·B·L·H_kv·
 DECODE_FP8_KV_FORMULA = ("the decode-attention formula with these t0 and e_bw, 1 byte per KV element "
                          "(other parameters: attn_decode's)")
 COLLECTIVE_FORMULA = "alpha_s + 2(n−1)/n · bytes / (beta_gbps·1e9/8)"
+# vLLM's CustomAllreduce(max_size=8192 * 1024): tensor-parallel all-reduces up to 8 MiB run its
+# peer-to-peer kernel inside the engine (K.CUSTOM_ALLREDUCE_WORLD_SIZES); larger ones (long
+# prefills) go to NCCL
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
 STREAM_FORMULA = ("t0 + bytes / (BW·e_bw) over the decode-attention rows reading ≥ 1 GB that the decode fit "
                   "puts on the memory side (split-KV geometries)")
 # A long read: at ≥ 1 GB a transfer takes ≥ ~300 µs, so the ~20 µs launch cost is ≤ 7 % of it and
@@ -240,6 +244,20 @@ def build(gpu: str) -> KernelProfile:
         assumptions.append(allreduce.derived)
     elif gpu != "h100":
         allreduce.derived = f"H100 NVLink fit as is ({key} NVLink {sheet['nvlink_gbps']:.0f} GB/s, the same as H100's)"
+    # The engine's own all-reduce for small (decode-sized) messages, from vLLM's custom kernel on H100
+    X, y, files = D.custom_allreduce()
+    fit = K.fit_collective(X, y)
+    allreduce_custom = _component(fit, COLLECTIVE_FORMULA + ", for bytes ≤ max_bytes (vLLM custom all-reduce)",
+                                  files, dtype="bf16 activations")
+    allreduce_custom.params["max_bytes"] = float(CUSTOM_ALLREDUCE_MAX_BYTES)
+    if scale != 1.0:
+        allreduce_custom.params["beta_gbps"] = float(f"{fit.params['beta_gbps'] * scale:.6g}")
+        allreduce_custom.derived = (f"H100 timings (vLLM custom all-reduce, tp 2/4/8) with bandwidth × {scale:.3g} "
+                                    f"({key} NVLink {sheet['nvlink_gbps']:.0f} GB/s); latency as measured")
+        assumptions.append(allreduce_custom.derived)
+    elif gpu != "h100":
+        allreduce_custom.derived = (f"H100 timings (vLLM custom all-reduce, tp 2/4/8) as they are ({key} NVLink "
+                                    f"{sheet['nvlink_gbps']:.0f} GB/s, the same as H100's)")
 
     prefill = np.concatenate(prefill_ape)
     decode = np.concatenate(decode_ape)
@@ -251,7 +269,7 @@ def build(gpu: str) -> KernelProfile:
         peak_tflops_fp8=FP8_PEAK_RATIO * sheet["tflops_bf16"],
         iteration_overhead_s=ITERATION_OVERHEAD_S, gemm=gemm, gemm_fp8=gemm_fp8, gemm_grouped_fp8=gemm_grouped_fp8,
         attn_prefill=attn_prefill, attn_decode=attn_decode, attn_decode_fp8_kv=attn_decode_fp8_kv,
-        stream=stream, allreduce=allreduce,
+        stream=stream, allreduce=allreduce, allreduce_custom=allreduce_custom,
         fit_error=PhaseError(prefill_mape_heldout=round(float(prefill.mean()), 4),
                              decode_mape_heldout=round(float(decode.mean()), 4), note=note),
         assumptions=[a for a in assumptions if a],

@@ -9,6 +9,8 @@ A kernel profile is composed for a model geometry and a TP degree:
 with the linear layers QKV (h → (H+2H_kv)·d/tp), O (H·d/tp → h), gate+up (h → 2i/tp) and down
 (i/tp → h). Decode attention is linear in the batch's cached tokens X for a given batch (its
 occupancy term depends on B only), so ``decode_line`` is exact for the engine's closed form.
+An all-reduce of up to ``allreduce_custom.max_bytes`` (decode-sized; 8 MiB in vLLM) runs the engine's
+own peer-to-peer kernel (``profile.allreduce_custom``), a larger one NCCL (``profile.allreduce``).
 
 MoE expert layers use the GEMM terms scaled by the profile's measured grouped ÷ dense factors
 (``profiles.grouping_factors``: one launch over many small expert weights).
@@ -24,7 +26,7 @@ dispatch/combine all-to-all.
 
 from __future__ import annotations
 
-from rollart.calibration.kernels import BF16_BYTES, FP8_BYTES, unsplit_key
+from rollart.calibration.kernels import BF16_BYTES, CUSTOM_ALLREDUCE_WORLD_SIZES, FP8_BYTES, unsplit_key
 from rollart.calibration.profiles import EngineProfile, KernelProfile, TrainProfile, grouping_factors
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, kv_heads_per_gpu
@@ -87,6 +89,11 @@ class KernelProfileGeneration:
             self._experts = (params, peak_, nbytes)
         p = profile.allreduce.params
         self._nvlink = (p["beta_gbps"] * 1e9 / 8, p["alpha_s"])
+        # (alpha_s, bytes/s, max bytes) of the engine's own kernel for small tensor-parallel
+        # all-reduces, where the profile has it and the rank's TP size is one it runs at
+        c = profile.allreduce_custom
+        self._ar_custom = ((c.params["alpha_s"], c.params["beta_gbps"] * 1e9 / 8, c.params["max_bytes"])
+                           if c is not None and rank_tp in CUSTOM_ALLREDUCE_WORLD_SIZES else None)
         self._network = (network.bytes_per_s, network.latency_s) if network is not None else self._nvlink
         self.source = (f"calibrated kernel profile {profile.gpu} ({origin}); {dtype}, {model.kv_dtype.upper()} KV"
                        + (f", ep {ep}" if ep > 1 else "") + f"; prefill MAPE "
@@ -140,10 +147,15 @@ class KernelProfileGeneration:
         comm = all_to_all_s(self.model, tokens, self.ep, self.tp, *self._nvlink, *self._network)
         if self._rank_tp == 1:
             return comm
-        p = self.profile.allreduce.params
         n = self._rank_tp
         nbytes = tokens / self.ep * self.model.hidden * 2.0
-        return comm + 2 * self.model.layers * (p["alpha_s"] + 2 * (n - 1) / n * nbytes / (p["beta_gbps"] * 1e9 / 8))
+        custom = self._ar_custom
+        if custom is not None and nbytes <= custom[2]:  # decode-sized: the engine's peer-to-peer kernel
+            alpha, rate = custom[0], custom[1]
+        else:  # NCCL (a long prefill's activations)
+            p = self.profile.allreduce.params
+            alpha, rate = p["alpha_s"], p["beta_gbps"] * 1e9 / 8
+        return comm + 2 * self.model.layers * (alpha + 2 * (n - 1) / n * nbytes / rate)
 
     def _prefill_attention(self, new_tokens: float, attention_pairs: float) -> float:
         """One layer's prefill attention for ``new_tokens`` (a rank's) attending ``attention_pairs``

@@ -13,6 +13,7 @@ DATA = Path(__file__).parent / "data"
 INFERSIM = DATA / "infersim"
 VIDUR = DATA / "vidur"
 VIDUR_H100_MLP = VIDUR / "compute" / "h100" / "Llama-2-7b-hf" / "mlp.csv"
+CUSTOM_ALLREDUCE_H100 = DATA / "public" / "custom_allreduce_h100.csv"
 
 # DeepGEMM FP8 → BF16: the compute peak halves and every operand byte doubles, so in both the
 # compute-bound and the bandwidth-bound regime a BF16 GEMM takes twice the FP8 time. This is an
@@ -131,6 +132,17 @@ def infersim_decode_attention(gpu: str) -> tuple[np.ndarray, np.ndarray, list[st
                 X.append([float(r["batch_size"]), float(r["kv_len"]), q, kv, d, 2.0])
                 y.append(float(r["latency_us"]) * 1e-6)
     return np.array(X), np.array(y), files
+
+
+def custom_allreduce() -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """vLLM's custom (in-engine, NVLink peer-to-peer) all-reduce on H100, tp 2/4/8, as published
+    (``public/custom_allreduce_h100.csv``). X = (bytes, 2(n−1)/n), the collective fit's columns."""
+    X, y = [], []
+    for r in _rows(CUSTOM_ALLREDUCE_H100):
+        n = int(r["tp"])
+        X.append([float(r["bytes"]), 2 * (n - 1) / n])
+        y.append(float(r["latency_us"]) * 1e-6)
+    return np.array(X), np.array(y), [rel(CUSTOM_ALLREDUCE_H100)]
 
 
 def vidur_collective(name: str, intra_node: bool) -> tuple[np.ndarray, np.ndarray, list[str]]:

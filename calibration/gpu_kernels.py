@@ -624,6 +624,11 @@ def fit_profile(root: str | Path, gpu: str) -> Any:
     allreduce = ComponentFit(**{**component(K.fit_collective(ax, ay), B.COLLECTIVE_FORMULA, "gemm").model_dump(),
                                 "data": afiles,
                                 "derived": "not measured (one device): the 8×H100 NVLink all-reduce fit"})
+    cx, cy, cfiles = D.custom_allreduce()
+    allreduce_custom = ComponentFit(**{
+        **component(K.fit_collective(cx, cy), B.COLLECTIVE_FORMULA, "gemm").model_dump(), "data": cfiles,
+        "derived": "not measured (one device): vLLM's custom all-reduce on H100 (published timings, tp 2/4/8)"})
+    allreduce_custom.params["max_bytes"] = float(B.CUSTOM_ALLREDUCE_MAX_BYTES)
     p = data.provenance
     copy_note = ""
     if len(data.copy[0]):
@@ -634,6 +639,7 @@ def fit_profile(root: str | Path, gpu: str) -> Any:
         "assumed: kernel timings do not contain it",
         f"efficiencies are relative to {basis}: {peak / 1e12:g} TFLOP/s, {bw / 1e12:g} TB/s{copy_note}",
         f"{allreduce.derived}",
+        f"{allreduce_custom.derived}",
     ]
     unsplit = sorted(k[len(K.UNSPLIT):].replace("_", "-") for k, v in decode_fit.params.items()
                      if k.startswith(K.UNSPLIT) and v)
@@ -649,7 +655,7 @@ def fit_profile(root: str | Path, gpu: str) -> Any:
         gemm=component(gemm_fit, B.GEMM_FORMULA, "gemm"),
         attn_prefill=component(prefill_fit, B.PREFILL_FORMULA, "attn_prefill"),
         attn_decode=component(decode_fit, B.DECODE_FORMULA, "attn_decode"),
-        allreduce=allreduce,
+        allreduce=allreduce, allreduce_custom=allreduce_custom,
         fit_error=PhaseError(prefill_mape_heldout=_mean(prefill_ape), decode_mape_heldout=_mean(decode_ape), note=note),
         assumptions=assumptions,
         source=(f"kernel timings measured on {p.get('gpu', 'an unknown device')} (driver {p.get('driver', '?')}, "

@@ -251,6 +251,10 @@ def fit_stream(X: np.ndarray, y: np.ndarray, decode: dict[str, float], peak_flop
 # ---------------------------------------------------------------- collectives
 
 
+# Tensor-parallel sizes at which vLLM's custom all-reduce runs (``CustomAllreduce._SUPPORTED_WORLD_SIZES``)
+CUSTOM_ALLREDUCE_WORLD_SIZES = (2, 4, 6, 8)
+
+
 def collective_time(X: np.ndarray, p: dict[str, float]) -> np.ndarray:
     """X columns: bytes, algorithm factor c (2(n−1)/n for all-reduce, 1 for p2p)."""
     return p["alpha_s"] + X[:, 1] * X[:, 0] / (p["beta_gbps"] * 1e9 / 8)

@@ -48,6 +48,9 @@ def _panels(profile: Profile) -> list[tuple[str, np.ndarray, np.ndarray]]:
     panels.append(("decode attention", y, K.decode_attention_time(X, profile.attn_decode.params, peak, bw)))
     X, y, _ = D.vidur_collective("all_reduce", intra_node=True)
     panels.append(("all-reduce (H100 NVLink data)", y, K.collective_time(X, profile.allreduce.params)))
+    if profile.allreduce_custom is not None:
+        X, y, _ = D.custom_allreduce()
+        panels.append(("custom all-reduce (H100, vLLM)", y, K.collective_time(X, profile.allreduce_custom.params)))
     return panels
 
 

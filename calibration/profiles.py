@@ -71,6 +71,10 @@ class KernelProfile(BaseModel):
     # for the weight-read rate gemm.e_mem where BF16 GEMMs are not measured. None: older profiles.
     stream: ComponentFit | None = None
     allreduce: ComponentFit
+    # The in-engine all-reduce a serving engine uses for tensor-parallel messages up to
+    # params["max_bytes"] (vLLM's custom all-reduce: peer-to-peer over NVLink, one kernel, no NCCL
+    # launch): the same formula. None: every message priced as ``allreduce`` (NCCL).
+    allreduce_custom: ComponentFit | None = None
     fit_error: PhaseError
     assumptions: list[str] = Field(default_factory=list)
     source: str = ""
@@ -131,6 +135,10 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
         out.append(("HBM streaming (long reads)", profile.stream.dtype or "bf16",
                     how(profile.stream) + f" → {e:.3g} × {profile.hbm_tbps:g} = {e * profile.hbm_tbps:.3g} TB/s"))
     out.append(("all-reduce / all-to-all", profile.allreduce.dtype or "bf16 activations", how(profile.allreduce)))
+    if profile.allreduce_custom is not None:
+        c = profile.allreduce_custom
+        out.append(("all-reduce ≤ %g MiB (engine's custom kernel)" % (c.params.get("max_bytes", 0) / 2**20),
+                    c.dtype or "bf16 activations", how(c)))
     out.append(("iteration overhead", "-", f"assumed {profile.iteration_overhead_s * 1e3:g} ms per engine step"))
     return out
 

@@ -66,7 +66,7 @@ def _overview() -> None:
                          ("grouped GEMM fp8 (MoE)", profile.gemm_grouped_fp8),
                          ("prefill attention", profile.attn_prefill), ("decode attention bf16 KV", profile.attn_decode),
                          ("decode attention fp8 KV", profile.attn_decode_fp8_kv), ("HBM stream", profile.stream),
-                         ("all-reduce", profile.allreduce)):
+                         ("all-reduce", profile.allreduce), ("custom all-reduce", profile.allreduce_custom)):
             if c is not None:
                 parts["derived" if c.derived else "measured"].append(label)
         fe = profile.fit_error
@@ -151,7 +151,8 @@ def show(name: Optional[str] = typer.Argument(None, help="a shipped profile (h80
         components = [("gemm", profile.gemm), ("gemm fp8", profile.gemm_fp8),
                       ("grouped gemm fp8", profile.gemm_grouped_fp8), ("attn prefill", profile.attn_prefill),
                       ("attn decode", profile.attn_decode), ("attn decode fp8 kv", profile.attn_decode_fp8_kv),
-                      ("hbm stream", profile.stream), ("all-reduce", profile.allreduce)]
+                      ("hbm stream", profile.stream), ("all-reduce", profile.allreduce),
+                      ("all-reduce ≤ max_bytes (custom)", profile.allreduce_custom)]
         components = [(label, c) for label, c in components if c is not None]
     elif isinstance(profile, TrainProfile):
         components = [("train step", profile.step)]
