@@ -43,10 +43,8 @@ DECODE_FORMULA = ("t0 + t_seq·B + max(4·H·d·B·L / (P·e_c), 2·B·L·H_kv·
 DECODE_FP8_KV_FORMULA = ("the decode-attention formula with these t0 and e_bw, 1 byte per KV element "
                          "(other parameters: attn_decode's)")
 COLLECTIVE_FORMULA = "alpha_s + 2(n−1)/n · bytes / (beta_gbps·1e9/8)"
-# vLLM's CustomAllreduce(max_size=8192 * 1024): tensor-parallel all-reduces up to 8 MiB run its
-# peer-to-peer kernel inside the engine (K.CUSTOM_ALLREDUCE_WORLD_SIZES); larger ones (long
-# prefills) go to NCCL
-CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
+CUSTOM_ALLREDUCE_FORMULA = (COLLECTIVE_FORMULA + " for bytes < max_bytes (vLLM's custom all-reduce; priced at "
+                            "most the NCCL term)")
 STREAM_FORMULA = ("t0 + bytes / (BW·e_bw) over the decode-attention rows reading ≥ 1 GB that the decode fit "
                   "puts on the memory side (split-KV geometries)")
 # A long read: at ≥ 1 GB a transfer takes ≥ ~300 µs, so the ~20 µs launch cost is ≤ 7 % of it and
@@ -247,9 +245,8 @@ def build(gpu: str) -> KernelProfile:
     # The engine's own all-reduce for small (decode-sized) messages, from vLLM's custom kernel on H100
     X, y, files = D.custom_allreduce()
     fit = K.fit_collective(X, y)
-    allreduce_custom = _component(fit, COLLECTIVE_FORMULA + ", for bytes ≤ max_bytes (vLLM custom all-reduce)",
-                                  files, dtype="bf16 activations")
-    allreduce_custom.params["max_bytes"] = float(CUSTOM_ALLREDUCE_MAX_BYTES)
+    allreduce_custom = _component(fit, CUSTOM_ALLREDUCE_FORMULA, files, dtype="bf16 activations")
+    allreduce_custom.params["max_bytes"] = float(K.CUSTOM_ALLREDUCE_MAX_BYTES)
     if scale != 1.0:
         allreduce_custom.params["beta_gbps"] = float(f"{fit.params['beta_gbps'] * scale:.6g}")
         allreduce_custom.derived = (f"H100 timings (vLLM custom all-reduce, tp 2/4/8) with bandwidth × {scale:.3g} "

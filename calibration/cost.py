@@ -9,8 +9,9 @@ A kernel profile is composed for a model geometry and a TP degree:
 with the linear layers QKV (h → (H+2H_kv)·d/tp), O (H·d/tp → h), gate+up (h → 2i/tp) and down
 (i/tp → h). Decode attention is linear in the batch's cached tokens X for a given batch (its
 occupancy term depends on B only), so ``decode_line`` is exact for the engine's closed form.
-An all-reduce of up to ``allreduce_custom.max_bytes`` (decode-sized; 8 MiB in vLLM) runs the engine's
-own peer-to-peer kernel (``profile.allreduce_custom``), a larger one NCCL (``profile.allreduce``).
+An all-reduce smaller than ``allreduce_custom.max_bytes`` (8 MiB in vLLM 0.8: a decode step's, a short
+prefill's) runs the engine's own peer-to-peer kernel (``profile.allreduce_custom``, priced at most the NCCL
+term), a larger one NCCL (``profile.allreduce``).
 
 MoE expert layers use the GEMM terms scaled by the profile's measured grouped ÷ dense factors
 (``profiles.grouping_factors``: one launch over many small expert weights).
@@ -26,7 +27,8 @@ dispatch/combine all-to-all.
 
 from __future__ import annotations
 
-from rollart.calibration.kernels import BF16_BYTES, CUSTOM_ALLREDUCE_WORLD_SIZES, FP8_BYTES, unsplit_key
+from rollart.calibration.kernels import (BF16_BYTES, CUSTOM_ALLREDUCE_MAX_BYTES, CUSTOM_ALLREDUCE_WORLD_SIZES,
+                                         FP8_BYTES, unsplit_key)
 from rollart.calibration.profiles import EngineProfile, KernelProfile, TrainProfile, grouping_factors
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, kv_heads_per_gpu
@@ -92,7 +94,8 @@ class KernelProfileGeneration:
         # (alpha_s, bytes/s, max bytes) of the engine's own kernel for small tensor-parallel
         # all-reduces, where the profile has it and the rank's TP size is one it runs at
         c = profile.allreduce_custom
-        self._ar_custom = ((c.params["alpha_s"], c.params["beta_gbps"] * 1e9 / 8, c.params["max_bytes"])
+        self._ar_custom = ((c.params["alpha_s"], c.params["beta_gbps"] * 1e9 / 8,
+                            c.params.get("max_bytes", CUSTOM_ALLREDUCE_MAX_BYTES))
                            if c is not None and rank_tp in CUSTOM_ALLREDUCE_WORLD_SIZES else None)
         self._network = (network.bytes_per_s, network.latency_s) if network is not None else self._nvlink
         self.source = (f"calibrated kernel profile {profile.gpu} ({origin}); {dtype}, {model.kv_dtype.upper()} KV"
@@ -149,13 +152,16 @@ class KernelProfileGeneration:
             return comm
         n = self._rank_tp
         nbytes = tokens / self.ep * self.model.hidden * 2.0
+        moved = 2 * (n - 1) / n * nbytes
+        p = self.profile.allreduce.params
+        each = p["alpha_s"] + moved / (p["beta_gbps"] * 1e9 / 8)  # NCCL
         custom = self._ar_custom
-        if custom is not None and nbytes <= custom[2]:  # decode-sized: the engine's peer-to-peer kernel
-            alpha, rate = custom[0], custom[1]
-        else:  # NCCL (a long prefill's activations)
-            p = self.profile.allreduce.params
-            alpha, rate = p["alpha_s"], p["beta_gbps"] * 1e9 / 8
-        return comm + 2 * self.model.layers * (alpha + 2 * (n - 1) / n * nbytes / rate)
+        if custom is not None and nbytes < custom[2]:
+            # the engine's peer-to-peer kernel takes the message; its fitted bandwidth (eager-mode timings,
+            # a copy into its buffer included) falls below NCCL's past a few MiB, where an engine picks the
+            # faster path (vLLM's later per-size choice among custom, symmetric-memory and NCCL): so at most NCCL
+            each = min(each, custom[0] + moved / custom[1])
+        return comm + 2 * self.model.layers * each
 
     def _prefill_attention(self, new_tokens: float, attention_pairs: float) -> float:
         """One layer's prefill attention for ``new_tokens`` (a rank's) attending ``attention_pairs``

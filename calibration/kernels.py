@@ -251,8 +251,11 @@ def fit_stream(X: np.ndarray, y: np.ndarray, decode: dict[str, float], peak_flop
 # ---------------------------------------------------------------- collectives
 
 
-# Tensor-parallel sizes at which vLLM's custom all-reduce runs (``CustomAllreduce._SUPPORTED_WORLD_SIZES``)
+# vLLM's custom all-reduce: the tensor-parallel sizes it runs at (``CustomAllreduce._SUPPORTED_WORLD_SIZES``)
+# and the messages it takes, those smaller than its buffer (``max_size=8192 * 1024`` in vLLM 0.8, the
+# paper's version; larger ones go to NCCL)
 CUSTOM_ALLREDUCE_WORLD_SIZES = (2, 4, 6, 8)
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
 
 
 def collective_time(X: np.ndarray, p: dict[str, float]) -> np.ndarray:
