@@ -158,10 +158,10 @@ def _mean(runs: list[tuple[float, float]]) -> tuple[float, float]:
 #   128 GPUs      380.0 / 17,974 (m = 2)      374.4 / 18,042      +1.5 % / -0.4 %
 #   512 GPUs      381.4 / 71,631 (m = 8)      381.2 / 71,473      +0.1 % / +0.2 %
 #   1,024 GPUs    381.0 / 143,473 (m = 16)    383.6 / 141,989     -0.7 % / +1.0 %
-# Since decode-sized tensor-parallel all-reduces run the engine's custom kernel (session 38), the same way:
-#   128 GPUs      372.0 / 18,376 (m = 2)      367.5 / 18,402      +1.2 % / -0.1 %
-#   512 GPUs      373.2 / 73,324 (m = 8)      370.3 / 73,489      +0.8 % / -0.2 %
-#   1,024 GPUs    373.4 / 146,630 (m = 16)    372.1 / 146,625     +0.4 % / +0.0 %
+# Since small tensor-parallel all-reduces run the engine's custom kernel, capped at NCCL's price (session 38):
+#   128 GPUs      371.9 / 18,371 (m = 2)      367.2 / 18,403      +1.3 % / -0.2 %
+#   512 GPUs      372.9 / 73,354 (m = 8)      371.0 / 73,437      +0.5 % / -0.1 %
+#   1,024 GPUs    373.2 / 146,656 (m = 16)    371.5 / 146,741     +0.4 % / -0.1 %
 APPROX_SEEDS = {1: range(4), 4: range(12), 8: range(12)}
 FULL_SEEDS = {1: range(4), 4: range(2), 8: range(3)}
 
