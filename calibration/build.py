@@ -61,6 +61,17 @@ def _component(fit: K.Fit, formula: str, files: list[str], derived: str | None =
                         derived=derived, dtype=dtype)
 
 
+def custom_allreduce_component(scale: float = 1.0, derived: str | None = None) -> ComponentFit:
+    """vLLM's custom all-reduce, fitted to its published H100 timings (``D.custom_allreduce``), with the
+    message limit it takes (``max_bytes``) and its bandwidth × ``scale`` (a GPU's NVLink ÷ H100's)."""
+    X, y, files = D.custom_allreduce()
+    fit = K.fit_collective(X, y)
+    c = _component(fit, CUSTOM_ALLREDUCE_FORMULA, files, derived=derived, dtype="bf16 activations")
+    c.params["beta_gbps"] = float(f"{fit.params['beta_gbps'] * scale:.6g}")
+    c.params["max_bytes"] = float(K.CUSTOM_ALLREDUCE_MAX_BYTES)
+    return c
+
+
 def _fp8_rows(gpu: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """DeepGEMM FP8 timings as measured (the reader returns them × FP8_TO_BF16, its BF16 estimate)."""
     X, y, files = D.infersim_gemm(gpu)
@@ -243,18 +254,15 @@ def build(gpu: str) -> KernelProfile:
     elif gpu != "h100":
         allreduce.derived = f"H100 NVLink fit as is ({key} NVLink {sheet['nvlink_gbps']:.0f} GB/s, the same as H100's)"
     # The engine's own all-reduce for small (decode-sized) messages, from vLLM's custom kernel on H100
-    X, y, files = D.custom_allreduce()
-    fit = K.fit_collective(X, y)
-    allreduce_custom = _component(fit, CUSTOM_ALLREDUCE_FORMULA, files, dtype="bf16 activations")
-    allreduce_custom.params["max_bytes"] = float(K.CUSTOM_ALLREDUCE_MAX_BYTES)
     if scale != 1.0:
-        allreduce_custom.params["beta_gbps"] = float(f"{fit.params['beta_gbps'] * scale:.6g}")
-        allreduce_custom.derived = (f"H100 timings (vLLM custom all-reduce, tp 2/4/8) with bandwidth × {scale:.3g} "
-                                    f"({key} NVLink {sheet['nvlink_gbps']:.0f} GB/s); latency as measured")
-        assumptions.append(allreduce_custom.derived)
-    elif gpu != "h100":
-        allreduce_custom.derived = (f"H100 timings (vLLM custom all-reduce, tp 2/4/8) as they are ({key} NVLink "
-                                    f"{sheet['nvlink_gbps']:.0f} GB/s, the same as H100's)")
+        allreduce_custom = custom_allreduce_component(
+            scale, f"H100 timings (vLLM custom all-reduce, tp 2/4/8) with bandwidth × {scale:.3g} "
+                   f"({key} NVLink {sheet['nvlink_gbps']:.0f} GB/s); latency as measured")
+        assumptions.append(allreduce_custom.derived or "")
+    else:
+        allreduce_custom = custom_allreduce_component(derived=None if gpu == "h100" else (
+            f"H100 timings (vLLM custom all-reduce, tp 2/4/8) as they are ({key} NVLink "
+            f"{sheet['nvlink_gbps']:.0f} GB/s, the same as H100's)"))
 
     prefill = np.concatenate(prefill_ape)
     decode = np.concatenate(decode_ape)

@@ -624,11 +624,8 @@ def fit_profile(root: str | Path, gpu: str) -> Any:
     allreduce = ComponentFit(**{**component(K.fit_collective(ax, ay), B.COLLECTIVE_FORMULA, "gemm").model_dump(),
                                 "data": afiles,
                                 "derived": "not measured (one device): the 8×H100 NVLink all-reduce fit"})
-    cx, cy, cfiles = D.custom_allreduce()
-    allreduce_custom = ComponentFit(**{
-        **component(K.fit_collective(cx, cy), B.CUSTOM_ALLREDUCE_FORMULA, "gemm").model_dump(), "data": cfiles,
-        "derived": "not measured (one device): vLLM's custom all-reduce on H100 (published timings, tp 2/4/8)"})
-    allreduce_custom.params["max_bytes"] = float(K.CUSTOM_ALLREDUCE_MAX_BYTES)
+    allreduce_custom = B.custom_allreduce_component(
+        derived="not measured (one device): vLLM's custom all-reduce on H100 (published timings, tp 2/4/8)")
     p = data.provenance
     copy_note = ""
     if len(data.copy[0]):

@@ -20,6 +20,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollart.calibration.kernels import CUSTOM_ALLREDUCE_MAX_BYTES
+
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
 
@@ -137,7 +139,8 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
     out.append(("all-reduce / all-to-all", profile.allreduce.dtype or "bf16 activations", how(profile.allreduce)))
     if profile.allreduce_custom is not None:
         c = profile.allreduce_custom
-        out.append(("all-reduce ≤ %g MiB (engine's custom kernel)" % (c.params.get("max_bytes", 0) / 2**20),
+        limit = c.params.get("max_bytes", CUSTOM_ALLREDUCE_MAX_BYTES) / 2**20
+        out.append((f"all-reduce < {limit:g} MiB (engine's custom kernel, at most NCCL's price)",
                     c.dtype or "bf16 activations", how(c)))
     out.append(("iteration overhead", "-", f"assumed {profile.iteration_overhead_s * 1e3:g} ms per engine step"))
     return out
