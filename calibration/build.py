@@ -1,6 +1,6 @@
 """Fit the shipped kernel profiles from ``calibration/data`` and write ``calibration/profiles``.
 
-    python -m rollart.calibration.build          # rewrites h800.yaml, h20.yaml, h100.yaml and links.yaml
+    python -m rollart.calibration.build          # rewrites h800.yaml, h20.yaml, h100.yaml, h200.yaml, links.yaml
     python -m rollart.calibration.build --check  # rebuilds and compares with the shipped profiles, writes nothing
 
 Deterministic up to the fits' last digits: the same data gives the same parameters within 1e-4
@@ -29,7 +29,13 @@ ITERATION_OVERHEAD_S = 0.003
 FA3_H100_BF16_UTILISATION = 0.75
 # Streaming multiprocessors (NVIDIA datasheets): how many CTAs a decode kernel without split-KV
 # needs to keep the GPU busy (kernels.decode_attention_time)
-SMS = {"H800": 132, "H20": 78, "H100": 132}
+SMS = {"H800": 132, "H20": 78, "H100": 132, "H200": 132}
+KEYS = {"h800": "H800", "h20": "H20", "h100": "H100", "h200": "H200"}
+# GPUs without public kernel timings of their own are fitted on a sibling's rows, in the sibling's
+# datasheet units, so what carries over is each kernel's *efficiency* (fraction of peak FLOP/s or of
+# HBM bandwidth), applied to this GPU's datasheet: H100 and H200 are the H800's GH100 die (989 TFLOP/s
+# dense BF16); H200 differs by its 4.8 TB/s HBM3e (and 141 GB), so its memory-bound kernels scale.
+TIMINGS_OF = {"h100": "h800", "h200": "h800"}
 PREFILL_TOKENS = 512  # GEMM rows with at least this many tokens count as prefill-like, the rest decode-like
 
 GEMM_FORMULA = "t0 + max(2mkn / (P·e_max·m/(m+m_half)), 2(mk+kn+mn) / (BW·e_mem))"
@@ -130,31 +136,52 @@ def _fp8_kv_decode(gpu: str, key: str, bf16: K.Fit, peak: float, bw: float) -> C
 
 
 def _stream(gpu: str) -> tuple[K.Fit, list[str]]:
-    """The HBM streaming fit (``kernels.fit_stream``) of ``gpu``'s decode-attention rows (H100: H800's)."""
-    key = {"h800": "H800", "h20": "H20", "h100": "H100"}[gpu]
+    """The HBM streaming fit (``kernels.fit_stream``) of ``gpu``'s decode-attention rows (H100, H200: H800's)."""
+    source = TIMINGS_OF.get(gpu, gpu)
+    key = KEYS[source]
     sheet = GPU_PRESETS[key]
     peak, bw = sheet["tflops_bf16"] * 1e12, sheet["hbm_tbps"] * 1e12
-    X, y, files = D.infersim_decode_attention("h800" if gpu == "h100" else gpu)
+    X, y, files = D.infersim_decode_attention(source)
     decode = K.fit_decode_attention(X, y, peak, bw, SMS[key])
     return K.fit_stream(X, y, decode.params, peak, bw, STREAM_MIN_BYTES), files
 
 
+def _borrowed(gpu: str, timings: str, same: str) -> str | None:
+    """How a term of ``gpu`` fitted on its sibling's ``timings`` is derived (None: its own timings)."""
+    if gpu not in TIMINGS_OF:
+        return None
+    if gpu == "h100":
+        return f"H800 {timings} ({same})"
+    sheet = GPU_PRESETS[KEYS[gpu]]
+    return (f"H800 {timings}: the fitted efficiencies on {KEYS[gpu]}'s datasheet (the same GH100 die, "
+            f"{sheet['hbm_tbps']:g} TB/s HBM3e); no {KEYS[gpu]} timings of this kernel are public here")
+
+
 def build(gpu: str) -> KernelProfile:
-    key = {"h800": "H800", "h20": "H20", "h100": "H100"}[gpu]
+    key = KEYS[gpu]
     sheet = GPU_PRESETS[key]
     peak, bw = sheet["tflops_bf16"] * 1e12, sheet["hbm_tbps"] * 1e12
+    # fits and their held-out errors in the units of the GPU whose timings they read
+    source = TIMINGS_OF.get(gpu, gpu)
+    src_sheet = GPU_PRESETS[KEYS[source]]
+    src_peak, src_bw = src_sheet["tflops_bf16"] * 1e12, src_sheet["hbm_tbps"] * 1e12
     assumptions = [f"iteration overhead {ITERATION_OVERHEAD_S * 1e3:.0f} ms per engine step (scheduling, sampling, "
                    "launch) is assumed: kernel timings do not contain it"]
+    if src_sheet["hbm_tbps"] != sheet["hbm_tbps"]:
+        assumptions.append(f"no public {key} kernel timings: every kernel's efficiency fitted on the {KEYS[source]}'s "
+                           f"(the same GH100 die, {src_sheet['tflops_bf16']:g} TFLOP/s BF16) applies to {key}'s "
+                           f"datasheet, so memory-bound kernels run {sheet['hbm_tbps']:g} ÷ {src_sheet['hbm_tbps']:g} "
+                           f"= {sheet['hbm_tbps'] / src_sheet['hbm_tbps']:.2f}× faster and compute-bound ones as on "
+                           f"the {KEYS[source]}; measure it with `rollart calibrate fit` on an {key}")
     prefill_ape: list[np.ndarray] = []
     decode_ape: list[np.ndarray] = []
 
     # Decode attention first: its bandwidth term is this GPU's measured streaming rate --------
-    source = "h800" if gpu == "h100" else gpu
     X, y, files = D.infersim_decode_attention(source)
-    fit = K.fit_decode_attention(X, y, peak, bw, SMS[key])
+    fit = K.fit_decode_attention(X, y, src_peak, src_bw, SMS[key])
     attn_decode = _component(fit, DECODE_FORMULA, files, dtype="bf16 KV cache",
-                             derived="H800 FlashInfer timings (same HBM3 bandwidth)" if gpu == "h100" else None)
-    decode_ape.append(_heldout_ape(lambda x, p: K.decode_attention_time(x, p, peak, bw), X, y, fit.params))
+                             derived=_borrowed(gpu, "FlashInfer timings", "same HBM3 bandwidth"))
+    decode_ape.append(_heldout_ape(lambda x, p: K.decode_attention_time(x, p, src_peak, src_bw), X, y, fit.params))
     unsplit = sorted(k[len(K.UNSPLIT):].replace("_", "-") for k, v in fit.params.items()
                      if k.startswith(K.UNSPLIT) and v)
     if unsplit:
@@ -162,11 +189,11 @@ def build(gpu: str) -> KernelProfile:
                            f"without split-KV (flat in the batch until batch × KV heads fills the {SMS[key]} SMs); "
                            "the composition applies that occupancy to this geometry only, all others split")
 
-    stream_fit = K.fit_stream(X, y, fit.params, peak, bw, STREAM_MIN_BYTES)
+    stream_fit = K.fit_stream(X, y, fit.params, src_peak, src_bw, STREAM_MIN_BYTES)
     stream = _component(stream_fit, STREAM_FORMULA, files, dtype="bf16 KV cache reads",
-                        derived="H800 FlashInfer timings (same HBM3 bandwidth)" if gpu == "h100" else None)
+                        derived=_borrowed(gpu, "FlashInfer timings", "same HBM3 bandwidth"))
 
-    attn_decode_fp8_kv = _fp8_kv_decode(gpu, key, fit, peak, bw)
+    attn_decode_fp8_kv = _fp8_kv_decode(gpu, key, fit, src_peak, src_bw)
     if attn_decode_fp8_kv.derived:
         assumptions.append(attn_decode_fp8_kv.derived)
 
@@ -177,18 +204,16 @@ def build(gpu: str) -> KernelProfile:
     h800_peak, h800_bw = GPU_PRESETS["H800"]["tflops_bf16"] * 1e12, GPU_PRESETS["H800"]["hbm_tbps"] * 1e12
     hx, hy, vidur_files = D.vidur_h100_gemm()
     h100 = K.fit_gemm(hx, hy, h800_peak, h800_bw)  # measured BF16 GEMMs (H100 silicon = H800's)
-    fp8_gpu = "h800" if gpu == "h100" else gpu
-    fx, fy, fp8_files = _fp8_rows(fp8_gpu)
-    fp8 = K.fit_gemm(fx, fy, FP8_PEAK_RATIO * peak, bw, K.FP8_BYTES)
+    fx, fy, fp8_files = _fp8_rows(source)
+    fp8 = K.fit_gemm(fx, fy, FP8_PEAK_RATIO * src_peak, src_bw, K.FP8_BYTES)
     gemm_fp8 = _component(fp8, GEMM_FP8_FORMULA, fp8_files, dtype="fp8 (DeepGEMM, FP8 peak = 2 × BF16)",
-                          derived=("H800 DeepGEMM timings (same Hopper compute silicon)" if gpu == "h100" else None))
-    gx, gy, grouped_files = D.infersim_grouped_gemm(fp8_gpu)
-    grouped = K.fit_grouped_gemm(gx, gy, FP8_PEAK_RATIO * peak, bw, K.FP8_BYTES)
+                          derived=_borrowed(gpu, "DeepGEMM timings", "same Hopper compute silicon"))
+    gx, gy, grouped_files = D.infersim_grouped_gemm(source)
+    grouped = K.fit_grouped_gemm(gx, gy, FP8_PEAK_RATIO * src_peak, src_bw, K.FP8_BYTES)
     gemm_grouped_fp8 = _component(grouped, GEMM_GROUPED_FORMULA, grouped_files,
                                   dtype="fp8 (DeepGEMM grouped GEMM: masked layout in decode, contiguous in prefill)",
-                                  derived=("H800 DeepGEMM grouped timings (same Hopper compute silicon)"
-                                           if gpu == "h100" else None))
-    gemm_predict = lambda x, p: K.gemm_time(x, p, peak, bw)  # noqa: E731
+                                  derived=_borrowed(gpu, "DeepGEMM grouped timings", "same Hopper compute silicon"))
+    gemm_predict = lambda x, p: K.gemm_time(x, p, src_peak, src_bw)  # noqa: E731
     if gpu == "h20":
         # no BF16 GEMM timings for H20: compute from the FP8 fit times the BF16/FP8 efficiency ratio
         # measured on H800 (both kinds exist there), weight reads at H20's memory-system rate
@@ -212,9 +237,11 @@ def build(gpu: str) -> KernelProfile:
         gemm_predict = lambda x, p: K.gemm_time(x, p, FP8_PEAK_RATIO * peak, bw, K.FP8_BYTES)  # noqa: E731
     else:
         X, y, held_fit = hx, hy, h100
-        gemm = _component(h100, GEMM_FORMULA, vidur_files, dtype="bf16",
-                          derived=None if gpu == "h100" else "H100 BF16 timings (same Hopper compute silicon and "
-                                                                "3.35 TB/s HBM3 as H800)")
+        gemm = _component(h100, GEMM_FORMULA, vidur_files, dtype="bf16", derived=(
+            None if gpu == "h100" else "H100 BF16 timings (same Hopper compute silicon and 3.35 TB/s HBM3 as H800)"
+            if sheet["hbm_tbps"] == GPU_PRESETS["H100"]["hbm_tbps"] else
+            f"H100 BF16 timings: the fitted efficiencies on {key}'s datasheet (same Hopper compute silicon, "
+            f"{sheet['hbm_tbps']:g} TB/s HBM3e)"))
     assumptions.append(f"FP8 weights: GEMM compute from the DeepGEMM FP8 fit (t0, e_max, m_half) at "
                        f"{FP8_PEAK_RATIO:g} × the BF16 peak; weight reads at the BF16 GEMM's memory-system rate "
                        f"(e_mem {gemm.params['e_mem']:.3g}) with 1 byte per weight, not at DeepGEMM's small-m rate "
@@ -269,6 +296,8 @@ def build(gpu: str) -> KernelProfile:
     note = (f"held-out rows: GEMMs with ≥ {PREFILL_TOKENS} tokens"
             + (" and prefill attention" if gpu == "h20" else " (prefill attention is derived, not held-out)")
             + f" for prefill; GEMMs with < {PREFILL_TOKENS} tokens and decode attention for decode")
+    if src_sheet["hbm_tbps"] != sheet["hbm_tbps"]:
+        note += f", all of them H100/H800 timings (none measured on an {key})"
     return KernelProfile(
         gpu=key, peak_tflops_bf16=sheet["tflops_bf16"], hbm_tbps=sheet["hbm_tbps"],
         peak_tflops_fp8=FP8_PEAK_RATIO * sheet["tflops_bf16"],
@@ -283,7 +312,7 @@ def build(gpu: str) -> KernelProfile:
     )
 
 
-GPUS = ("h800", "h20", "h100")
+GPUS = ("h800", "h20", "h100", "h200")
 
 
 def check() -> int:

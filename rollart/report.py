@@ -155,7 +155,22 @@ def summary_table(result: RunResult) -> Table:
         table.add_row("weight sync", sm["weight_sync"])
     for gpu, source in result.calibration.items():
         table.add_row(f"cost model {gpu}", source)
+    mixed = mixed_cost_models(result.calibration)
+    if mixed:
+        table.add_row("note", mixed)
     return table
+
+
+def mixed_cost_models(calibration: dict[str, str]) -> str | None:
+    """A warning when the generation pools mix calibrated profiles with the datasheet roofline: the
+    roofline's efficiencies are assumed, so a comparison across those pools carries that assumption
+    (an A100 against calibrated H800s reads the A100's assumed 55 % prefill efficiency)."""
+    pools = {gpu: src for gpu, src in calibration.items() if gpu != "trainer"}
+    roofline = sorted(g for g, src in pools.items() if "roofline" in src)
+    if not roofline or len(roofline) == len(pools):
+        return None
+    return (f"{', '.join(roofline)} on the datasheet roofline (assumed efficiencies) beside calibrated profiles: "
+            "compare those pools with care, or measure them (rollart calibrate fit)")
 
 
 def print_result(result: RunResult, console: Console | None = None) -> None:

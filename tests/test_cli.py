@@ -328,3 +328,17 @@ def test_scale_approx_widens_the_simulated_requests_guard_by_its_factor(tmp_path
     assert approx.returncode == 1 and "max_sim_hours" in approx.stdout, approx.stdout + approx.stderr  # ran, then stopped
     huge = rollart("simulate", "paper/qwen3-32b-128gpu", "--steps", "8000", "-q", "--scale-approx", *sets, cwd=tmp_path)
     assert_clean_usage_error(huge, "with --scale-approx", "1/96")
+
+
+def test_simulate_warns_when_pools_mix_a_calibrated_profile_with_the_datasheet_roofline(tmp_path: Path) -> None:
+    # An A100 (no shipped profile: the roofline's assumed efficiencies) beside a calibrated H800:
+    # a comparison of the two pools carries the assumption, and the summary says so; an H200 has a
+    # shipped profile (the H800's fitted efficiencies on its datasheet), so H800 + H200 says nothing.
+    mixed = rollart("simulate", "h800-vs-h20", "--steps", "1", "-q", "--set", "cluster.gpu_pools.h20.gpu=A100",
+                    cwd=tmp_path)
+    assert mixed.returncode == 0, mixed.stderr
+    assert "A100 on the datasheet roofline (assumed efficiencies) beside calibrated profiles" in mixed.stdout
+    same = rollart("simulate", "h800-vs-h20", "--steps", "1", "-q", "--set", "cluster.gpu_pools.h20.gpu=H200",
+                   cwd=tmp_path)
+    assert same.returncode == 0, same.stderr
+    assert "calibrated kernel profile H200" in same.stdout and "datasheet roofline" not in same.stdout

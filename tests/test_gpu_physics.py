@@ -274,7 +274,8 @@ def test_appends_cost_the_same_per_pair_alone_or_sharing_a_step(gpu: str) -> Non
 
 @pytest.mark.parametrize("gpu", ["H200", "A100"])
 def test_the_roofline_runs_the_lm_head_per_sampled_row_and_never_the_embedding_lookup(gpu: str) -> None:
-    # GPUs without a profile use the datasheet roofline. A prefill of n tokens multiplies them through
+    # GPUs without a profile (A100), or a pool with `profile: datasheet`, use the datasheet roofline.
+    # A prefill of n tokens multiplies them through
     # the layers' linear weights (2·(P − embeddings)·n FLOPs) and computes logits for the row that
     # samples the next token (2·V·h); the input embedding is a row lookup. A decode step of B
     # sequences computes B rows of logits and reads the lm_head once, not the embedding table.
@@ -391,3 +392,31 @@ def test_custom_allreduce_fit_reproduces_its_published_timings() -> None:
     params = load_profile(shipped_profile_path("h100")).allreduce_custom.params
     err = np.abs(K.collective_time(X, params) / y - 1)
     assert err.mean() < 0.12 and err.max() < 0.3
+
+
+# ---------------------------------------------------------------- H200: the H800's die with HBM3e
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_h200_runs_the_h800s_kernels_no_slower_and_gains_at_most_its_bandwidth(model: str) -> None:
+    """H200 is the GH100 die of the H800 and H100 (989 TFLOP/s dense BF16) with 4.8 instead of
+    3.35 TB/s of HBM (and 900 instead of 400 GB/s of NVLink). Its shipped profile carries the fitted
+    efficiencies of their timings over to its datasheet: no step is slower than on an H800; at one GPU
+    none is faster by more than the bandwidth ratio (1.43×); weight-bound decode gains (> 5 %), and a
+    long prefill, bound by the same tensor cores, gains nothing. Before it had a profile, an H200 ran on
+    the datasheet roofline's assumed 55 % prefill efficiency and rolled out prefill-heavy work 26 %
+    slower than a calibrated H800."""
+    ratio = GPU_PRESETS["H200"]["hbm_tbps"] / GPU_PRESETS["H800"]["hbm_tbps"]
+    assert _cost(model, "H200").source.startswith("calibrated kernel profile H200")
+    for tp in (1, 2, 4):
+        for batch in (1, 16, 64, 256):
+            h800, h200 = _decode(model, "H800", batch, tp), _decode(model, "H200", batch, tp)
+            assert h200 <= h800
+            if tp == 1:
+                assert h800 <= ratio * h200 * (1 + 1e-9)
+        n = 8192
+        p800, p200 = (_cost(model, g, tp).prefill_time(n, n * n / 2) for g in ("H800", "H200"))
+        assert p200 <= p800
+        if tp == 1:
+            assert p200 == pytest.approx(p800, rel=0.01)
+    assert _decode(model, "H800", 1) > 1.05 * _decode(model, "H200", 1)
