@@ -125,15 +125,20 @@ def test_rung_schedule():
     assert rung_steps(1, 3) == [1]
 
 
-def test_successive_halving_comes_within_2_percent_of_the_full_grid():
+def test_successive_halving_comes_within_3_percent_of_the_full_grid():
     # 4 steps, so that the rungs (2 steps, then 4) halve; near-ties among the top few plans are
-    # within the simulator's step-to-step spread, so the bound is on throughput, not identity.
+    # within the simulator's step-to-step spread, so the bound is on throughput, not identity: over
+    # four search seeds every answer is within 3 % of the grid's best (the runner-up plan, all-H800
+    # rollout, is 2.7 % behind the H800 + H20 mix), and at least half find the best itself.
     space, base = small_space(extra=["algorithm.steps=4"])
     best, n_grid = grid_optimum(space, base, SerialPool())
     assert n_grid == 192 and best is not None
-    result = search(space, base, SerialPool(), candidates=24, finalists=4, seed=0)
+    top = best.summary["trajectories_per_s"]
+    found = [search(space, base, SerialPool(), candidates=24, finalists=4, seed=seed) for seed in range(4)]
+    assert all(r.best.summary["trajectories_per_s"] >= 0.97 * top for r in found)
+    assert sum(r.best.summary["trajectories_per_s"] == top for r in found) >= 2
+    result = found[0]
     assert not result.exhaustive
-    assert result.best.summary["trajectories_per_s"] >= 0.98 * best.summary["trajectories_per_s"]
     # ... with fewer simulated steps than the grid, and far fewer full-length simulations
     full = sum(n for steps, n in result.rungs if steps == 4)
     assert result.simulated_steps < n_grid * 4 / 2 and full < n_grid / 4

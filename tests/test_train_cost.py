@@ -88,3 +88,60 @@ def test_a_trainer_that_cannot_hold_its_state_is_refused_in_seconds_naming_the_f
     proc = rollart("simulate", "paper/qwen3-8b-128gpu", "--steps", "1", "--mode", "sync+",
                    "--set", "placement.trainer.gpus=1", "--set", "placement.trainer.tp=1", cwd=tmp_path)
     assert_clean_usage_error(proc, "placement.trainer.gpus", "141 GiB", "fits from 4 GPUs")
+
+
+# ---------------------------------------------------------------- tensor-parallel communication
+
+
+def _planned(gpu: str, tp: int, gpus: int = 64, model: str = "Qwen3-8B", pp: int = 1):
+    from rollart.calibration import train_cost
+
+    m = ModelSpec.model_validate(model)
+    return train_cost(m, GpuType(**GPU_PRESETS[gpu]), TrainerPlacement(pool="p", gpus=gpus, tp=tp, pp=pp, mfu=0.35),
+                      gpu)
+
+
+def test_tensor_parallel_all_reduces_are_priced_on_the_trainer_gpus_nvlink() -> None:
+    """Megatron's TP all-reduces (2 a layer, in the forward, backward, recompute and two log-prob
+    passes) move 2(tp−1)/tp × tokens × hidden × 2 B each. At a fixed compute MFU the step is then
+    slower at tp 8 than tp 2 (more bytes per GPU, the rank's tokens spread over fewer ranks), and an
+    H800 (NVLink 400 GB/s, the fit × 0.444) trains slower than an H100 (900) at tp 8 — the
+    difference between the two GPUs is exactly their all-reduce times; at tp 1 they are equal."""
+    from rollart.calibration import tp_allreduce
+    from rollart.sim.costs.train import TP_ALLREDUCES_PER_LAYER, TP_COMM_PASSES
+
+    lens = [20_000] * 128
+    assert _planned("H800", 1).step_time(lens) == _planned("H100", 1).step_time(lens)
+    assert "all-reduces" not in _planned("H800", 1).source
+    h800, h100 = _planned("H800", 8), _planned("H100", 8)
+    assert "tp 8 all-reduces on NVLink (H800 NCCL all-reduce fit)" in h800.source
+    m = h800.model
+    tokens = 20_000 * 128 // (64 // 8)  # the busiest of 8 ranks: 16 sequences
+    calls = TP_COMM_PASSES * TP_ALLREDUCES_PER_LAYER * m.layers
+
+    def comm(gpu: str) -> float:
+        alpha, beta, _ = tp_allreduce(gpu, GpuType(**GPU_PRESETS[gpu]), 8)
+        return calls * (16 * alpha + tokens * m.hidden * 2 * 2 * 7 / 8 / beta)
+
+    assert h800.step_time(lens) - h100.step_time(lens) == pytest.approx(comm("H800") - comm("H100"))
+    assert comm("H800") > 2 * comm("H100")  # 400 vs 900 GB/s NVLink
+    assert _planned("H800", 8).step_time(lens) > 1.05 * _planned("H800", 2).step_time(lens)
+
+
+def test_a_tensor_parallel_group_wider_than_a_node_all_reduces_over_infiniband() -> None:
+    from rollart.calibration import tp_allreduce
+
+    h800 = GpuType(**GPU_PRESETS["H800"])
+    nvlink, ib = tp_allreduce("H800", h800, 8), tp_allreduce("H800", h800, 16)
+    assert "InfiniBand" in ib[2] and ib[1] < nvlink[1]
+    # a GPU without a shipped profile: H100's fit scaled by its NVLink
+    a100 = tp_allreduce("A100", GpuType(**GPU_PRESETS["A100"]), 4)
+    assert "× 0.667" in a100[2] and a100[1] == pytest.approx(tp_allreduce("H100", h800, 4)[1] * 600 / 900)
+
+
+def test_pipeline_stages_all_reduce_only_their_own_layers() -> None:
+    # pp 2 halves the layers a GPU holds, so its share of the TP all-reduces halves (and the bubble
+    # factor applies to both compute and communication)
+    lens = [8_000] * 64
+    one, two = _planned("H800", 4, gpus=32), _planned("H800", 4, gpus=64, pp=2)
+    assert two._comm[0] == pytest.approx(one._comm[0] / 2)

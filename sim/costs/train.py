@@ -11,10 +11,17 @@ from rollart.sim.costs.moe import expert_params, input_embedding_params
 # old-policy and reference log-probs (2·2·P per token).
 LINEAR_FLOPS_PER_PARAM_TOKEN = 10
 ATTENTION_PASSES = 5  # forward ×1, backward ×2, two extra forwards
+# Megatron tensor parallelism: each layer's attention and MLP blocks end in one all-reduce of the
+# activations (tokens × hidden × 2 B; with sequence parallelism an all-gather + reduce-scatter pair of
+# the same bytes), in the forward and again in the backward. Passes that run them: forward, backward,
+# the forward again under full recompute (ROLL's Megatron configs: 64 of 73), and the two log-prob
+# forwards. Not overlapped with compute (no ROLL config sets tp_comm_overlap).
+TP_ALLREDUCES_PER_LAYER = 2
+TP_COMM_PASSES = 5
 
 
 class TrainCost:
-    """step = dp · max_rank(10·P'·T_r + 5·2·L·H·d·Σ_r s²) / (gpus · peak · MFU) / (1 − bubble) + optimizer
+    """step = [dp · max_rank(10·P'·T_r + 5·2·L·H·d·Σ_r s²) / (gpus · peak · MFU) + comm] / (1 − bubble) + optimizer
 
     P' the parameters whose matmuls every token runs: the active parameters less the input embedding
     (a lookup, no FLOPs; the lm_head is a GEMM and counts), as Megatron counts model FLOPs. Each of
@@ -22,37 +29,58 @@ class TrainCost:
     the least-loaded rank, so the step waits for the busiest rank: T_r its tokens, s its sequences'
     lengths. A batch of fewer sequences than ranks leaves ranks idle instead of shrinking the step.
     The pipeline bubble is (pp − 1) / (micro_batches + pp − 1). The optimizer step streams fp32 Adam
-    state (16 bytes per parameter, read and written) at HBM bandwidth, sharded over the GPUs."""
+    state (16 bytes per parameter, read and written) at HBM bandwidth, sharded over the GPUs.
 
-    def __init__(self, model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement):
+    comm is the tensor-parallel all-reduces a GPU waits for (tp > 1, given ``allreduce`` = (α s,
+    bus bytes/s) of the trainer GPUs' link):
+    5 passes · 2 · (L / pp) · (micro_batches · α + T_r · hidden · 2 B · 2(tp − 1)/tp / β),
+    T_r the busiest rank's tokens. MFU is then the compute's alone: an MFU fitted to a measured step
+    at some tp keeps that step's time only with the comm term beside it."""
+
+    def __init__(self, model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement,
+                 allreduce: tuple[float, float, str] | None = None):
         self.model, self.gpu, self.trainer = model, gpu, trainer
-        self.source = f"FLOPs model, MFU {trainer.mfu:.3g} (placement.trainer.mfu)"
         m = model
         self._linear_per_token = LINEAR_FLOPS_PER_PARAM_TOKEN * (m.active_params - input_embedding_params(m))
         self._attention_per_sq = ATTENTION_PASSES * 2 * m.layers * m.heads * m.head_dim
         self.dp = max(1, trainer.gpus // (trainer.tp * trainer.pp))
+        tp = trainer.tp
+        self._comm: tuple[float, float] | None = None  # (seconds per rank token, fixed seconds)
+        self.source = f"FLOPs model, MFU {trainer.mfu:.3g} (placement.trainer.mfu)"
+        if tp > 1 and allreduce is not None:
+            alpha, beta, where = allreduce
+            calls = TP_COMM_PASSES * TP_ALLREDUCES_PER_LAYER * m.layers / trainer.pp
+            self._comm = (calls * m.hidden * 2.0 * 2 * (tp - 1) / tp / beta, calls * trainer.micro_batches * alpha)
+            self.source += f"; tp {tp} all-reduces on {where}"
 
     def _flops(self, s: int) -> float:
         return self._linear_per_token * s + self._attention_per_sq * s * s
 
-    def busiest_rank_flops(self, seq_lens: list[int]) -> float:
-        """FLOPs of the data-parallel rank with the most work, sequences dealt longest first to the
-        least-loaded rank (longest-processing-time packing: the busiest rank exceeds an even share
-        by less than its last sequence's work)."""
+    def busiest_rank(self, seq_lens: list[int]) -> tuple[float, int]:
+        """(FLOPs, tokens) of the data-parallel rank with the most work, sequences dealt longest first
+        to the least-loaded rank (longest-processing-time packing: the busiest rank exceeds an even
+        share by less than its last sequence's work)."""
         if len(seq_lens) <= self.dp:
-            return max((self._flops(s) for s in seq_lens), default=0.0)
-        ranks = [0.0] * self.dp
+            return max(((self._flops(s), s) for s in seq_lens), default=(0.0, 0))
+        ranks = [(0.0, 0)] * self.dp
         for s in sorted(seq_lens, reverse=True):
-            heapq.heapreplace(ranks, ranks[0] + self._flops(s))
+            flops, tokens = ranks[0]
+            heapq.heapreplace(ranks, (flops + self._flops(s), tokens + s))
         return max(ranks)
+
+    def busiest_rank_flops(self, seq_lens: list[int]) -> float:
+        return self.busiest_rank(seq_lens)[0]
 
     def step_time(self, seq_lens: list[int]) -> float:
         m, t = self.model, self.trainer
-        flops = self.dp * self.busiest_rank_flops(seq_lens)
+        rank_flops, rank_tokens = self.busiest_rank(seq_lens)
         peak = t.gpus * self.gpu.tflops_bf16 * 1e12 * t.mfu
         bubble = (t.pp - 1) / (t.micro_batches + t.pp - 1)
         optimizer = 2 * 16 * m.params / (t.gpus * self.gpu.hbm_tbps * 1e12)
-        return flops / peak / (1 - bubble) + optimizer
+        work = self.dp * rank_flops / peak
+        if self._comm is not None and rank_tokens:
+            work += self._comm[0] * rank_tokens + self._comm[1]
+        return work / (1 - bubble) + optimizer
 
 
 # What one trainer GPU holds (Megatron with bf16 weights and the distributed optimizer, as ROLL's
