@@ -565,3 +565,36 @@ def test_the_bill_follows_the_platforms_billing_model() -> None:
         warm = [_platform([f"cluster.serverless.instance_concurrency={k}", "cluster.serverless.billing=instance_time",
                            f"cluster.serverless.scale_down_idle_s={s}"]).billed_s for s in (1, 600)]
         assert warm[0] < warm[1]
+
+
+def test_every_paper_scenario_runs_the_calibrated_task_profiles() -> None:
+    """No per-experiment task constants: every task of every paper scenario equals its profile in
+    calibration/tasks/ (share aside), except the knob an experiment turns on purpose — the env-latency
+    experiment's Gaussian env.step. (The h800-vs-h20 experiment ran its base example's 20–40-turn
+    FrozenLake with 1.5 k-token image observations until session 39.)"""
+    from pathlib import Path
+
+    import yaml
+
+    from rollart.plan.schema import TaskSpec
+
+    tasks_dir = resolve("paper/qwen3-32b-128gpu").parents[1] / "calibration" / "tasks"
+    if not tasks_dir.is_dir():  # installed layout
+        from rollart.calibration.profiles import PROFILE_DIR
+
+        tasks_dir = PROFILE_DIR.parent / "tasks"
+    fitted = {}
+    for path in tasks_dir.glob("*.yaml"):
+        data = yaml.safe_load(path.read_text())
+        fitted[data["name"]] = TaskSpec.model_validate({**data, "share": 1}).model_dump(exclude={"share"})
+    knobs = {"env-latency-sigma.yaml": {"env"}}
+    root = resolve("paper/qwen3-8b-128gpu").parent
+    checked = 0
+    for f in sorted(Path(root).rglob("*.yaml")):
+        for task in load_plan(f).tasks:
+            want = fitted[task.name]
+            got = task.model_dump(exclude={"share"})
+            differ = {k for k in got if got[k] != want[k]} - knobs.get(f.name, set())
+            assert not differ, (f.name, task.name, differ)
+            checked += 1
+    assert checked >= 30
