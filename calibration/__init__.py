@@ -62,18 +62,22 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
 NVLINK_DOMAIN = 8
 
 
-def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int) -> tuple[float, float, str]:
+def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link | None" = None) -> tuple[float, float, str]:
     """(latency s, bus bytes/s, where from) of a training tensor-parallel all-reduce (large messages:
-    NCCL, not the serving engines' custom kernel). Within a node: the NCCL fit of the GPU's shipped
-    kernel profile (NVLink-scaled from 8×H100 timings), else H100's scaled by the GPU's NVLink ÷
-    H100's; a group wider than a node: the InfiniBand fit of the link table."""
+    NCCL, not the serving engines' custom kernel). Within a node (tp ≤ 8): the NCCL fit of the GPU's
+    shipped kernel profile (NVLink-scaled from 8×H100 timings), else H100's scaled by the GPU's
+    NVLink ÷ H100's; a group wider than a node: the cluster's ``network`` (the plan's intra-cluster
+    link), else the InfiniBand fit of the link table."""
     from rollart.calibration.links import calibrated_links
     from rollart.calibration.profiles import KernelProfile, shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS
 
     if tp > NVLINK_DOMAIN:
+        if network is not None:
+            return network.latency_s, network.bytes_per_s, f"the intra-cluster link (tp > {NVLINK_DOMAIN} spans nodes)"
         ib = calibrated_links().get("ib") or {"latency_us": 20.0, "bandwidth_gbps": 200.0}
-        return ib["latency_us"] * 1e-6, ib["bandwidth_gbps"] * 1e9 / 8, "InfiniBand (NCCL fit; tp > 8 spans nodes)"
+        return (ib["latency_us"] * 1e-6, ib["bandwidth_gbps"] * 1e9 / 8,
+                f"InfiniBand (NCCL fit; tp > {NVLINK_DOMAIN} spans nodes)")
     path = shipped_profile_path(gpu_name) if gpu_name else None
     profile = _load(str(path.resolve())) if path is not None else None
     if isinstance(profile, KernelProfile):
@@ -86,16 +90,17 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int) -> tuple[float, 
 
 
 def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement",  # noqa: ANN201
-               gpu_name: str | None = None):
+               gpu_name: str | None = None, network: "Link | None" = None):
     """The training cost model: the trainer placement's ``profile:`` (a measured train
     profile) when set, else the FLOPs/MFU model with the tensor-parallel all-reduces of the
-    trainer's GPU type ``gpu_name``."""
+    trainer's GPU type ``gpu_name`` (across nodes: ``network``)."""
     from rollart.calibration.cost import ProfiledTrainCost
     from rollart.calibration.profiles import TrainProfile
     from rollart.sim.costs.train import TrainCost
 
     if not trainer.profile:
-        return TrainCost(model, gpu, trainer, tp_allreduce(gpu_name, gpu, trainer.tp) if trainer.tp > 1 else None)
+        return TrainCost(model, gpu, trainer,
+                         tp_allreduce(gpu_name, gpu, trainer.tp, network) if trainer.tp > 1 else None)
     loaded = _load(str(Path(trainer.profile).resolve()))
     if not isinstance(loaded, TrainProfile):
         raise ValueError(f"placement.trainer.profile: {trainer.profile} is a {loaded.kind} profile, not a train "

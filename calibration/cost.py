@@ -98,10 +98,13 @@ class KernelProfileGeneration:
                             c.params.get("max_bytes", CUSTOM_ALLREDUCE_MAX_BYTES))
                            if c is not None and rank_tp in CUSTOM_ALLREDUCE_WORLD_SIZES else None)
         self._network = (network.bytes_per_s, network.latency_s) if network is not None else self._nvlink
+        borrowed = all(c.derived for _, c in profile.terms())  # nothing measured on this GPU (H200)
         self.source = (f"calibrated kernel profile {profile.gpu} ({origin}); {dtype}, {model.kv_dtype.upper()} KV"
                        + (f", ep {ep}" if ep > 1 else "") + f"; prefill MAPE "
                        f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
-                       f"{profile.fit_error.decode_mape_heldout:.1%} held-out")
+                       f"{profile.fit_error.decode_mape_heldout:.1%} held-out"
+                       + (f" on other GPUs' timings: no term measured on an {profile.gpu}, their fitted "
+                          "efficiencies applied to its datasheet" if borrowed else ""))
 
     def _gemms(self, m: float, shapes: list[tuple[float, float]], kind: tuple | None = None) -> float:
         """Σ gemm_time(m, k, n) — the same formula as ``kernels.gemm_time``."""

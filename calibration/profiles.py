@@ -81,6 +81,15 @@ class KernelProfile(BaseModel):
     assumptions: list[str] = Field(default_factory=list)
     source: str = ""
 
+    def terms(self) -> list[tuple[str, ComponentFit]]:
+        """(label, fit) of every fitted term the profile holds; a term with ``derived`` set was not
+        measured on this GPU."""
+        named = (("GEMM bf16", self.gemm), ("GEMM fp8", self.gemm_fp8), ("grouped GEMM fp8 (MoE)", self.gemm_grouped_fp8),
+                 ("prefill attention", self.attn_prefill), ("decode attention bf16 KV", self.attn_decode),
+                 ("decode attention fp8 KV", self.attn_decode_fp8_kv), ("HBM stream", self.stream),
+                 ("all-reduce", self.allreduce), ("custom all-reduce", self.allreduce_custom))
+        return [(label, c) for label, c in named if c is not None]
+
 
 GROUPED_PARAMS = ("t0", "e_max", "m_half", "e_mem")
 

@@ -62,13 +62,8 @@ def _overview() -> None:
             table.add_row(name, profile.kind, "", "")
             continue
         parts: dict[str, list[str]] = {"measured": [], "derived": []}
-        for label, c in (("GEMM bf16", profile.gemm), ("GEMM fp8", profile.gemm_fp8),
-                         ("grouped GEMM fp8 (MoE)", profile.gemm_grouped_fp8),
-                         ("prefill attention", profile.attn_prefill), ("decode attention bf16 KV", profile.attn_decode),
-                         ("decode attention fp8 KV", profile.attn_decode_fp8_kv), ("HBM stream", profile.stream),
-                         ("all-reduce", profile.allreduce), ("custom all-reduce", profile.allreduce_custom)):
-            if c is not None:
-                parts["derived" if c.derived else "measured"].append(label)
+        for label, c in profile.terms():
+            parts["derived" if c.derived else "measured"].append(label)
         fe = profile.fit_error
         table.add_row(name, f"{profile.gpu} kernels",
                       f"prefill {_pct(fe.prefill_mape_heldout)} · decode {_pct(fe.decode_mape_heldout)}",

@@ -403,7 +403,7 @@ def test_every_swe_copy_is_the_fitted_profile() -> None:
 
     from rollart.plan.schema import TaskSpec
 
-    path = resolve("paper/qwen3-32b-128gpu").parents[1] / "calibration" / "tasks" / "swe.yaml"
+    path = resolve("paper/qwen3-32b-128gpu").parents[2] / "calibration" / "tasks" / "swe.yaml"
     if not path.is_file():  # installed layout
         from rollart.calibration.profiles import PROFILE_DIR
 
@@ -578,7 +578,7 @@ def test_every_paper_scenario_runs_the_calibrated_task_profiles() -> None:
 
     from rollart.plan.schema import TaskSpec
 
-    tasks_dir = resolve("paper/qwen3-32b-128gpu").parents[1] / "calibration" / "tasks"
+    tasks_dir = resolve("paper/qwen3-32b-128gpu").parents[2] / "calibration" / "tasks"
     if not tasks_dir.is_dir():  # installed layout
         from rollart.calibration.profiles import PROFILE_DIR
 

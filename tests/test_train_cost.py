@@ -143,5 +143,12 @@ def test_pipeline_stages_all_reduce_only_their_own_layers() -> None:
     # pp 2 halves the layers a GPU holds, so its share of the TP all-reduces halves (and the bubble
     # factor applies to both compute and communication)
     lens = [8_000] * 64
-    one, two = _planned("H800", 4, gpus=32), _planned("H800", 4, gpus=64, pp=2)
-    assert two._comm[0] == pytest.approx(one._comm[0] / 2)
+    one, two = _planned("H800", 4, gpus=32), _planned("H800", 4, gpus=64, pp=2)  # dp 8 both
+    assert two._comm[0] == pytest.approx(one._comm[0] / 2) and two._comm[1] == pytest.approx(one._comm[1] / 2)
+    m = one.model
+
+    def optimizer(c) -> float:
+        return 2 * 16 * m.params / (c.trainer.gpus * c.gpu.hbm_tbps * 1e12)
+
+    bubble = 1 / (two.trainer.micro_batches + 1)
+    assert two.step_time(lens) - optimizer(two) == pytest.approx((one.step_time(lens) - optimizer(one)) / 2 / (1 - bubble))

@@ -299,7 +299,10 @@ class TrainerPlacement(_Strict):
     gpus: Count
     tp: Count = 1
     pp: Count = 1
-    mfu: Annotated[float, Field(gt=0, le=1)] = 0.35
+    mfu: Annotated[float, Field(gt=0, le=1)] = Field(0.35, description=(
+        "model-FLOPs utilisation of the compute alone: the tensor-parallel all-reduces are priced beside it "
+        "(on the GPUs' NVLink, across nodes the intra-cluster link), so an end-to-end MFU measured at tp > 1 "
+        "counts them twice"))
     micro_batches: Count = 16
     profile: str | None = Field(None, description="measured train profile YAML (written by `rollart validate`): "
                                                   "step time and weight hand-off instead of the FLOPs/MFU model")

@@ -56,30 +56,33 @@ class TrainCost:
     def _flops(self, s: int) -> float:
         return self._linear_per_token * s + self._attention_per_sq * s * s
 
-    def busiest_rank(self, seq_lens: list[int]) -> tuple[float, int]:
-        """(FLOPs, tokens) of the data-parallel rank with the most work, sequences dealt longest first
-        to the least-loaded rank (longest-processing-time packing: the busiest rank exceeds an even
-        share by less than its last sequence's work)."""
+    def _ranks(self, seq_lens: list[int]) -> list[tuple[float, int]]:
+        """(FLOPs, tokens) of each data-parallel rank with work, sequences dealt longest first to the
+        least-loaded rank (longest-processing-time packing: the busiest rank exceeds an even share by
+        less than its last sequence's work); one sequence a rank when there are no more than ranks."""
         if len(seq_lens) <= self.dp:
-            return max(((self._flops(s), s) for s in seq_lens), default=(0.0, 0))
+            return [(self._flops(s), s) for s in seq_lens]
         ranks = [(0.0, 0)] * self.dp
         for s in sorted(seq_lens, reverse=True):
             flops, tokens = ranks[0]
             heapq.heapreplace(ranks, (flops + self._flops(s), tokens + s))
-        return max(ranks)
+        return ranks
 
     def busiest_rank_flops(self, seq_lens: list[int]) -> float:
-        return self.busiest_rank(seq_lens)[0]
+        """FLOPs of the data-parallel rank with the most work."""
+        return max((flops for flops, _ in self._ranks(seq_lens)), default=0.0)
 
     def step_time(self, seq_lens: list[int]) -> float:
         m, t = self.model, self.trainer
-        rank_flops, rank_tokens = self.busiest_rank(seq_lens)
         peak = t.gpus * self.gpu.tflops_bf16 * 1e12 * t.mfu
         bubble = (t.pp - 1) / (t.micro_batches + t.pp - 1)
         optimizer = 2 * 16 * m.params / (t.gpus * self.gpu.hbm_tbps * 1e12)
-        work = self.dp * rank_flops / peak
-        if self._comm is not None and rank_tokens:
-            work += self._comm[0] * rank_tokens + self._comm[1]
+        ranks = self._ranks(seq_lens)
+        if self._comm is None or not ranks:
+            work = self.dp * max((flops for flops, _ in ranks), default=0.0) / peak
+        else:  # the step waits for the rank with the most compute and communication together
+            per_token, fixed = self._comm
+            work = max(self.dp * flops / peak + per_token * tokens for flops, tokens in ranks) + fixed
         return work / (1 - bubble) + optimizer
 
 

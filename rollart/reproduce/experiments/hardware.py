@@ -88,7 +88,7 @@ def _analyse_hw(outs: list[Outcome]) -> Section:
                      "faster (same cost)", "H800 gen tok/s", "H20 gen tok/s", "2 × H20 rollout s",
                      "H20 ÷ H800 time (per GPU)", "faster (per GPU)"], rows)
     comparison = MdTable(["quantity", "simulated", "paper"], [
-        ["faster cost-equivalent hardware, FrozenLake (prefill-heavy)", head.get("FrozenLake.by_batch", NA),
+        ["faster cost-equivalent hardware, FrozenLake (prefill-heavy in the paper)", head.get("FrozenLake.by_batch", NA),
          "H800 (compute-optimised; qualitative, no number in our notes)"],
         ["faster cost-equivalent hardware, GEM-Math (decode-heavy)", head.get("GEM-Math.by_batch", NA),
          "H20 (bandwidth-optimised; qualitative)"],
@@ -107,7 +107,7 @@ def _analyse_hw(outs: list[Outcome]) -> Section:
              "What a long-horizon task's GPU time is depends on the prefix cache, not on its turn count. With the "
              "cache (vLLM's default), a FrozenLake turn prefills only its ~120 new observation tokens and then "
              "decodes ~150 tokens, each decode step reading the conversation's KV (up to ~27 k tokens, ~3.9 GB for "
-             "Qwen3-8B): HBM bandwidth and KV capacity, of which the 6 × H20 have ~3 and 3.6 times the 2 × H800's, "
+             "Qwen3-8B): HBM bandwidth and KV capacity, of which the 6 × H20 have ~3 and 3.8 times the 2 × H800's, "
              "and once the 2 × H800 cannot hold the batch's conversations (batch 128 on) they re-prefill them. "
              "Without the cache every turn re-prefills its whole context, compute the H800 has 2.2 times as much of "
              "at the same cost: the last rows, where the paper's direction appears.",
@@ -124,7 +124,8 @@ def _analyse_hw(outs: list[Outcome]) -> Section:
     checks = [direction(f"faster cost-equivalent rollout hardware (2 × H800 vs 6 × H20), {task} ({kind})",
                         head.get(f"{task}.by_batch", NA), want,
                         head[f"{task}.winner"] == want if head.get(f"{task}.winner", NA) != NA else None)
-              for task, kind, want in (("FrozenLake", "prefill-heavy", "H800"), ("GEM-Math", "decode-heavy", "H20"))]
+              for task, kind, want in (("FrozenLake", "prefill-heavy in the paper", "H800"),
+                                       ("GEM-Math", "decode-heavy", "H20"))]
     return Section(table, comparison, notes, headline=head, checks=checks)
 
 
@@ -149,7 +150,7 @@ H800_H20 = Experiment(
            "training on a separate 8 H800, prefix cache on, mode `sync+` so each step's rollout is one whole batch "
            "on the pool under test. Tasks: the paper scenarios' calibrated profiles (`calibration/tasks/`): FrozenLake "
            "(30–100 turns as Table 1 gives, ~120 observation and ~150 response tokens a turn, a context growing "
-           "to ~27 k: prefill-heavy) or GEM-Math (1–3 turns of ~3 k-token chains of thought: decode-heavy), batch "
+           "to ~27 k: long-horizon, prefill-heavy in the paper) or GEM-Math (1–3 turns of ~3 k-token chains of thought: decode-heavy), batch "
            "32–256 trajectories. Scenario `paper/experiments/h800-vs-h20` (extends `h800-vs-h20`, whose own "
            "example tasks it replaces)."),
     steps=2,
