@@ -34,8 +34,9 @@ class TrainCost:
     comm is the tensor-parallel all-reduces a GPU waits for (tp > 1, given ``allreduce`` = (α s,
     bus bytes/s) of the trainer GPUs' link):
     5 passes · 2 · (L / pp) · (micro_batches · α + T_r · hidden · 2 B · 2(tp − 1)/tp / β),
-    T_r the busiest rank's tokens. MFU is then the compute's alone: an MFU fitted to a measured step
-    at some tp keeps that step's time only with the comm term beside it."""
+    T_r a rank's tokens; the step then waits for the rank whose compute and comm together are the
+    most. MFU is the compute's alone: an MFU fitted to a measured step at some tp keeps that step's
+    time only with the comm term beside it."""
 
     def __init__(self, model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement,
                  allreduce: tuple[float, float, str] | None = None):
