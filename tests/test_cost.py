@@ -118,3 +118,17 @@ def test_prices_in_a_scenario_file(tmp_path):
     plan = load_plan(path)
     assert plan.prices.gpu_usd_per_hour["H800"] == 4.0 and plan.prices.gpu_usd_per_hour["H20"] == 1.2
     assert plan.prices.serverless_usd_per_gpu_second == 0.002
+
+
+def test_colocated_trainer_and_engines_are_billed_for_their_gpus_once():
+    """Colocated training time-shares the engines' GPUs: the pool gives max(trainer, engines) GPUs,
+    as validation counts them, not their sum (a review found 16 colocated H800 billed as 32)."""
+    from rollart.scenarios_catalog import resolve
+
+    plan = load_plan(resolve("paper/experiments/swe-step-breakdown"))  # 32 H800: trainer 32, 32 workers tp 1
+    assert plan.placement.colocated and gpus_placed(plan) == {"h800": 32}
+    apart = load_plan(resolve("paper/experiments/swe-step-breakdown"),
+                      ["placement.colocated=false", "cluster.gpu_pools.h800.count=64"])
+    assert gpus_placed(apart) == {"h800": 64}
+    gpu = plan.prices.gpu_price("H800")
+    assert hourly_fixed_usd(apart) - hourly_fixed_usd(plan) == pytest.approx(32 * gpu)

@@ -198,6 +198,15 @@ def test_pd_disaggregated_scenarios_are_refused():
 # ---------------------------------------------------------------- the command
 
 
+def test_a_colocated_scenario_is_refused_with_the_fix():
+    # the search sizes trainer and engines as separate GPUs; a colocated base would be mis-sized
+    from rollart.scenarios_catalog import resolve
+
+    plan = load_plan(resolve("paper/experiments/swe-step-breakdown"))
+    with pytest.raises(PlanError, match="placement.colocated: the planner searches disaggregated placements"):
+        Space.from_plan(plan, Budget(gpus=32))
+
+
 def _app() -> typer.Typer:
     from rollart.cli_sweep import plan, sweep
 

@@ -349,6 +349,20 @@ class Placement(_Strict):
         """Generation workers on ``pool`` time-share the trainer's GPUs (colocated placement)."""
         return self.colocated and pool == self.trainer.pool
 
+    def gpus_by_pool(self) -> dict[str, int]:
+        """GPUs the placement takes from each pool it names: generation workers × tp, the trainer's
+        (colocated: the trainer time-shares its pool's generation GPUs, so that pool gives the larger
+        of the two, once) and dedicated reward GPUs. What validation checks against the pools' counts
+        and what a run is billed for."""
+        used: dict[str, int] = {}
+        for g in self.generation:
+            used[g.pool] = used.get(g.pool, 0) + g.workers * g.tp
+        t = self.trainer
+        used[t.pool] = max(used.get(t.pool, 0), t.gpus) if self.colocated else used.get(t.pool, 0) + t.gpus
+        if self.reward.gpus and self.reward.pool is not None:
+            used[self.reward.pool] = used.get(self.reward.pool, 0) + self.reward.gpus
+        return used
+
 
 # ---------------------------------------------------------------- algorithm & weight sync
 
@@ -555,16 +569,8 @@ def _cross_problems(plan: Plan) -> list[str]:
     if needs_judge and p.reward.where == "serverless" and c.serverless is None:
         out.append("placement.reward.where: 'serverless' but cluster.serverless is not defined")
 
-    # GPU budget per pool.
-    used: dict[str, int] = {name: 0 for name in pools}
-    for g in p.generation:
-        if g.pool in used:
-            used[g.pool] += g.workers * g.tp
-    if p.trainer.pool in used:  # colocated: the trainer time-shares its pool's generation GPUs
-        used[p.trainer.pool] = (max(used[p.trainer.pool], p.trainer.gpus) if p.colocated
-                                else used[p.trainer.pool] + p.trainer.gpus)
-    if p.reward.gpus and p.reward.pool in used:
-        used[p.reward.pool] += p.reward.gpus
+    # GPU budget per pool (pools the placement names but the cluster lacks are reported above).
+    used = {name: n for name, n in p.gpus_by_pool().items() if name in pools}
     if p.colocated and not any(g.pool == p.trainer.pool for g in p.generation):
         out.append(f"placement.colocated: no generation workers on the trainer's pool '{p.trainer.pool}' to share "
                    "its GPUs with")

@@ -176,6 +176,10 @@ class Space:
         if plan.placement.pd_disaggregation:
             raise PlanError(["placement.pd_disaggregation: the planner does not search prefill/decode-"
                              "disaggregated placements yet; plan without it, then split roles by hand"])
+        if plan.placement.colocated:
+            raise PlanError(["placement.colocated: the planner searches disaggregated placements (trainer and "
+                             "engines on their own GPUs); plan with colocated=false, then compare the colocated "
+                             "layout with `rollart compare` or a sweep"])
         if budget.gpus is None and budget.usd_per_hour is None:
             raise PlanError(["--budget-usd-per-hour / --budget-gpus: give one budget"])
         c = plan.cluster

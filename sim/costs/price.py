@@ -22,15 +22,9 @@ from rollart.plan.schema import Plan
 
 
 def gpus_placed(plan: Plan) -> dict[str, int]:
-    """GPUs each pool gives the placement (trainer + generation workers × tp + reward)."""
-    p = plan.placement
-    used: dict[str, int] = {}
-    used[p.trainer.pool] = used.get(p.trainer.pool, 0) + p.trainer.gpus
-    for g in p.generation:
-        used[g.pool] = used.get(g.pool, 0) + g.workers * g.tp
-    if p.reward.gpus and p.reward.pool is not None:
-        used[p.reward.pool] = used.get(p.reward.pool, 0) + p.reward.gpus
-    return used
+    """GPUs each pool gives the placement (trainer + generation workers × tp + reward; colocated
+    trainer and engines share theirs): ``Placement.gpus_by_pool``."""
+    return plan.placement.gpus_by_pool()
 
 
 def gpus_placed_by_type(plan: Plan) -> dict[str, int]:
