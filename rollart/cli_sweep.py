@@ -188,8 +188,9 @@ def plan(
                                                              "serverless, priced by the plan's prices)"),
     budget_gpus: Optional[int] = typer.Option(None, "--budget-gpus", min=1,
                                               help="at most this many placed GPUs (trainer + generation + reward)"),
-    objective: str = typer.Option("throughput", "--objective", help="throughput (max traj/s) or cost "
-                                                                   "(min $ per 1 000 trajectories)"),
+    objective: str = typer.Option("throughput", "--objective", help="throughput (max traj/s; within 1 %, the "
+                                                                   "cheaper plan) or cost (min $ per 1 000 "
+                                                                   "trajectories)"),
     out: Path = typer.Option(Path("plan.yaml"), "--out", help="where to write the winning plan"),
     candidates: int = typer.Option(48, "--candidates", min=1, help="candidates in the first (shortest) rung"),
     finalists: int = typer.Option(4, "--finalists", min=1, help="plans simulated at full length"),

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from rollart.core import mode_config
 from rollart.plan import PlanError, apply_overrides, load_plan, plan_from_dict, read_yaml
 from rollart.planner import Budget, Space, grid_optimum, plan_data, rung_steps, search, write_plan
+from rollart.planner.search import THROUGHPUT_TIE, score
 from rollart.planner.space import SERVERLESS
 from rollart.scenarios_catalog import default_scenario
 from rollart.sim import simulate_plan
@@ -142,10 +143,28 @@ def test_successive_halving_comes_within_3_percent_of_the_full_grid():
     # ... with fewer simulated steps than the grid, and far fewer full-length simulations
     full = sum(n for steps, n in result.rungs if steps == 4)
     assert result.simulated_steps < n_grid * 4 / 2 and full < n_grid / 4
-    # the ranking is best first; the scenario's own placement (16 GPUs) is over this budget
+    # the ranking is best first (throughput in 1 % bins, then the cheaper per 1k trajectories); the
+    # scenario's own placement (16 GPUs) is over this budget
+    keys = [score(e, "throughput", space.budget) for e in result.ranked]
+    assert keys == sorted(keys)
     tps = [e.summary["trajectories_per_s"] for e in result.ranked]
-    assert tps == sorted(tps, reverse=True)
+    assert all(a >= b * (1 - THROUGHPUT_TIE) for a, b in zip(tps, tps[1:]))
     assert result.baseline is None
+
+
+def test_throughputs_within_the_noise_band_rank_the_cheaper_plan_first():
+    # 0.04 % more throughput for half again the price is not a better plan (a review's $55 vs $80 budgets)
+    from rollart.planner.search import Evaluation
+
+    def ev(tps: float, c1k: float) -> Evaluation:
+        return Evaluation(None, 4, {"summary": {"trajectories_per_s": tps, "cost_per_1k_trajectories_usd": c1k,
+                                                "cost_usd_per_hour": 1.0}})
+
+    budget = Budget(gpus=16)
+    dear, cheap, faster = ev(2.3470, 9.5), ev(2.3461, 6.4), ev(2.40, 9.0)
+    assert score(cheap, "throughput", budget) < score(dear, "throughput", budget)
+    assert score(faster, "throughput", budget) < score(cheap, "throughput", budget)  # 2.3 % more: a real gain
+    assert score(cheap, "cost", budget) < score(faster, "cost", budget)
 
 
 def test_whole_space_in_the_first_rung_when_it_is_small():
