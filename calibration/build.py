@@ -146,11 +146,18 @@ def _stream(gpu: str) -> tuple[K.Fit, list[str]]:
     return K.fit_stream(X, y, decode.params, peak, bw, STREAM_MIN_BYTES), files
 
 
+def _rescaled(gpu: str) -> bool:
+    """``gpu`` borrows its timings from a sibling with other HBM (H200 from H800): the fitted
+    efficiencies are applied to its own datasheet, not taken as the sibling's times."""
+    source = TIMINGS_OF.get(gpu, gpu)
+    return GPU_PRESETS[KEYS[source]]["hbm_tbps"] != GPU_PRESETS[KEYS[gpu]]["hbm_tbps"]
+
+
 def _borrowed(gpu: str, timings: str, same: str) -> str | None:
     """How a term of ``gpu`` fitted on its sibling's ``timings`` is derived (None: its own timings)."""
     if gpu not in TIMINGS_OF:
         return None
-    if gpu == "h100":
+    if not _rescaled(gpu):
         return f"H800 {timings} ({same})"
     sheet = GPU_PRESETS[KEYS[gpu]]
     return (f"H800 {timings}: the fitted efficiencies on {KEYS[gpu]}'s datasheet (the same GH100 die, "
@@ -167,7 +174,8 @@ def build(gpu: str) -> KernelProfile:
     src_peak, src_bw = src_sheet["tflops_bf16"] * 1e12, src_sheet["hbm_tbps"] * 1e12
     assumptions = [f"iteration overhead {ITERATION_OVERHEAD_S * 1e3:.0f} ms per engine step (scheduling, sampling, "
                    "launch) is assumed: kernel timings do not contain it"]
-    if src_sheet["hbm_tbps"] != sheet["hbm_tbps"]:
+    rescaled = _rescaled(gpu)
+    if rescaled:
         assumptions.append(f"no public {key} kernel timings: every kernel's efficiency fitted on the {KEYS[source]}'s "
                            f"(the same GH100 die, {src_sheet['tflops_bf16']:g} TFLOP/s BF16) applies to {key}'s "
                            f"datasheet: KV reads and long streams run {sheet['hbm_tbps']:g} ÷ {src_sheet['hbm_tbps']:g} "
@@ -241,11 +249,14 @@ def build(gpu: str) -> KernelProfile:
         gemm_predict = lambda x, p: K.gemm_time(x, p, FP8_PEAK_RATIO * peak, bw, K.FP8_BYTES)  # noqa: E731
     else:
         X, y, held_fit = hx, hy, h100
-        gemm = _component(h100, GEMM_FORMULA, vidur_files, dtype="bf16", derived=(
-            None if gpu == "h100" else "H100 BF16 timings (same Hopper compute silicon and 3.35 TB/s HBM3 as H800)"
-            if sheet["hbm_tbps"] == GPU_PRESETS["H100"]["hbm_tbps"] else
-            f"H100 BF16 timings: the fitted efficiencies on {key}'s datasheet (same Hopper compute silicon, "
-            f"{sheet['hbm_tbps']:g} TB/s HBM3e)"))
+        if gpu == "h100":
+            derived = None
+        elif rescaled:
+            derived = (f"H100 BF16 timings: the fitted efficiencies on {key}'s datasheet (same Hopper compute "
+                       f"silicon, {sheet['hbm_tbps']:g} TB/s HBM3e)")
+        else:
+            derived = "H100 BF16 timings (same Hopper compute silicon and 3.35 TB/s HBM3 as H800)"
+        gemm = _component(h100, GEMM_FORMULA, vidur_files, dtype="bf16", derived=derived)
     assumptions.append(f"FP8 weights: GEMM compute from the DeepGEMM FP8 fit (t0, e_max, m_half) at "
                        f"{FP8_PEAK_RATIO:g} × the BF16 peak; weight reads at the BF16 GEMM's memory-system rate "
                        f"(e_mem {gemm.params['e_mem']:.3g}) with 1 byte per weight, not at DeepGEMM's small-m rate "
@@ -300,7 +311,7 @@ def build(gpu: str) -> KernelProfile:
     note = (f"held-out rows: GEMMs with ≥ {PREFILL_TOKENS} tokens"
             + (" and prefill attention" if gpu == "h20" else " (prefill attention is derived, not held-out)")
             + f" for prefill; GEMMs with < {PREFILL_TOKENS} tokens and decode attention for decode")
-    if src_sheet["hbm_tbps"] != sheet["hbm_tbps"]:
+    if rescaled:
         note += f", all of them H100/H800 timings (none measured on an {key})"
     return KernelProfile(
         gpu=key, peak_tflops_bf16=sheet["tflops_bf16"], hbm_tbps=sheet["hbm_tbps"],

@@ -156,8 +156,8 @@ class KernelProfileGeneration:
         n = self._rank_tp
         nbytes = tokens / self.ep * self.model.hidden * 2.0
         moved = 2 * (n - 1) / n * nbytes
-        p = self.profile.allreduce.params
-        each = p["alpha_s"] + moved / (p["beta_gbps"] * 1e9 / 8)  # NCCL
+        rate, alpha = self._nvlink
+        each = alpha + moved / rate  # NCCL
         custom = self._ar_custom
         if custom is not None and nbytes < custom[2]:
             # the engine's peer-to-peer kernel takes the message; its fitted bandwidth (eager-mode timings,

@@ -325,7 +325,7 @@ class TailProbe:
             # env group's managers roll its episodes out, α ahead: a slow episode delays its own env
             # group's next ones, not the batch's other groups. Measured against full runs (4
             # steps, steady step s; tests/test_scale.py), the subset needs no tail correction: 128,
-            # 512 and 1,024 GPUs +1.3 %, +0.5 %, +0.4 % (session 38), where the order-statistics one of the pooled
+            # 512 and 1,024 GPUs +1.2 %, +0.5 %, +0.5 % (session 39), where the order-statistics one of the pooled
             # rollout (below) overshot by 9 % and 13 %. The batch is an unselected sample of each
             # env group's task, so the full batch's other copies come from earlier ones.
             if batch and len(batch) == ctl.plan.groups_per_batch:

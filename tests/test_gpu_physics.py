@@ -275,10 +275,10 @@ def test_appends_cost_the_same_per_pair_alone_or_sharing_a_step(gpu: str) -> Non
 @pytest.mark.parametrize("gpu", ["H200", "A100"])
 def test_the_roofline_runs_the_lm_head_per_sampled_row_and_never_the_embedding_lookup(gpu: str) -> None:
     # GPUs without a profile (A100), or a pool with `profile: datasheet`, use the datasheet roofline.
-    # A prefill of n tokens multiplies them through
-    # the layers' linear weights (2·(P − embeddings)·n FLOPs) and computes logits for the row that
-    # samples the next token (2·V·h); the input embedding is a row lookup. A decode step of B
-    # sequences computes B rows of logits and reads the lm_head once, not the embedding table.
+    # A prefill of n tokens multiplies them through the layers' linear weights (2·(P − embeddings)·n
+    # FLOPs) and computes logits for the row that samples the next token (2·V·h); the input embedding
+    # is a row lookup. A decode step of B sequences computes B rows of logits and reads the lm_head
+    # once, not the embedding table.
     from rollart.sim.costs.gpu import RooflineGeneration
 
     m, sheet = ModelSpec.model_validate("Qwen3-8B"), GpuType(**GPU_PRESETS[gpu])
