@@ -28,7 +28,7 @@ dispatch/combine all-to-all.
 from __future__ import annotations
 
 from rollart.calibration.kernels import (BF16_BYTES, CUSTOM_ALLREDUCE_MAX_BYTES, CUSTOM_ALLREDUCE_WORLD_SIZES,
-                                         FP8_BYTES, unsplit_key)
+                                         FP8_BYTES, M_TILE, unsplit_key)
 from rollart.calibration.profiles import EngineProfile, KernelProfile, TrainProfile, grouping_factors
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, kv_heads_per_gpu
@@ -107,12 +107,12 @@ class KernelProfileGeneration:
                           "efficiencies applied to its datasheet" if borrowed else ""))
 
     def _gemms(self, m: float, shapes: list[tuple[float, float]], kind: tuple | None = None) -> float:
-        """Σ gemm_time(m, k, n) — the same formula as ``kernels.gemm_time``."""
+        """Σ gemm_time(m, k, n) — the same formula as ``kernels.gemm_time`` (a 64-row tile at least)."""
         p, peak, (ba, bw_, bo) = kind or self._linear
-        eff = p["e_max"] * m / (m + p["m_half"])
+        tiles = max(m + p["m_half"], M_TILE) / (peak * p["e_max"])
         total = 0.0
         for k, n in shapes:
-            compute = 2 * m * k * n / (peak * eff)
+            compute = 2 * tiles * k * n
             memory = (ba * m * k + bw_ * k * n + bo * m * n) / (self._bw * p["e_mem"])
             total += p["t0"] + (compute if compute > memory else memory)
         return total
@@ -130,10 +130,10 @@ class KernelProfileGeneration:
         touched = rank_experts_touched(self.model, m, self.ep)
         rows = rank_expert_rows(self.model, m, self.ep)
         per_expert = rows / touched
-        eff = p["e_max"] * per_expert / (per_expert + p["m_half"])
+        tiles = touched * max(per_expert + p["m_half"], M_TILE) / (peak * p["e_max"])  # each expert's own tiles
         total = 0.0
         for k, n in self._mlp_shapes:
-            compute = 2 * rows * k * n / (peak * eff)
+            compute = 2 * tiles * k * n
             memory = (ba * rows * k + bw_ * touched * k * n + bo * rows * n) / (self._bw * p["e_mem"])
             total += p["t0"] + (compute if compute > memory else memory)
         return total

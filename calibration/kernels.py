@@ -4,10 +4,13 @@ Each model is a closed form with a few parameters, fitted with ``scipy.optimize.
 on log-latency (so a 10 µs kernel and a 60 ms kernel weigh alike), and scored by the mean
 absolute percentage error (MAPE) on rows held out of the fit.
 
-* GEMM (m tokens × k → n):      t = t0 + max(2mkn / (P·e(m)), (b_a·mk + b_w·kn + b_o·mn) / (BW·e_mem)),
-                                e(m) = e_max · m / (m + m_half); b_a, b_w, b_o bytes per activation,
-                                weight and output element (BF16: 2, 2, 2; DeepGEMM FP8: 1, 1, 2, at
-                                the FP8 peak P = 2 × BF16)
+* GEMM (m tokens × k → n):      t = t0 + max(2·max(m + m_half, M_TILE)·kn / (P·e_max),
+                                              (b_a·mk + b_w·kn + b_o·mn) / (BW·e_mem)):
+                                for m + m_half ≥ M_TILE the compute term is 2mkn / (P·e(m)) with
+                                e(m) = e_max · m / (m + m_half); below, a 64-row tensor-core tile's
+                                (see ``M_TILE``); b_a, b_w, b_o bytes per activation, weight and
+                                output element (BF16: 2, 2, 2; DeepGEMM FP8: 1, 1, 2, at the FP8 peak
+                                P = 2 × BF16)
 * grouped GEMM (MoE experts):   the GEMM formula over G experts of m rows each, one launch, every
                                 holding expert's k × n weight read (see ``grouped_gemm_time``)
 * prefill attention (causal):   t = t0 + 4·H·d·(S²/2) / (P·e(S)),  e(S) = e_max · S / (S + S_half)
@@ -89,6 +92,12 @@ def fit_model(predict: Callable[[np.ndarray, dict[str, float]], np.ndarray], X: 
 
 
 BF16_BYTES = (2.0, 2.0, 2.0)  # bytes per activation, weight, output element
+# Hopper's tensor cores multiply in warpgroup tiles of 64 rows (PTX ``wgmma.mma_async`` shapes are
+# m64nNk16 for BF16, m64nNk32 for FP8): a GEMM of fewer token rows still computes a 64-row tile.
+# Where a GPU's ridge (peak FLOP/s ÷ HBM bytes/s) is below the tile's 64 FLOP per BF16 weight byte
+# (128 per FP8 byte), that padded compute outlasts the weight read: H20 (148 TFLOP/s, 4.0 TB/s,
+# ridge 37) decodes small batches compute-floored; H800/H100/H200 (ridge 295/295/206) never.
+M_TILE = 64.0
 FP8_BYTES = (1.0, 1.0, 2.0)   # DeepGEMM: FP8 activations and weights, BF16 output
 
 
@@ -97,16 +106,26 @@ def gemm_time(X: np.ndarray, p: dict[str, float], peak_flops: float, bw: float,
     """X columns: m, k, n; ``nbytes`` the operands' bytes per element (activation, weight, output)
     and ``peak_flops`` the datasheet peak of that dtype."""
     m, k, n = X[:, 0], X[:, 1], X[:, 2]
-    eff = p["e_max"] * m / (m + p["m_half"])
-    compute = 2 * m * k * n / (peak_flops * eff)
+    compute = 2 * np.maximum(m + p["m_half"], M_TILE) * k * n / (peak_flops * p["e_max"])
     memory = (nbytes[0] * m * k + nbytes[1] * k * n + nbytes[2] * m * n) / (bw * p["e_mem"])
     return p["t0"] + np.maximum(compute, memory)
 
 
+def _fit_gemm_model(predict: Callable[[np.ndarray, dict[str, float]], np.ndarray], X: np.ndarray, y: np.ndarray,
+                    e_mem: float | None, x0: Sequence[float]) -> Fit:
+    """Fit t0, e_max, m_half and, unless ``e_mem`` is given (the GPU's memory-system rate, pinned),
+    e_mem. Pinned, what a kernel loses below that rate at small m must come from its compute side."""
+    names, lower, upper = ["t0", "e_max", "m_half", "e_mem"], [0, 0.05, 1, 0.05], [1e-3, 1, 1e5, 1]
+    if e_mem is None:
+        return fit_model(predict, X, y, names, x0, lower, upper)
+    fit = fit_model(lambda x, p: predict(x, {**p, "e_mem": e_mem}), X, y, names[:3], x0[:3], lower[:3], upper[:3])
+    fit.params["e_mem"] = e_mem
+    return fit
+
+
 def fit_gemm(X: np.ndarray, y: np.ndarray, peak_flops: float, bw: float,
-             nbytes: tuple[float, float, float] = BF16_BYTES) -> Fit:
-    return fit_model(lambda x, p: gemm_time(x, p, peak_flops, bw, nbytes), X, y,
-                     ["t0", "e_max", "m_half", "e_mem"], [5e-6, 0.7, 64, 0.7], [0, 0.05, 1, 0.05], [1e-3, 1, 1e5, 1])
+             nbytes: tuple[float, float, float] = BF16_BYTES, e_mem: float | None = None) -> Fit:
+    return _fit_gemm_model(lambda x, p: gemm_time(x, p, peak_flops, bw, nbytes), X, y, e_mem, [5e-6, 0.7, 64, 0.7])
 
 
 # ---------------------------------------------------------------- grouped GEMM (MoE experts)
@@ -119,21 +138,20 @@ def grouped_gemm_time(X: np.ndarray, p: dict[str, float], peak_flops: float, bw:
     X columns: groups G holding rows, rows per group m, k, n. Each group multiplies its m rows by
     its own k × n weight; one launch for all of them:
 
-        t = t0 + max(2·G·m·k·n / (P·e_max·m/(m+m_half)), G·(b_a·m·k + b_w·k·n + b_o·m·n) / (BW·e_mem))
+        t = t0 + max(2·G·max(m + m_half, M_TILE)·k·n / (P·e_max), G·(b_a·m·k + b_w·k·n + b_o·m·n) / (BW·e_mem))
 
-    the dense GEMM's formula with the rows of each expert setting the tile efficiency and every
-    holding expert's weights read once."""
+    the dense GEMM's formula with the rows of each expert setting the tile efficiency (each
+    expert's rows fill their own 64-row tiles) and every holding expert's weights read once."""
     g, m, k, n = (X[:, i] for i in range(4))
-    eff = p["e_max"] * m / (m + p["m_half"])
-    compute = 2 * g * m * k * n / (peak_flops * eff)
+    compute = 2 * g * np.maximum(m + p["m_half"], M_TILE) * k * n / (peak_flops * p["e_max"])
     memory = g * (nbytes[0] * m * k + nbytes[1] * k * n + nbytes[2] * m * n) / (bw * p["e_mem"])
     return p["t0"] + np.maximum(compute, memory)
 
 
 def fit_grouped_gemm(X: np.ndarray, y: np.ndarray, peak_flops: float, bw: float,
-                     nbytes: tuple[float, float, float] = FP8_BYTES) -> Fit:
-    return fit_model(lambda x, p: grouped_gemm_time(x, p, peak_flops, bw, nbytes), X, y,
-                     ["t0", "e_max", "m_half", "e_mem"], [5e-6, 0.7, 64, 0.5], [0, 0.05, 1, 0.05], [1e-3, 1, 1e5, 1])
+                     nbytes: tuple[float, float, float] = FP8_BYTES, e_mem: float | None = None) -> Fit:
+    return _fit_gemm_model(lambda x, p: grouped_gemm_time(x, p, peak_flops, bw, nbytes), X, y, e_mem,
+                           [5e-6, 0.7, 64, 0.5])
 
 
 # ---------------------------------------------------------------- attention

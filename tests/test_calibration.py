@@ -83,9 +83,11 @@ def test_derivations_are_written_into_the_profile() -> None:
     h800, h20 = build("h800"), build("h20")
     assert h800.attn_prefill.derived and h800.attn_prefill.mape_heldout is None  # no H800 prefill data
     assert "FP8" in (h20.gemm.derived or "")
-    # H20's BF16 weight reads come from its memory system (decode-attention streaming), not DeepGEMM's FP8 rate
+    # H20's weight reads come from its memory system (decode-attention streaming); its DeepGEMM fits read at
+    # that same rate (pinned), their small-m time being the 64-row tile's compute, not a slower HBM
     assert "streaming efficiency" in (h20.gemm.derived or "")
-    assert h20.gemm.params["e_mem"] > 1.5 * h20.gemm_fp8.params["e_mem"]
+    assert h20.gemm.params["e_mem"] == h20.gemm_fp8.params["e_mem"] == h20.gemm_grouped_fp8.params["e_mem"]
+    assert "pinned at the memory-system rate" in (h20.gemm_fp8.dtype or "")
     assert h20.gemm.dtype == "bf16" and (h20.gemm_fp8.dtype or "").startswith("fp8")
     # the measured shape of the hardware: H20 reaches ~3/4 of its datasheet KV bandwidth, H800 ~all
     assert 0.65 < h20.attn_decode.params["e_bw"] < 0.85

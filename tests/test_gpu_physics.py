@@ -3,14 +3,16 @@
 * nothing beats the datasheet roofline: a step never takes less than its FLOPs at peak or its
   bytes (weights read + KV cache) at the datasheet HBM bandwidth;
 * prefill is compute-bound: H800 (989 TFLOP/s) is several times faster per GPU than H20 (148);
-* a weight-read-bound decode step runs at the memory system's byte rate, the same on either GPU
-  whatever kernel the profile's GEMM data came from: H20's per-GPU time follows the measured
-  H20 ÷ H800 streaming rate of long reads (the profiles' ``stream`` fits, one rule for both
-  GPUs), not DeepGEMM-FP8's small-m rate (which made H20 1.2–1.4× slower). The issue asked for
-  H20 to be faster there; the measured long reads do not support it: on the same ≥ 1 GB
-  memory-bound transfers H20 sustains ~3.0 TB/s (75 % of 4.0) and H800 ~3.2 TB/s (95 % of 3.35),
-  so the model keeps weight-read-bound decode level, and a test pins that measured fact. With
-  the datasheet roofline (equal efficiencies) H20's 4.0 TB/s beats H800's 3.35.
+* a GEMM reads its weights at the memory system's byte rate, one streaming rule for both GPUs
+  (the profiles' ``stream`` fits: H20 ~3.0 TB/s sustained, 75 % of 4.0; H800 ~3.2, 95 % of 3.35);
+* below 64 token rows a GEMM still computes a 64-row tensor-core tile (Hopper's wgmma is m64):
+  64 FLOP per BF16 weight byte, above H20's ridge (148 TFLOP/s ÷ 4.0 TB/s = 37), so H20's
+  small-batch decode is compute-floored and slower per GPU than H800's, whose ridge (295) the
+  tile never reaches. The issue expected H20 faster when weight-read-bound; the measured kernels
+  say otherwise twice: H20's long reads do not stream faster (test below), and its DeepGEMM
+  timings are flat from m = 16 to 64 at the tile's compute time. The public end-to-end check
+  (Qwen's H20 speed benchmark, batch 1) agrees: BF16 decode there reads weights at ~1.4 TB/s.
+  With the datasheet roofline (equal efficiencies, no tile) H20's 4.0 TB/s beats H800's 3.35.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import pytest
 
 from rollart.calibration import generation_cost
+from rollart.calibration.kernels import M_TILE
 from rollart.calibration.profiles import load_profile, shipped_profile_path
 from rollart.plan.presets import GPU_PRESETS
 from rollart.plan.schema import GpuType, ModelSpec
@@ -70,21 +73,55 @@ def test_compute_bound_prefill_is_faster_on_h800(model: str, n: int) -> None:
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("batch", [1, 4, 16])
-def test_weight_read_bound_decode_runs_at_the_memory_system_rate(model: str, batch: int) -> None:
+def test_small_batch_decode_pays_the_64_row_tile_where_it_outlasts_the_weight_read(model: str, batch: int) -> None:
     profiles = {g: load_profile(shipped_profile_path(g)) for g in GPUS}
-    # the GEMM weight reads go at each GPU's measured streaming rate of long reads (the stream
-    # fit), the same relation on H20 as on H800 where BF16 GEMMs are measured ...
+    # the GEMM weight reads go at each GPU's measured streaming rate of long reads (the stream fit),
+    # the same relation on H20 as on H800 where BF16 GEMMs are measured
     rate = {g: p.hbm_tbps * p.gemm.params["e_mem"] for g, p in profiles.items()}
     stream = {g: p.hbm_tbps * p.stream.params["e_bw"] for g, p in profiles.items()}
     assert rate["H20"] / rate["H800"] == pytest.approx(stream["H20"] / stream["H800"], rel=0.005)
-    # ... so per GPU the weight-read-bound H20 step is within the measured streaming gap of H800's
-    # (~3.0 vs ~3.2 TB/s sustained), not the 1.2–1.4× the FP8-derived byte rate gave
+    # a decode step below the tile costs the same whatever the batch on H20 (compute-floored) ...
     d20, d800 = _decode(model, "H20", batch), _decode(model, "H800", batch)
-    gap = stream["H800"] / stream["H20"]
-    assert 1.0 < gap < 1.1
-    assert d800 / gap * 0.97 < d20 < d800 * gap * 1.02
-    # equal datasheet efficiencies: H20's 4.0 TB/s beats H800's 3.35 TB/s
+    kv = {g: _decode(model, g, batch) - _decode(model, g, 1) for g in GPUS}  # the batch's own KV reads
+    assert d20 - kv["H20"] == pytest.approx(_decode(model, "H20", 1), rel=1e-9)
+    # ... and per GPU H800 decodes small batches faster: the tile costs H20 more than its reads
+    assert d800 < d20
+    # equal datasheet efficiencies and no tile: H20's 4.0 TB/s beats H800's 3.35 TB/s
     assert _decode(model, "H20", batch, profile="datasheet") < _decode(model, "H800", batch, profile="datasheet")
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_the_tile_binds_only_below_the_ridge(gpu: str) -> None:
+    from rollart.calibration.kernels import gemm_time
+    import numpy as np
+
+    p = load_profile(shipped_profile_path(gpu))
+    peak, bw = p.peak_tflops_bf16 * 1e12, p.hbm_tbps * 1e12
+    k, n = 4096.0, 12288.0  # Qwen3-8B's gate+up
+    t = {m: float(gemm_time(np.array([[m, k, n]]), p.gemm.params, peak, bw)[0]) for m in (1.0, 16.0, 32.0)}
+    read = 2 * k * n / (bw * p.gemm.params["e_mem"])
+    tile = 2 * M_TILE * k * n / (peak * p.gemm.params["e_max"])
+    ridge = peak / bw
+    if ridge < M_TILE:  # H20: the padded tile's compute, flat in m (m + m_half ≤ 64) and longer than the read
+        assert tile > read and all(v == pytest.approx(p.gemm.params["t0"] + tile, rel=0.02) for v in t.values())
+    else:  # H800: the tile is a fraction of the read; the weight read sets the time
+        assert tile < 0.5 * read and t[1.0] == pytest.approx(p.gemm.params["t0"] + read, rel=0.02)
+
+
+def test_the_composed_fp8_gemm_reproduces_h20s_measured_small_m_rows() -> None:
+    # the model the simulator composes (weights at the memory-system rate, the tile on the compute
+    # side) against DeepGEMM's H20 timings at m ≤ 64, which it was fitted to with e_mem pinned
+    import numpy as np
+    from rollart.calibration import build as B
+    from rollart.calibration.kernels import FP8_BYTES, gemm_time
+
+    p = load_profile(shipped_profile_path("H20"))
+    X, y, _ = B._fp8_rows("h20")
+    params = {**p.gemm_fp8.params, "e_mem": p.gemm.params["e_mem"]}  # what cost.py composes for FP8 weights
+    pred = gemm_time(X, params, 2 * p.peak_tflops_bf16 * 1e12, p.hbm_tbps * 1e12, FP8_BYTES)
+    small = X[:, 0] <= 64
+    assert small.sum() >= 20
+    assert 0.93 < float(np.median(y[small] / pred[small])) < 1.07
 
 
 def _paired_long_reads() -> list[float]:
@@ -125,9 +162,9 @@ def test_measured_long_reads_do_not_stream_faster_on_h20() -> None:
 
 @pytest.mark.parametrize("model", MODELS)
 def test_decode_becomes_compute_bound_on_h20_first(model: str) -> None:
-    # H20's compute ridge is ~6× lower: from a few dozen sequences its decode step grows with the
-    # batch while H800's is still paying mostly for weight reads
-    grow = {g: _decode(model, g, 256) / _decode(model, g, 16) for g in GPUS}
+    # H20's compute ridge is ~6× lower: past the 64-row tile its decode step grows with the batch
+    # while H800's is still paying mostly for weight reads
+    grow = {g: _decode(model, g, 256) / _decode(model, g, 64) for g in GPUS}
     assert grow["H20"] > 1.3 * grow["H800"]
 
 
@@ -165,7 +202,13 @@ def test_fp8_weights_speed_up_decode_by_at_most_the_bytes_they_save(model: str, 
     t = {}
     for name, m in (("bf16", bf16), ("fp8", fp8)):
         t[name] = generation_cost(m, gpu, GpuType(**sheet), 1).decode_line(1).total(CTX, 1, 1)
-    assert t["fp8"] < t["bf16"] <= t["fp8"] + saved / (sheet["hbm_tbps"] * 1e12 * profile.gemm.params["e_mem"]) * 1.001
+    # at most what halving the linear layers saves: their bytes at the memory-system rate, or, where the
+    # 64-row tile's compute binds (H20), that tile at the FP8 peak instead of the BF16 one
+    peak = sheet["tflops_bf16"] * 1e12
+    by_bytes = saved / (sheet["hbm_tbps"] * 1e12 * profile.gemm.params["e_mem"])
+    by_tile = 2 * M_TILE * saved * (1 / (peak * profile.gemm.params["e_max"])
+                                    - 1 / (2 * peak * profile.gemm_fp8.params["e_max"]))
+    assert t["fp8"] < t["bf16"] <= t["fp8"] + max(by_bytes, by_tile) * 1.001
     # the trainer's copy stays BF16; the engine holds less, so more KV fits
     assert fp8.weight_bytes == bf16.weight_bytes
     assert _cost_of(fp8, gpu).kv_capacity_tokens > _cost_of(bf16, gpu).kv_capacity_tokens

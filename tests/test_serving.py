@@ -25,9 +25,10 @@ def test_composed_profiles_predict_measured_serving_within_10_percent():
 
 
 def test_the_grouped_gemm_term_is_what_brings_the_moe_within_reach():
-    """Priced as dense GEMMs of the experts' shapes, the MoE's expert layers run 15–20 % too fast end to
-    end; the measured grouped-GEMM term (one launch over many small expert weights: lower tile
-    efficiency at few rows per expert) closes most of it. The dense model is unaffected."""
+    """Priced as dense GEMMs of the experts' shapes, the MoE runs 10–16 % too fast end to end (decode
+    10 %: the 64-row tile already charges an expert's few rows a whole tile; prefill 16 %); the measured
+    grouped-GEMM term (one launch over many small expert weights: lower tile efficiency at few rows per
+    expert) closes most of it. The dense model is unaffected."""
     h20 = load_profile(shipped_profile_path("H20"))
     without = serving_checks(profiles={"H20": h20.model_copy(update={"gemm_grouped_fp8": None})})
     with_term = serving_checks()
@@ -35,7 +36,7 @@ def test_the_grouped_gemm_term_is_what_brings_the_moe_within_reach():
         if a.model == "qwen3-8B":
             assert a.predicted_tgs == b.predicted_tgs
         else:
-            assert a.error > 0.15 and b.error < a.error - 0.05, (a.phase, a.error, b.error)
+            assert a.error > 0.08 and b.error < a.error - 0.03, (a.phase, a.error, b.error)
 
 
 @pytest.mark.parametrize("preset,config", [("Qwen3-8B", "qwen3-8B_config.json"),
@@ -68,3 +69,36 @@ def test_benchmark_rows_with_one_token_per_expert_read_half_the_experts():
     assert share == 1.0 and mean == pytest.approx(31.5, abs=0.1)
     X, _, _ = D.infersim_grouped_gemm("h20")
     assert np.all(X[:, 0] >= 0.5) and np.all(X[:, 1] >= 1)
+
+
+def _qwen_h20_batch_one() -> list[tuple[str, str, float, float]]:
+    """(model, weight dtype, public ms per generated token, simulated) for Qwen's published H20 rows
+    (``calibration/data/public/qwen3_speed_h20.csv``: SGLang, batch 1, 1 input token, 2,048 generated)."""
+    import csv
+
+    from rollart.calibration import generation_cost
+    from rollart.calibration.profiles import PROFILE_DIR
+    from rollart.plan.schema import GpuType
+
+    rows = []
+    with open(PROFILE_DIR.parent / "data" / "public" / "qwen3_speed_h20.csv") as f:
+        for r in csv.DictReader(f):
+            out = int(r["output_tokens"])
+            public = (int(r["input_tokens"]) + out) / float(r["speed_tokens_per_s"]) / out
+            spec = ModelSpec.model_validate({"preset": r["model"], "weight_dtype": r["weight_dtype"]})
+            cost = generation_cost(spec, "H20", GpuType(**GPU_PRESETS["H20"]), int(r["gpus"]), None)
+            sim = cost.decode_line(1).total(1 + out / 2, 1, out) / out  # mean context over the generation
+            rows.append((r["model"], r["weight_dtype"], public, sim))
+    return rows
+
+
+def test_batch_one_h20_decode_against_qwens_public_benchmark():
+    """A hold-out check (not fitted): per generated token at batch 1 on one H20. Before the 64-row tile
+    (``kernels.M_TILE``) the dense models ran 1.3–1.9× faster than measured; now FP8 is within 25 %
+    (SGLang's per-step overhead is ~1.5 ms below the 3 ms assumed for vLLM 0.8) and BF16 at most 1.45×
+    fast on the large models (H20's BF16 GEMM efficiency is derived from its FP8 kernel's)."""
+    rows = _qwen_h20_batch_one()
+    assert len(rows) == 8
+    for model, dtype, public, sim in rows:
+        speed = public / sim  # > 1: the model is faster than measured
+        assert 0.7 < speed < (1.25 if dtype == "fp8" else 1.45), (model, dtype, public, sim)
