@@ -85,6 +85,21 @@ def test_point_key_is_stable_and_sensitive():
     assert k != point_key(edited, ["algorithm.alpha=1"], 0, None)
 
 
+def test_a_changed_simulator_recomputes_a_resumed_point(tmp_path, monkeypatch):
+    # a point finished by an older model (other code or calibration) is not served after an upgrade
+    from rollart.sweep import store
+
+    data = read_yaml(default_scenario())
+    old = point_key(data, ["algorithm.alpha=1"], 0, None)
+    digest = store.simulator_digest()
+    assert len(digest) == 16 and digest == store.simulator_digest()
+    monkeypatch.setattr(store, "simulator_digest", lambda: "0" * 16)
+    assert point_key(data, ["algorithm.alpha=1"], 0, None) != old
+    # the digest reads the cost models and the calibration they compose, so editing either changes it
+    labels = {label for label, _ in store.simulator_files()}
+    assert {"calibration/profiles/h20.yaml", "calibration/cost.py", "sim/engine.py", "rollart/core/controller.py"} <= labels
+
+
 # ---------------------------------------------------------------- frontier and files
 
 
