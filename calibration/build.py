@@ -265,12 +265,17 @@ def build(gpu: str) -> KernelProfile:
         else:
             derived = "H100 BF16 timings (same Hopper compute silicon and 3.35 TB/s HBM3 as H800)"
         gemm = _component(h100, GEMM_FORMULA, vidur_files, dtype="bf16", derived=derived)
-    assumptions.append(f"FP8 weights: GEMM compute from the DeepGEMM FP8 fit (t0, e_max, m_half) at "
-                       f"{FP8_PEAK_RATIO:g} × the BF16 peak; weight reads at the BF16 GEMM's memory-system rate "
-                       f"(e_mem {gemm.params['e_mem']:.3g}) with 1 byte per weight, "
-                       + ("the rate the DeepGEMM fit was pinned at (its small-m time is the 64-row tile's compute)"
-                          if e_mem_pin else f"not at DeepGEMM's small-m rate (e_mem {fp8.params['e_mem']:.3g})"))
-    assumptions.append("MoE expert layers: the linear-layer terms of the served dtype times the measured FP8 grouped ÷ "
+    assumptions.append(f"FP8 weights: the DeepGEMM FP8 fit as fitted, at {FP8_PEAK_RATIO:g} × the BF16 peak, 1 byte "
+                       f"per weight at e_mem {fp8.params['e_mem']:.3g}"
+                       + (" (pinned at the memory-system rate: its small-m time is the 64-row tile's compute)"
+                          if e_mem_pin else " (DeepGEMM's own small-m rate, below the BF16 GEMMs' "
+                          f"{gemm.params['e_mem']:.3g})"))
+    if gpu == "h20":
+        assumptions.append("BF16 weights below 64 rows: the 64-row tile measured for DeepGEMM FP8 (tokens on the "
+                           "MMA's 64-row side) is assumed for the BF16 GEMMs too (no H20 BF16 GEMM timings; a kernel "
+                           "that swaps operands could use 8-row tiles). Qwen's public H20 benchmark (batch 1, "
+                           "SGLang) reads BF16 weights at ~1.4 TB/s, slower still than this floor")
+    assumptions.append("MoE expert layers: the linear-layer terms of the served dtype times the FP8 grouped ÷ "
                        "dense fit of each parameter (" + ", ".join(
                            f"{k} ×{grouped.params[k] / fp8.params[k]:.3g}" for k in GROUPED_PARAMS)
                        + "): a grouped GEMM departs from a dense one by its schedule over many small weights, taken "

@@ -16,9 +16,9 @@ term), a larger one NCCL (``profile.allreduce``).
 MoE expert layers use the GEMM terms scaled by the profile's measured grouped ÷ dense factors
 (``profiles.grouping_factors``: one launch over many small expert weights).
 
-Dtypes (``model.weight_dtype`` / ``kv_dtype``): FP8 linear layers use the profile's FP8 GEMM
-compute terms at the FP8 peak and read 1 byte per weight at the GPU's memory-system rate
-(``gemm.params["e_mem"]``); lm_head and attention stay BF16; an FP8 KV cache reads 1 byte per
+Dtypes (``model.weight_dtype`` / ``kv_dtype``): FP8 linear layers compose the profile's measured FP8
+GEMM fit as fitted (its compute terms at the FP8 peak, 1 byte per weight at its own e_mem: what the
+kernel measured, H20's pinned at the memory-system rate); lm_head and attention stay BF16; an FP8 KV cache reads 1 byte per
 element in decode attention. Expert parallelism (``ep``): the worker's tp GPUs form ep ranks
 (``sim.costs.moe``), each running attention and the dense layers TP over tp/ep GPUs for 1/ep of
 the tokens, the MoE layer over its E/ep experts for the busiest rank's rows, plus the
@@ -67,15 +67,14 @@ class KernelProfileGeneration:
         # BF16 GEMMs (lm_head always): compute efficiencies and the GPU's weight-read (memory-system)
         # efficiency e_mem, as the profile derives them (profile.gemm.derived says how)
         self._bf16 = (dict(profile.gemm.params), self._peak, BF16_BYTES)
-        # FP8 linear layers: the measured FP8 GEMM's compute terms at the FP8 peak, weights read at
-        # the same memory-system rate, 1 byte each. A profile without FP8 timings stores FP8 weights
-        # only (BF16 compute, 1-byte weight reads: weight-only quantisation).
-        e_mem = profile.gemm.params["e_mem"]
+        # FP8 linear layers: the measured FP8 GEMM fit as it was fitted (the composition is the fit), 1 byte
+        # per weight. A profile without FP8 timings stores FP8 weights only (BF16 compute, 1-byte weight
+        # reads at the BF16 GEMM's rate: weight-only quantisation).
         if model.weight_dtype == "bf16":
             self._linear, dtype = self._bf16, "BF16 weights"
         elif profile.gemm_fp8 is not None:
             fp8_peak = (profile.peak_tflops_fp8 or 2 * profile.peak_tflops_bf16) * 1e12
-            self._linear = ({**profile.gemm_fp8.params, "e_mem": e_mem}, fp8_peak, FP8_BYTES)
+            self._linear = (dict(profile.gemm_fp8.params), fp8_peak, FP8_BYTES)
             dtype = "FP8 weights (FP8 GEMM compute)"
         else:
             self._linear = (dict(profile.gemm.params), self._peak, (2.0, 1.0, 2.0))

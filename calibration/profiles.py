@@ -58,8 +58,8 @@ class KernelProfile(BaseModel):
     hbm_tbps: float
     iteration_overhead_s: float
     gemm: ComponentFit  # BF16 weights; params["e_mem"] is the GPU's weight-read (memory-system) efficiency
-    # FP8 weights: the compute terms (t0, e_max, m_half) of measured FP8 GEMMs; their weight reads use
-    # gemm's e_mem (the byte rate is the memory system's, not the FP8 kernel's). None: not measured.
+    # FP8 weights: the fit of measured FP8 GEMMs, composed as fitted (H20's with e_mem pinned at gemm's
+    # memory-system rate, its small-m time on the 64-row tile's compute side). None: not measured.
     gemm_fp8: ComponentFit | None = None
     # MoE expert layers: measured FP8 grouped GEMMs (one launch over the experts holding tokens). The
     # composition scales the dense linear-layer terms by this fit ÷ gemm_fp8 (``grouping_factors``).
@@ -98,7 +98,8 @@ def grouping_factors(profile: KernelProfile) -> dict[str, float] | None:
     """How much a grouped GEMM (a MoE layer's experts, one launch) departs from a dense GEMM on this
     GPU: the measured FP8 grouped fit ÷ the measured FP8 dense fit, per parameter. The composition
     applies these factors to the dense linear-layer terms of either dtype (the grouping is the
-    kernel's schedule over many small weights, not its arithmetic). None without both fits."""
+    kernel's schedule over many small weights, not its arithmetic). Where both fits pin e_mem at the
+    memory-system rate (H20) its factor is 1 by construction. None without both fits."""
     if profile.gemm_grouped_fp8 is None or profile.gemm_fp8 is None:
         return None
     g, d = profile.gemm_grouped_fp8.params, profile.gemm_fp8.params
@@ -120,8 +121,10 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
             f"{e_mem * profile.hbm_tbps:.3g} TB/s")]
     if profile.gemm_fp8 is not None:
         out.append(("linear layers, FP8 weights", profile.gemm_fp8.dtype or "fp8",
-                    f"compute (t0, e_max, m_half) {how(profile.gemm_fp8)}; weight reads 1 byte each at the memory-system "
-                    f"e_mem {e_mem:.3g}, not this kernel's fitted {profile.gemm_fp8.params.get('e_mem', 0):.3g}"))
+                    f"{how(profile.gemm_fp8)}, composed as fitted: weight reads 1 byte each at e_mem "
+                    f"{profile.gemm_fp8.params.get('e_mem', 0):.3g}"
+                    + (" (pinned at the memory-system rate)" if profile.gemm_fp8.params.get("e_mem") == e_mem
+                       else " (the kernel's, measured)")))
     else:
         out.append(("linear layers, FP8 weights", "fp8 storage, bf16 compute",
                     f"no FP8 timings: BF16 compute, weights read 1 byte each at e_mem {e_mem:.3g}"))

@@ -603,7 +603,7 @@ def test_h800_vs_h20_reads_per_cost_and_per_gpu():
     assert rows["faster cost-equivalent hardware, GEM-Math (decode-heavy)"] == "H20 at every batch"
     note = next(n for n in sec.notes if n.startswith("Per GPU"))
     assert "3.00 TB/s on H20 and 3.18 TB/s on H800" in note and "64-row tensor-core tile" in note
-    assert "ridge point of 37" in note
+    assert "ridge point of 37" in note and "GEM-Math H800 at every batch" in note
     missing = H800_H20.analyse([o for o in outs if o.variant.params["hw"] != "h20-2"])
     assert _column(missing, "faster (per GPU)", "FrozenLake", "32") == "—"
 

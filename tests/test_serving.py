@@ -15,7 +15,7 @@ from rollart.plan.schema import ModelSpec
 
 
 def test_composed_profiles_predict_measured_serving_within_10_percent():
-    """Prefill (compute-bound) and decode (KV- and weight-read-bound) of a dense FP8 model and of a
+    """Prefill (compute-bound) and decode (64 sequences a GPU, bound by KV reads) of a dense FP8 model and of a
     BF16 MoE served with data-parallel attention and 4-way expert parallelism."""
     checks = serving_checks()
     assert {(c.model, c.phase) for c in checks} == {(m, p) for m in ("qwen3-8B", "qwen3-30B-A3B")
@@ -87,18 +87,19 @@ def _qwen_h20_batch_one() -> list[tuple[str, str, float, float]]:
             public = (int(r["input_tokens"]) + out) / float(r["speed_tokens_per_s"]) / out
             spec = ModelSpec.model_validate({"preset": r["model"], "weight_dtype": r["weight_dtype"]})
             cost = generation_cost(spec, "H20", GpuType(**GPU_PRESETS["H20"]), int(r["gpus"]), None)
-            sim = cost.decode_line(1).total(1 + out / 2, 1, out) / out  # mean context over the generation
+            sim = cost.decode_line(1).total(1, 1, out) / out  # the line grows the context itself
             rows.append((r["model"], r["weight_dtype"], public, sim))
     return rows
 
 
 def test_batch_one_h20_decode_against_qwens_public_benchmark():
     """A hold-out check (not fitted): per generated token at batch 1 on one H20. Before the 64-row tile
-    (``kernels.M_TILE``) the dense models ran 1.3–1.9× faster than measured; now FP8 is within 25 %
-    (SGLang's per-step overhead is ~1.5 ms below the 3 ms assumed for vLLM 0.8) and BF16 at most 1.45×
-    fast on the large models (H20's BF16 GEMM efficiency is derived from its FP8 kernel's)."""
+    (``kernels.M_TILE``) the dense models ran 1.3–1.9× faster than measured; now FP8 runs 0.79–1.0× the
+    public speed (slow where SGLang's ~1.5 ms per-step overhead, below the 3 ms assumed for vLLM 0.8,
+    weighs most: the 8B) and BF16 1.07–1.39× (fast on the large models: H20's BF16 GEMM efficiency is
+    derived from its FP8 kernel's)."""
     rows = _qwen_h20_batch_one()
     assert len(rows) == 8
     for model, dtype, public, sim in rows:
         speed = public / sim  # > 1: the model is faster than measured
-        assert 0.7 < speed < (1.25 if dtype == "fp8" else 1.45), (model, dtype, public, sim)
+        assert 0.75 < speed < (1.1 if dtype == "fp8" else 1.45), (model, dtype, public, sim)

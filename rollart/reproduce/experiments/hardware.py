@@ -121,8 +121,10 @@ def _analyse_hw(outs: list[Outcome]) -> Section:
              f"streaming reaches {h20_bw:.2f} TB/s on H20 and {h800_bw:.2f} TB/s on H800 (the `stream` fits of the "
              "InferSim decode-attention timings, `rollart calibrate show`), and below 64 rows a GEMM still "
              "computes a 64-row tensor-core tile, 64 FLOP per BF16 weight byte against H20's ridge point of "
-             f"{ridge:.0f}: at an equal batch H20's decode is compute-floored, slower than H800's at every batch "
-             "(as H20's measured DeepGEMM timings, flat from 16 to 64 rows, and Qwen's public H20 benchmark show). "
+             f"{ridge:.0f}: at an equal batch a dense model's decode on H20 is compute-floored (H20's measured "
+             "DeepGEMM timings are flat from 16 to 64 rows; Qwen's public H20 benchmark, batch 1, reads BF16 "
+             "weights at ~1.4 TB/s). Faster per GPU here: GEM-Math "
+             f"{head.get('GEM-Math.per_gpu.by_batch', NA)}, FrozenLake {head.get('FrozenLake.per_gpu.by_batch', NA)}. "
              "Which pairing the paper's figure uses is not in our notes; per cost, H20 wins decode-heavy work once "
              "the batch keeps its three times as many engines busy."] \
         + _failures(outs)
