@@ -92,13 +92,13 @@ def fit_model(predict: Callable[[np.ndarray, dict[str, float]], np.ndarray], X: 
 
 
 BF16_BYTES = (2.0, 2.0, 2.0)  # bytes per activation, weight, output element
+FP8_BYTES = (1.0, 1.0, 2.0)   # DeepGEMM: FP8 activations and weights, BF16 output
 # Hopper's tensor cores multiply in warpgroup tiles of 64 rows (PTX ``wgmma.mma_async`` shapes are
 # m64nNk16 for BF16, m64nNk32 for FP8): a GEMM of fewer token rows still computes a 64-row tile.
 # Where a GPU's ridge (peak FLOP/s ÷ HBM bytes/s) is below the tile's 64 FLOP per BF16 weight byte
 # (128 per FP8 byte), that padded compute outlasts the weight read: H20 (148 TFLOP/s, 4.0 TB/s,
 # ridge 37) decodes small batches compute-floored; H800/H100/H200 (ridge 295/295/206) never.
 M_TILE = 64.0
-FP8_BYTES = (1.0, 1.0, 2.0)   # DeepGEMM: FP8 activations and weights, BF16 output
 
 
 def gemm_time(X: np.ndarray, p: dict[str, float], peak_flops: float, bw: float,
