@@ -116,9 +116,17 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
         return f"fitted to {c.rows + c.heldout_rows} measured rows ({', '.join(c.data[:1])}{' …' if len(c.data) > 1 else ''}{held})"
 
     e_mem = profile.gemm.params.get("e_mem", 1.0)
+    # a few-row GEMM still computes max(m_half, M_TILE) rows at e_max: per BF16 weight (2 bytes, 2·rows
+    # FLOP) that is P·e_max / rows bytes per second, the small-batch ceiling when below the HBM rate
+    from rollart.calibration.kernels import M_TILE
+
+    read = e_mem * profile.hbm_tbps
+    rows = max(profile.gemm.params.get("m_half", 0.0), M_TILE)
+    floor = profile.peak_tflops_bf16 * profile.gemm.params.get("e_max", 1.0) / rows
     out = [("linear layers, BF16 weights", profile.gemm.dtype or "bf16",
-            how(profile.gemm) + f" → weight reads at e_mem {e_mem:.3g} × {profile.hbm_tbps:g} = "
-            f"{e_mem * profile.hbm_tbps:.3g} TB/s")]
+            how(profile.gemm) + f" → weight reads at e_mem {e_mem:.3g} × {profile.hbm_tbps:g} = {read:.3g} TB/s; a "
+            f"few-row GEMM computes at least {rows:.0f} rows at e_max, {floor:.3g} TB/s of weights"
+            + (", which binds first at small batch" if floor < read else ""))]
     if profile.gemm_fp8 is not None:
         out.append(("linear layers, FP8 weights", profile.gemm_fp8.dtype or "fp8",
                     f"{how(profile.gemm_fp8)}, composed as fitted: weight reads 1 byte each at e_mem "

@@ -246,6 +246,9 @@ def test_calibrate_show_prints_fits_and_plots(gpu: str, tmp_path: Path) -> None:
 
     terms = [ln for ln in out.stdout.splitlines() if ln.startswith("term ")]
     assert len(terms) == len(term_lines(profile)) >= 7 and all(" dtype " in ln for ln in terms)
+    bf16 = next(ln for ln in terms if ln.startswith("term linear layers, BF16 weights"))
+    # the small-batch ceiling: the tile outlasts H20's weight read, not H800's
+    assert "few-row GEMM computes at least" in bf16 and (("binds first" in bf16) == (gpu == "h20"))
     assert any(ln.startswith("term linear layers, FP8 weights: dtype fp8") and "composed as fitted" in ln
                and ("pinned at the memory-system rate" in ln if gpu == "h20" else "the kernel's, measured" in ln)
                for ln in terms)
