@@ -14,6 +14,7 @@ INFERSIM = DATA / "infersim"
 VIDUR = DATA / "vidur"
 VIDUR_H100_MLP = VIDUR / "compute" / "h100" / "Llama-2-7b-hf" / "mlp.csv"
 CUSTOM_ALLREDUCE_H100 = DATA / "public" / "custom_allreduce_h100.csv"
+QWEN3_SPEED_H20 = DATA / "public" / "qwen3_speed_h20.csv"  # a hold-out check (tests/test_serving.py), not fitted
 
 # DeepGEMM FP8 → BF16: the compute peak halves and every operand byte doubles, so in both the
 # compute-bound and the bandwidth-bound regime a BF16 GEMM takes twice the FP8 time. This is an

@@ -20,7 +20,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollart.calibration.kernels import CUSTOM_ALLREDUCE_MAX_BYTES
+from rollart.calibration.kernels import CUSTOM_ALLREDUCE_MAX_BYTES, M_TILE
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -118,8 +118,6 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
     e_mem = profile.gemm.params.get("e_mem", 1.0)
     # a few-row GEMM still computes max(m_half, M_TILE) rows at e_max: per BF16 weight (2 bytes, 2·rows
     # FLOP) that is P·e_max / rows bytes per second, the small-batch ceiling when below the HBM rate
-    from rollart.calibration.kernels import M_TILE
-
     read = e_mem * profile.hbm_tbps
     rows = max(profile.gemm.params.get("m_half", 0.0), M_TILE)
     floor = profile.peak_tflops_bf16 * profile.gemm.params.get("e_max", 1.0) / rows

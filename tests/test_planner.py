@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from rollart.core import mode_config
 from rollart.plan import PlanError, apply_overrides, load_plan, plan_from_dict, read_yaml
-from rollart.planner import Budget, Space, grid_optimum, plan_data, rung_steps, search, write_plan
-from rollart.planner.search import THROUGHPUT_TIE, Evaluation, score
+from rollart.planner import Budget, Space, grid_optimum, grid_ranked, plan_data, rung_steps, search, write_plan
+from rollart.planner.search import THROUGHPUT_TIE, score
 from rollart.planner.space import SERVERLESS
 from rollart.scenarios_catalog import default_scenario
 from rollart.sim import simulate_plan
@@ -133,13 +133,8 @@ def test_successive_halving_finds_one_of_the_grids_best_plans():
     # seeds every answer is one of the top three, and at least half one of the top two: near-ties
     # that two-step rungs cannot always order (the step-to-step spread is a few %).
     space, base = small_space(extra=["algorithm.steps=4"])
-    cands = list(space.enumerate())
-    assert len(cands) == 192
-    with SerialPool() as pool:
-        jobs = [(str(i), c.apply(base, 4), [], None, None) for i, c in enumerate(cands)]
-        evals = [Evaluation(cands[int(key)], 4, rec) for key, rec in pool.imap_unordered(jobs)]
-    ranked = sorted((e for e in evals if score(e, "throughput", space.budget) is not None),
-                    key=lambda e: (score(e, "throughput", space.budget), e.candidate.label()))
+    ranked, n_grid = grid_ranked(space, base, SerialPool())
+    assert n_grid == 192
     top = [e.candidate.label() for e in ranked[:3]]
     found = [search(space, base, SerialPool(), candidates=24, finalists=4, seed=seed) for seed in range(4)]
     assert all(r.best.candidate.label() in top for r in found)
@@ -148,7 +143,7 @@ def test_successive_halving_finds_one_of_the_grids_best_plans():
     assert not result.exhaustive
     # ... with fewer simulated steps than the grid, and far fewer full-length simulations
     full = sum(n for steps, n in result.rungs if steps == 4)
-    assert result.simulated_steps < len(cands) * 4 / 2 and full < len(cands) / 4
+    assert result.simulated_steps < n_grid * 4 / 2 and full < n_grid / 4
     # the ranking is best first (throughput in 1 % bins, then the cheaper per 1k trajectories); the
     # scenario's own placement (16 GPUs) is over this budget
     keys = [score(e, "throughput", space.budget) for e in result.ranked]

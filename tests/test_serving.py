@@ -77,11 +77,10 @@ def _qwen_h20_batch_one() -> list[tuple[str, str, float, float]]:
     import csv
 
     from rollart.calibration import generation_cost
-    from rollart.calibration.profiles import PROFILE_DIR
     from rollart.plan.schema import GpuType
 
     rows = []
-    with open(PROFILE_DIR.parent / "data" / "public" / "qwen3_speed_h20.csv") as f:
+    with open(D.QWEN3_SPEED_H20) as f:
         for r in csv.DictReader(f):
             out = int(r["output_tokens"])
             public = (int(r["input_tokens"]) + out) / float(r["speed_tokens_per_s"]) / out

@@ -4,8 +4,9 @@ successive halving on short simulations, then full simulations of the finalists 
 the winner as a plan file ``rollart simulate`` accepts unchanged."""
 
 from rollart.planner.report import bottleneck, plan_data, reason, top_table, why_lines, write_plan
-from rollart.planner.search import OBJECTIVES, Evaluation, PlanSearch, grid_optimum, rung_steps, score, search
+from rollart.planner.search import (OBJECTIVES, Evaluation, PlanSearch, grid_optimum, grid_ranked, rung_steps, score,
+                                    search)
 from rollart.planner.space import Budget, Candidate, Space
 
 __all__ = ["OBJECTIVES", "Budget", "Candidate", "Evaluation", "PlanSearch", "Space", "bottleneck", "grid_optimum",
-           "plan_data", "reason", "rung_steps", "score", "search", "top_table", "why_lines", "write_plan"]
+           "grid_ranked", "plan_data", "reason", "rung_steps", "score", "search", "top_table", "why_lines", "write_plan"]

@@ -200,9 +200,10 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
                       infeasible=[e for e in finals if e not in ranked])
 
 
-def grid_optimum(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objective: str = "throughput",
-                 full_steps: int | None = None) -> tuple[Evaluation | None, int]:
-    """Brute force: simulate every candidate at full length; the best and how many ran."""
+def grid_ranked(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objective: str = "throughput",
+                full_steps: int | None = None) -> tuple[list[Evaluation], int]:
+    """Brute force: simulate every candidate at full length; the feasible ones best first (ties by
+    label) and how many ran."""
     full = full_steps or int(base["algorithm"]["steps"])
     cands = list(space.enumerate())
     evals = []
@@ -212,4 +213,11 @@ def grid_optimum(space: Space, base: dict[str, Any], pool: RayPool | SerialPool,
             evals.append(Evaluation(cands[int(key)], full, rec))
     scored = [(score(e, objective, space.budget), e) for e in evals]
     ok = sorted(((s, e) for s, e in scored if s is not None), key=lambda se: (se[0], se[1].candidate.label()))
-    return (ok[0][1] if ok else None), len(cands)
+    return [e for _, e in ok], len(cands)
+
+
+def grid_optimum(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objective: str = "throughput",
+                 full_steps: int | None = None) -> tuple[Evaluation | None, int]:
+    """Brute force: the best of ``grid_ranked`` and how many ran."""
+    ranked, n = grid_ranked(space, base, pool, objective, full_steps)
+    return (ranked[0] if ranked else None), n
