@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -58,11 +60,33 @@ def plan() -> Plan:
 # waits, so it is not starved.
 
 
+_lock_key = pytest.StashKey[Path]()
+
+
+def _lock_path(testrunuid: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"rollart-pytest-{testrunuid}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The xdist controller names the run (its workers get the same ``testrunuid``) so that it can
+    remove the lock folder when they are gone."""
+    if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
+        if not config.option.testrunuid:
+            config.option.testrunuid = uuid.uuid4().hex
+        config.stash[_lock_key] = _lock_path(config.option.testrunuid)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    d = config.stash.get(_lock_key, None)
+    if d is not None:  # leave nothing in /tmp
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _lock_dir(config: pytest.Config) -> Path | None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         return None  # one process: nothing runs beside a test
-    d = Path(tempfile.gettempdir()) / f"rollart-pytest-{workerinput['testrunuid']}"
+    d = _lock_path(workerinput["testrunuid"])
     d.mkdir(exist_ok=True)
     return d
 

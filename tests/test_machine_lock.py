@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import shutil
 import time
 import uuid
 from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import _machine
+from tests.conftest import _lock_path, _machine
 
 
 def _hold(runuid: str, idx: int, exclusive: bool, hold_s: float, start_after_s: float, out) -> None:
@@ -28,9 +29,12 @@ def _intervals(specs: list[tuple[bool, float, float]]) -> list[tuple[int, float,
     procs = [fork.Process(target=_hold, args=(runuid, i, *s, q)) for i, s in enumerate(specs)]
     for p in procs:
         p.start()
-    got = sorted(q.get(timeout=30) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    try:
+        got = sorted(q.get(timeout=30) for _ in procs)
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        shutil.rmtree(_lock_path(runuid), ignore_errors=True)
     return got
 
 
