@@ -1,10 +1,11 @@
 """A private ``redis-server`` for a run, and the resource-binding records kept in it.
 
 :class:`RedisServer` starts ``redis-server`` on 127.0.0.1 on a free port, with no persistence
-(``--save "" --appendonly no``), a generated password (``requirepass``, written to a 0600
-config file in its private 0700 directory, never on the command line where ``ps`` shows it)
-and ``PR_SET_PDEATHSIG`` (it dies with the process that started it), waits until ``PING``
-answers, and stops it (and removes the directory) on exit::
+(``--save "" --appendonly no``), a generated password (``requirepass``, read from its stdin:
+never on the command line where ``ps`` shows it, nor on disk) and ``PR_SET_PDEATHSIG`` (it dies
+with the process that started it), waits until ``PING`` answers, and stops it on exit. Its log
+goes to an unlinked temporary file and its working directory is removed once it answers, so a
+run killed outright (SIGKILL, OOM) leaves nothing behind in ``/tmp``::
 
     with RedisServer() as srv:
         r = srv.client()
@@ -36,7 +37,6 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
 from rollart.runtime.procs import pdeathsig_preexec
@@ -63,7 +63,7 @@ class RedisServer:
         self.binary = binary or shutil.which("redis-server")
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
-        self.dir: Path | None = None
+        self._log: Any = None  # redis-server's log: an unlinked temporary file
         self.startup_s = 0.0
         self.password = secrets.token_urlsafe(24)
 
@@ -104,34 +104,53 @@ class RedisServer:
             return self
         if self.binary is None:
             raise RedisUnavailable("redis-server is not installed (apt-get install redis-server)")
-        self.dir = Path(tempfile.mkdtemp(prefix="rollart-redis-"))  # mkdtemp: mode 0700
-        conf = self.dir / "redis.conf"
-        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"requirepass {self.password}\n")
         t0 = time.perf_counter()
         log = ""
         for _attempt in range(1 if self.requested_port else 3):
             self.port = self.requested_port or _free_port(self.host)
-            args = [self.binary, str(conf), "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no",
-                    "--dir", str(self.dir), "--dbfilename", "unused.rdb", "--daemonize", "no",
-                    "--protected-mode", "yes", "--logfile", str(self.dir / "redis.log")]
-            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.STDOUT, cwd=self.dir, preexec_fn=pdeathsig_preexec())
-            deadline = time.monotonic() + self.start_timeout
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                if self._ping():
-                    self.startup_s = time.perf_counter() - t0
-                    return self
-                time.sleep(0.01)
+            workdir = tempfile.mkdtemp(prefix="rollart-redis-")  # mode 0700
             try:
-                log = (self.dir / "redis.log").read_text(errors="replace")[-600:]
-            except OSError:
-                log = ""
+                self.proc = self._spawn(workdir)
+                deadline = time.monotonic() + self.start_timeout
+                while time.monotonic() < deadline and self.proc.poll() is None:
+                    if self._ping():
+                        self.startup_s = time.perf_counter() - t0
+                        return self
+                    time.sleep(0.01)
+            finally:  # once it answers it has changed into the folder, and writes nothing there
+                shutil.rmtree(workdir, ignore_errors=True)
+            log = self.log_tail(600)
             self._kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir = None
         raise RedisUnavailable(f"redis-server did not start on {self.host}: {log}")
+
+    def _spawn(self, workdir: str) -> subprocess.Popen:
+        """redis-server in ``workdir``, reading its config (the password) from stdin and logging
+        to an unlinked file."""
+        if self._log is not None:
+            self._log.close()
+        self._log = tempfile.TemporaryFile()
+        args = [self.binary, "-", "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no",
+                "--dir", workdir, "--dbfilename", "unused.rdb", "--daemonize", "no", "--protected-mode", "yes",
+                "--logfile", ""]
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
+                                cwd=workdir, preexec_fn=pdeathsig_preexec())
+        assert proc.stdin is not None
+        with proc.stdin:  # redis reads its config to EOF before it starts
+            try:
+                proc.stdin.write(f"requirepass {self.password}\n".encode())
+            except BrokenPipeError:
+                pass  # it exited already: its log says why
+        return proc
+
+    def log_tail(self, n: int = 2000) -> str:
+        """The end of redis-server's log."""
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0, os.SEEK_END)
+        size = self._log.tell()
+        self._log.seek(max(0, size - n))
+        return self._log.read().decode(errors="replace")
 
     def _kill(self) -> None:
         p, self.proc = self.proc, None
@@ -145,11 +164,11 @@ class RedisServer:
             p.wait(timeout=5)
 
     def stop(self) -> None:
-        """SIGTERM (redis-server shuts down cleanly on it; nothing is saved), then clean up."""
+        """SIGTERM (redis-server shuts down cleanly on it; nothing is saved), then close the log."""
         self._kill()
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     @property
     def running(self) -> bool:

@@ -120,9 +120,9 @@ class MooncakeMaster:
         self.host = host
         self.start_timeout = start_timeout
         self.extra_args = tuple(extra_args)
-        self._own_dir = log_dir is None
-        self.dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="rollart-mooncake-"))
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._own_dir = log_dir is None  # then a private folder, made by start() and removed by close()
+        self._made = False
+        self.dir = Path(log_dir) if log_dir is not None else Path(tempfile.gettempdir())
         self.proc: subprocess.Popen | None = None
         self.rpc_port = self.metrics_port = 0
         self.startup_s = 0.0
@@ -153,6 +153,10 @@ class MooncakeMaster:
         if not ok:
             raise MooncakeUnavailable(why)
         binary = master_binary()
+        if self._own_dir:  # made here, not in __init__, so a master that never starts leaves no folder
+            self.dir, self._made = Path(tempfile.mkdtemp(prefix="rollart-mooncake-")), True
+        else:
+            self.dir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         last = ""
         for _attempt in range(3):  # a free port can be taken between the probe and the bind
@@ -174,6 +178,7 @@ class MooncakeMaster:
                 time.sleep(0.02)
             last = self.log_tail()
             self._stop_proc()
+        self.close()
         raise MooncakeUnavailable(f"mooncake_master did not start on {self.host}: {last[-800:]}")
 
     def _stop_proc(self) -> None:
@@ -189,9 +194,9 @@ class MooncakeMaster:
 
     def close(self) -> None:
         self._stop_proc()
-        if self._own_dir:
+        if self._made:
             shutil.rmtree(self.dir, ignore_errors=True)
-            self._own_dir = False
+            self._made = False
 
     def __enter__(self) -> "MooncakeMaster":
         return self if self.proc is not None else self.start()
