@@ -2,12 +2,13 @@
 
 A kernel profile is composed for a model geometry and a TP degree:
 
-    prefill(N, A) = o + L·[Σ_linear gemm(N, k, n) + attn_prefill(A)] + 2L·allreduce(N·h·2 B)
-    decode(B, X)  = o + L·[Σ_linear gemm(B, k, n) + attn_decode(B, X)] + gemm(B, h, vocab/tp)
+    prefill(N, A) = o + L·[Σ_linear gemm(N, k, n) + ew(N) + attn_prefill(A)] + 2L·allreduce(N·h·2 B)
+    decode(B, X)  = o + L·[Σ_linear gemm(B, k, n) + ew(B) + attn_decode(B, X)] + gemm(B, h, vocab/tp)
                       + 2L·allreduce(B·h·2 B)
 
 with the linear layers QKV (h → (H+2H_kv)·d/tp), O (H·d/tp → h), gate+up (h → 2i/tp) and down
-(i/tp → h). Decode attention is linear in the batch's cached tokens X for a given batch (its
+(i/tp → h), and ew the element-wise kernels between them (norms, rotary, SiLU-and-mul: their HBM
+traffic at the measured long-stream rate, ``_elementwise``). Decode attention is linear in the batch's cached tokens X for a given batch (its
 occupancy term depends on B only), so ``decode_line`` is exact for the engine's closed form.
 An all-reduce smaller than ``allreduce_custom.max_bytes`` (8 MiB in vLLM 0.8: a decode step's, a short
 prefill's) runs the engine's own peer-to-peer kernel (``profile.allreduce_custom``, priced at most the NCCL
@@ -97,6 +98,16 @@ class KernelProfileGeneration:
                             c.params.get("max_bytes", CUSTOM_ALLREDUCE_MAX_BYTES))
                            if c is not None and rank_tp in CUSTOM_ALLREDUCE_WORLD_SIZES else None)
         self._network = (network.bytes_per_s, network.latency_s) if network is not None else self._nvlink
+        # element-wise kernels: bytes per token (attention side, per rank) and per expert row (MLP)
+        i_rank, fp8 = inter / rank_tp, model.weight_dtype == "fp8"
+        hd = model.head_dim
+        per_token = 2.0 * (8 * h + 2 * (heads + kv) * hd) + (3.0 * (2 * h + heads * hd) if fp8 else 0.0)
+        per_row = 2.0 * 3 * i_rank + (3.0 * i_rank if fp8 else 0.0)
+        if model.moe_experts:
+            per_token += 2.0 * (max(1, model.moe_active_experts) + 1) * h
+        self._ew_bytes = (per_token, per_row)
+        e_stream = (profile.stream or profile.attn_decode).params["e_bw"]
+        self._ew_rate = self._bw * e_stream
         borrowed = all(c.derived for _, c in profile.terms())  # nothing measured on this GPU (H200)
         self.source = (f"calibrated kernel profile {profile.gpu} ({origin}); {dtype}, {model.kv_dtype.upper()} KV"
                        + (f", ep {ep}" if ep > 1 else "") + f"; prefill MAPE "
@@ -137,10 +148,26 @@ class KernelProfileGeneration:
             total += p["t0"] + (compute if compute > memory else memory)
         return total
 
+    def _elementwise(self, m: float) -> float:
+        """One layer's element-wise kernels for a step over ``m`` tokens of the worker: HBM traffic
+        only, at the GPU's measured long-stream rate (``profile.stream``). Per token of a rank, in BF16
+        activations: the two fused residual-add RMSNorms (read x and the residual, write both: 4h
+        each), rotary embedding in place on q and k (read and write (H_q + H_kv)·d), SiLU-and-mul
+        (read gate and up, write their product: 3·i per expert row), for a MoE layer the sum of each
+        token's k expert outputs ((k + 1)·h); with FP8 linear layers, each layer's input quantised
+        (read 2 bytes, write 1 per element of h, H_q·d, h and i)."""
+        per = self._ew_bytes
+        rows = rank_expert_rows(self.model, m, self.ep) if self.model.moe_experts else m / self.ep
+        return (m / self.ep * per[0] + rows * per[1]) / self._ew_rate
+
     def _layer_gemms(self, m: float) -> float:
         """One layer's linear layers for a step over ``m`` tokens of the worker: QKV and O on a
         rank's share (m/ep), the MLP as :meth:`_mlp`."""
         return self._gemms(m / self.ep, self._shapes) + self._mlp(m if self.model.moe_experts else m / self.ep)
+
+    def _layer_tokens(self, m: float) -> float:
+        """One layer's work that scales with a step's ``m`` tokens: linear layers, element-wise kernels."""
+        return self._layer_gemms(m) + self._elementwise(m)
 
     def _decode_slowdown(self, batch: float) -> float:
         """1 / occupancy of the decode-attention kernel for ``batch`` sequences on a rank."""
@@ -216,7 +243,7 @@ class KernelProfileGeneration:
         return (self.profile.iteration_overhead_s + self.model.layers * (gemms + attn) + lm_head + allreduce)
 
     def _token_terms(self, tokens: float) -> tuple[float, float]:
-        """(one layer's linear layers, the step's all-reduces and all-to-alls) for a step over
+        """(one layer's linear layers and element-wise kernels, the step's all-reduces and all-to-alls) for a step over
         ``tokens`` tokens, memoised: a step's token count is a new prefill plus the decode batch,
         and the same counts recur all run long (a paper-scale run prices ~28 k mixed steps a
         training step over ~1,600 counts after the first step, ~220 new ones each step after). The
@@ -225,7 +252,7 @@ class KernelProfileGeneration:
         if terms is None:
             if len(self._per_tokens) >= _TOKEN_MEMO:
                 self._per_tokens.clear()
-            terms = self._per_tokens[tokens] = (self._layer_gemms(tokens), self._allreduce(tokens))
+            terms = self._per_tokens[tokens] = (self._layer_tokens(tokens), self._allreduce(tokens))
         return terms
 
     def _mixed_batch_terms(self, decode_batch: int) -> tuple[float, float, float]:
@@ -243,7 +270,7 @@ class KernelProfileGeneration:
             m = self.model
             # fixed for the batch (its occupancy term), so the line stays linear in x
             per_token_compute, per_token_memory = self._per_cached_token(batch)
-            fixed = self.profile.iteration_overhead_s + m.layers * (self._layer_gemms(batch) + p["t0"]
+            fixed = self.profile.iteration_overhead_s + m.layers * (self._layer_tokens(batch) + p["t0"]
                                                                      + p["t_seq"] * batch / self.ep) \
                 + self._gemms(batch / self.ep, self._lm_head, self._bf16) + self._allreduce(batch)
             # attention is compute- or bandwidth-bound per cached token: the larger slope wins

@@ -154,6 +154,12 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
         e = profile.stream.params.get("e_bw", 0.0)
         out.append(("HBM streaming (long reads)", profile.stream.dtype or "bf16",
                     how(profile.stream) + f" → {e:.3g} × {profile.hbm_tbps:g} = {e * profile.hbm_tbps:.3g} TB/s"))
+    src = profile.stream or profile.attn_decode
+    ew = src.params.get("e_bw", 0.0) * profile.hbm_tbps
+    out.append(("element-wise kernels (norms, rotary, SiLU-and-mul)", "bf16 activations",
+                f"HBM traffic from the geometry (+ FP8 activation quantisation with FP8 weights) at the "
+                f"{'long-stream' if profile.stream is not None else 'decode-attention'} rate, {ew:.3g} TB/s; "
+                "no kernel timed"))
     out.append(("all-reduce / all-to-all", profile.allreduce.dtype or "bf16 activations", how(profile.allreduce)))
     if profile.allreduce_custom is not None:
         c = profile.allreduce_custom

@@ -293,7 +293,7 @@ def _mixed_step_unmemoised(c, new_tokens: int, pairs: float, batch: int, context
         d = c._attn_decode
         attn += d["t0"] + d["t_seq"] * batch / c.ep + context * max(*c._per_cached_token(batch))
     tokens = new_tokens + batch
-    return (c.profile.iteration_overhead_s + c.model.layers * (c._layer_gemms(tokens) + attn)
+    return (c.profile.iteration_overhead_s + c.model.layers * (c._layer_tokens(tokens) + attn)
             + c._gemms(max(1.0, batch / c.ep), c._lm_head, c._bf16) + c._allreduce(tokens))
 
 
@@ -316,7 +316,7 @@ def test_memoised_mixed_step_is_exact(model, gpu, tp, ep):
     assert set(c._per_tokens) == {n + b for n, _, b, _ in cases}  # one entry per step token count
     # prefill uses the same memo, and gives the unmemoised prefill exactly
     n, pairs = cases[0][0], cases[0][1]
-    plain = (c.profile.iteration_overhead_s + c.model.layers * (c._layer_gemms(n) + c._prefill_attention(n / c.ep, pairs))
+    plain = (c.profile.iteration_overhead_s + c.model.layers * (c._layer_tokens(n) + c._prefill_attention(n / c.ep, pairs))
              + c._gemms(1, c._lm_head, c._bf16) + c._allreduce(n))
     assert c.prefill_time(n, pairs) == plain
 

@@ -447,7 +447,7 @@ def test_h200_runs_the_h800s_kernels_no_slower_and_gains_at_most_its_bandwidth(m
     3.35 TB/s of HBM (and 900 instead of 400 GB/s of NVLink). Its shipped profile carries the fitted
     efficiencies of their timings over to its datasheet: no step is slower than on an H800; at one GPU
     none is faster by more than the bandwidth ratio (1.43×); weight-bound decode gains (> 5 %), and a
-    long prefill, bound by the same tensor cores, gains nothing. Before it had a profile, an H200 ran on
+    long prefill, bound by the same tensor cores, gains only in its element-wise kernels (< 3 %). Before it had a profile, an H200 ran on
     the datasheet roofline's assumed 55 % prefill efficiency and rolled out prefill-heavy work 26 %
     slower than a calibrated H800."""
     ratio = GPU_PRESETS["H200"]["hbm_tbps"] / GPU_PRESETS["H800"]["hbm_tbps"]
@@ -461,8 +461,8 @@ def test_h200_runs_the_h800s_kernels_no_slower_and_gains_at_most_its_bandwidth(m
         n = 8192
         p800, p200 = (_cost(model, g, tp).prefill_time(n, n * n / 2) for g in ("H800", "H200"))
         assert p200 <= p800
-        if tp == 1:
-            assert p200 == pytest.approx(p800, rel=0.01)
+        if tp == 1:  # only its element-wise kernels (HBM traffic, ~5 % of it on an H800) run faster
+            assert p200 == pytest.approx(p800, rel=0.03)
     assert _decode(model, "H800", 1) > 1.05 * _decode(model, "H200", 1)
 
 
@@ -488,3 +488,22 @@ def test_the_moe_on_h20_pays_a_tile_per_expert() -> None:
         d20 = _decode("Qwen3-30B-A3B", "H20", batch)
         d800 = _decode("Qwen3-30B-A3B", "H800", batch)
         assert 0.9 < d20 / d800 < 1.1
+
+
+@pytest.mark.parametrize("gpu", ["H800", "H20"])
+def test_element_wise_kernels_stream_the_activations_at_the_measured_hbm_rate(gpu: str) -> None:
+    """Per token and layer (dense, BF16, tp 1): two fused residual-add RMSNorms read x and the
+    residual and write both (4h each), rotary embedding rewrites q and k ((H + H_kv)·d, read and
+    written), SiLU-and-mul reads gate and up and writes their product (3i); 2 bytes each, at the
+    profile's long-stream rate. A few % of a long prefill, under 2 % of a decode step."""
+    m = _spec("Qwen3-8B")
+    c = generation_cost(m, gpu, GpuType(**GPU_PRESETS[gpu]), 1, None)
+    p = load_profile(shipped_profile_path(gpu))
+    per_token = 2 * (8 * m.hidden + 2 * (m.heads + m.kv_heads) * m.head_dim + 3 * m.intermediate)
+    rate = GPU_PRESETS[gpu]["hbm_tbps"] * 1e12 * p.stream.params["e_bw"]
+    assert c._elementwise(1000) == pytest.approx(1000 * per_token / rate, rel=1e-12)
+    n = 16384
+    share = m.layers * c._elementwise(n) / c.prefill_time(n, n * n / 2)
+    # ~7 % of a long prefill on an H800; ~1.5 % on an H20, whose 6.7× slower tensor cores dwarf it
+    assert (0.04 < share < 0.10) if gpu == "H800" else (0.01 < share < 0.03)
+    assert m.layers * c._elementwise(64) / c.decode_line(64).total(64 * 4096, 64, 1) < 0.02
