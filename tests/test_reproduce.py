@@ -302,7 +302,7 @@ def test_affinity_and_scaling_show_the_train_share():
     from rollart.reproduce.experiments.affinity import AFF_VARIANTS
 
     label = dict((k, lbl) for k, lbl, _ in AFF_VARIANTS)
-    bound = [_fake({"config": "all-h800"}, [45]), _fake({"config": "all-h20"}, [36], step=40)]
+    bound = [_fake({"config": "all-h800", "seed": 0}, [45]), _fake({"config": "all-h20", "seed": 0}, [36], step=40)]
     section = AFFINITY.analyse(bound)
     assert _column(section, "train share of step", label["all-h20"]) == "90 %"
     note, = [n for n in section.notes if n.startswith("Which side bounds the step")]
@@ -310,7 +310,7 @@ def test_affinity_and_scaling_show_the_train_share():
     assert (f"{label['all-h800']}: trainer-bound (90 %); {label['all-h20']}: trainer-bound (90 %) — every "
             "variant is, so × all-H800 is then mostly the ratio of their train steps (all-H800's ÷ each: 1.00× · "
             "1.25×) and the rollout hardware cannot show.") in note
-    mixed = AFFINITY.analyse([bound[0], _fake({"config": "mix-affinity"}, [10])])
+    mixed = AFFINITY.analyse([bound[0], _fake({"config": "mix-affinity", "seed": 0}, [10])])
     note, = [n for n in mixed.notes if n.startswith("Which side bounds the step")]
     assert f"{label['mix-affinity']}: rollout-bound (20 %); {label['all-h800']}: trainer-bound (90 %)." in note
     assert "every variant" not in note
@@ -478,6 +478,22 @@ def test_a_winner_by_less_than_the_seed_spread_is_a_tie():
     assert leaders({"a": math.nan}) == [] and leaders({}) == []
     assert leader_text(["a", "b"], str.upper) == f"tie within {100 * TIE_MARGIN:.0f} % (one seed): A, B"
     assert leader_text(["a"], str.upper) == "A" and leader_text([], str.upper) == "—"
+
+
+def test_means_over_seeds_tie_within_twice_the_standard_error_of_their_difference():
+    """The margin is 2·s·√(2/n), s the relative seed-to-seed sd pooled over the keys; never below the
+    one-seed margin ÷ √n, and the one-seed margin when there is nothing to pool."""
+    from rollart.reproduce.checks import TIE_MARGIN, leader_text, leaders, seed_margin
+
+    per_seed = {"a": [0.98, 1.00, 1.02], "b": [1.96, 2.00, 2.04]}  # the same relative spread
+    s = math.sqrt((0.02 ** 2 + 0 + 0.02 ** 2) * 2 / 4)  # pooled: 4 residuals of 0.02 over 4 degrees of freedom
+    assert seed_margin(per_seed) == pytest.approx(2 * s * math.sqrt(2 / 3))
+    assert seed_margin({"a": [1.0, 1.0, 1.0], "b": [2.0, 2.0, 2.0]}) == pytest.approx(TIE_MARGIN / math.sqrt(3))
+    assert seed_margin({"a": [1.0]}) == seed_margin({}) == TIE_MARGIN
+    wide = {"a": [0.90, 1.00, 1.10], "b": [0.99, 1.03, 1.07]}
+    m = seed_margin(wide)
+    assert m > 0.1 and leaders({"a": 1.00, "b": 1.03}, m) == ["b", "a"]  # 3 % apart, seeds spread 10 %: a tie
+    assert leader_text(["b", "a"], str.upper, m, 3) == f"tie within {100 * m:.1f} % (mean of 3 seeds): B, A"
 
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))

@@ -60,11 +60,31 @@ def leaders(values: dict[str, float], margin: float = TIE_MARGIN) -> list[str]:
     return sorted((k for k, v in known.items() if v >= top * (1 - margin)), key=lambda k: -known[k])
 
 
-def leader_text(keys: list[str], label: Callable[[str], str], margin: float = TIE_MARGIN) -> str:
+def leader_text(keys: list[str], label: Callable[[str], str], margin: float = TIE_MARGIN, seeds: int = 1) -> str:
     """How :func:`leaders` reads in a table: the winner's label, or the tie's labels."""
     if len(keys) <= 1:
         return label(keys[0]) if keys else NA
-    return f"tie within {100 * margin:.0f} % (one seed): " + ", ".join(label(k) for k in keys)
+    within = f"{100 * margin:.0f} % (one seed)" if seeds == 1 else f"{100 * margin:.1f} % (mean of {seeds} seeds)"
+    return f"tie within {within}: " + ", ".join(label(k) for k in keys)
+
+
+def seed_margin(per_seed: dict[str, list[float]]) -> float:
+    """The tie margin for means over seeds: twice the standard error of the difference of two means,
+    2·s·√(2/n), with s the relative seed-to-seed standard deviation pooled over the keys (each key's
+    values divided by their mean). At least :data:`TIE_MARGIN` / √n, the single-seed margin scaled,
+    so that a few seeds that happen to agree do not make a tie vanish."""
+    runs = {k: [v for v in vs if finite(v)] for k, vs in per_seed.items()}
+    runs = {k: vs for k, vs in runs.items() if len(vs) >= 2 and sum(vs) > 0}
+    if not runs:
+        return TIE_MARGIN
+    n = min(len(vs) for vs in runs.values())
+    dev2 = dof = 0.0
+    for vs in runs.values():
+        mean = sum(vs) / len(vs)
+        dev2 += sum((v / mean - 1) ** 2 for v in vs)
+        dof += len(vs) - 1
+    s = math.sqrt(dev2 / dof)
+    return max(2 * s * math.sqrt(2 / n), TIE_MARGIN / math.sqrt(n))
 
 
 def verdict(c: Check) -> str:
