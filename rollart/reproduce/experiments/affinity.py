@@ -8,7 +8,8 @@ from rollart.reproduce import plots
 from rollart.reproduce.checks import direction, leader_text, leaders, seed_margin
 from rollart.reproduce.experiments.common import (BOUND_RULE, EXP, STEADY_NOTE, _failures, _find, _same_trainer, _side,
                                                   _train_s)
-from rollart.reproduce.figures import NA, busy, fp, fr, fs, fx, ratio, step_s, throughput, train_share, trainer_bound
+from rollart.reproduce.figures import (NA, busy, fp, fr, fs, fx, mean, ratio, step_s, throughput, train_share,
+                                      trainer_bound)
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
 
 
@@ -33,8 +34,8 @@ def _seeds(outs: list[Outcome], key: str) -> list[Outcome]:
 
 
 def _mean(xs: list[float]) -> float:
-    xs = [x for x in xs if math.isfinite(x)]
-    return sum(xs) / len(xs) if xs else math.nan
+    """Over the seeds that gave the figure (a failed run gives NaN)."""
+    return mean(x for x in xs if math.isfinite(x))
 
 
 def mean_throughput(outs: list[Outcome], key: str) -> float:
