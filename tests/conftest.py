@@ -69,10 +69,10 @@ def _lock_path(testrunuid: str) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The xdist controller names the run (its workers get the same ``testrunuid``) so that it can
-    remove the lock folder when they are gone."""
-    if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
-        if not config.option.testrunuid:
-            config.option.testrunuid = uuid.uuid4().hex
+    remove the lock folder when they are gone; a uid the user gave may be shared, so it stays."""
+    distributing = config.getoption("dist", "no") != "no" and config.getoption("tx", None)
+    if getattr(config, "workerinput", None) is None and distributing and not config.option.testrunuid:
+        config.option.testrunuid = uuid.uuid4().hex
         config.stash[_lock_key] = _lock_path(config.option.testrunuid)
 
 

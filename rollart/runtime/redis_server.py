@@ -121,6 +121,7 @@ class RedisServer:
                 shutil.rmtree(workdir, ignore_errors=True)
             log = self.log_tail(600)
             self._kill()
+        self.stop()  # the log file too
         raise RedisUnavailable(f"redis-server did not start on {self.host}: {log}")
 
     def _spawn(self, workdir: str) -> subprocess.Popen:
@@ -133,24 +134,22 @@ class RedisServer:
                 "--dir", workdir, "--dbfilename", "unused.rdb", "--daemonize", "no", "--protected-mode", "yes",
                 "--logfile", ""]
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-                                cwd=workdir, preexec_fn=pdeathsig_preexec())
+                                cwd=workdir, preexec_fn=pdeathsig_preexec(), bufsize=0)
         assert proc.stdin is not None
-        with proc.stdin:  # redis reads its config to EOF before it starts
-            try:
-                proc.stdin.write(f"requirepass {self.password}\n".encode())
-            except BrokenPipeError:
-                pass  # it exited already: its log says why
+        try:  # redis reads its config to EOF before it starts
+            proc.stdin.write(f"requirepass {self.password}\n".encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it exited already: its log says why
         return proc
 
     def log_tail(self, n: int = 2000) -> str:
         """The end of redis-server's log."""
         if self._log is None:
             return ""
-        self._log.flush()
-        self._log.seek(0, os.SEEK_END)
-        size = self._log.tell()
-        self._log.seek(max(0, size - n))
-        return self._log.read().decode(errors="replace")
+        fd = self._log.fileno()  # pread: the file position is redis-server's too (its stdout), never moved
+        size = os.fstat(fd).st_size
+        return os.pread(fd, n, max(0, size - n)).decode(errors="replace")
 
     def _kill(self) -> None:
         p, self.proc = self.proc, None

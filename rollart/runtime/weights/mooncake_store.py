@@ -120,9 +120,9 @@ class MooncakeMaster:
         self.host = host
         self.start_timeout = start_timeout
         self.extra_args = tuple(extra_args)
-        self._own_dir = log_dir is None  # then a private folder, made by start() and removed by close()
-        self._made = False
-        self.dir = Path(log_dir) if log_dir is not None else Path(tempfile.gettempdir())
+        # without log_dir: a private folder, made by start() and removed by close(); None until then
+        self._own_dir = log_dir is None
+        self.dir: Path | None = Path(log_dir) if log_dir is not None else None
         self.proc: subprocess.Popen | None = None
         self.rpc_port = self.metrics_port = 0
         self.startup_s = 0.0
@@ -136,10 +136,12 @@ class MooncakeMaster:
         return "P2PHANDSHAKE"  # peers exchange segment descriptors directly; no metadata service
 
     @property
-    def log_path(self) -> Path:
-        return self.dir / "mooncake_master.log"
+    def log_path(self) -> Path | None:
+        return self.dir / "mooncake_master.log" if self.dir is not None else None
 
     def log_tail(self, n: int = 2000) -> str:
+        if self.log_path is None:
+            return ""
         try:
             return self.log_path.read_text(errors="replace")[-n:]
         except OSError:
@@ -149,14 +151,24 @@ class MooncakeMaster:
         return MooncakeStoreSpec(master_server=self.address, metadata_server=self.metadata_server, host=self.host, **kw)
 
     def start(self) -> "MooncakeMaster":
+        if self.proc is not None:
+            return self
         ok, why = available()
         if not ok:
             raise MooncakeUnavailable(why)
         binary = master_binary()
-        if self._own_dir:  # made here, not in __init__, so a master that never starts leaves no folder
-            self.dir, self._made = Path(tempfile.mkdtemp(prefix="rollart-mooncake-")), True
+        if self.dir is None:  # made here, not in __init__, so a master that never starts leaves no folder
+            self.dir = Path(tempfile.mkdtemp(prefix="rollart-mooncake-"))
         else:
             self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._launch(binary)
+        except BaseException:
+            self.close()
+            raise
+
+    def _launch(self, binary: Path) -> "MooncakeMaster":
+        assert self.log_path is not None
         t0 = time.perf_counter()
         last = ""
         for _attempt in range(3):  # a free port can be taken between the probe and the bind
@@ -178,7 +190,6 @@ class MooncakeMaster:
                 time.sleep(0.02)
             last = self.log_tail()
             self._stop_proc()
-        self.close()
         raise MooncakeUnavailable(f"mooncake_master did not start on {self.host}: {last[-800:]}")
 
     def _stop_proc(self) -> None:
@@ -194,9 +205,9 @@ class MooncakeMaster:
 
     def close(self) -> None:
         self._stop_proc()
-        if self._made:
+        if self._own_dir and self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
-            self._made = False
+            self.dir = None
 
     def __enter__(self) -> "MooncakeMaster":
         return self if self.proc is not None else self.start()
