@@ -98,10 +98,12 @@ class KernelProfileGeneration:
                             c.params.get("max_bytes", CUSTOM_ALLREDUCE_MAX_BYTES))
                            if c is not None and rank_tp in CUSTOM_ALLREDUCE_WORLD_SIZES else None)
         self._network = (network.bytes_per_s, network.latency_s) if network is not None else self._nvlink
-        # element-wise kernels: bytes per token (attention side, per rank) and per expert row (MLP)
-        i_rank, fp8 = inter / rank_tp, model.weight_dtype == "fp8"
+        # element-wise kernels: bytes per token (attention side, per rank) and per expert row (MLP);
+        # activations are quantised only where the linear layers compute in FP8
+        i_rank, fp8 = inter / rank_tp, self._linear[2] == FP8_BYTES
         hd = model.head_dim
-        per_token = 2.0 * (8 * h + 2 * (heads + kv) * hd) + (3.0 * (2 * h + heads * hd) if fp8 else 0.0)
+        per_token = (2.0 * (8 * h + 2 * (heads + kv) * hd) + (2.0 + self._kv_elem) * 2 * kv * hd
+                     + (3.0 * (2 * h + heads * hd) if fp8 else 0.0))
         per_row = 2.0 * 3 * i_rank + (3.0 * i_rank if fp8 else 0.0)
         if model.moe_experts:
             per_token += 2.0 * (max(1, model.moe_active_experts) + 1) * h
@@ -152,10 +154,12 @@ class KernelProfileGeneration:
         """One layer's element-wise kernels for a step over ``m`` tokens of the worker: HBM traffic
         only, at the GPU's measured long-stream rate (``profile.stream``). Per token of a rank, in BF16
         activations: the two fused residual-add RMSNorms (read x and the residual, write both: 4h
-        each), rotary embedding in place on q and k (read and write (H_q + H_kv)·d), SiLU-and-mul
+        each), rotary embedding in place on q and k (read and write (H_q + H_kv)·d), the new k and v
+        written into the KV cache (read 2·H_kv·d, write them in the cache's dtype), SiLU-and-mul
         (read gate and up, write their product: 3·i per expert row), for a MoE layer the sum of each
         token's k expert outputs ((k + 1)·h); with FP8 linear layers, each layer's input quantised
-        (read 2 bytes, write 1 per element of h, H_q·d, h and i)."""
+        (read 2 bytes, write 1 per element of h, H_q·d, h and i). Qwen3's per-head q/k RMSNorm is
+        not counted (the spec has no field for it)."""
         per = self._ew_bytes
         rows = rank_expert_rows(self.model, m, self.ep) if self.model.moe_experts else m / self.ep
         return (m / self.ep * per[0] + rows * per[1]) / self._ew_rate

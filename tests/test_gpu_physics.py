@@ -20,6 +20,7 @@ from __future__ import annotations
 import pytest
 
 from rollart.calibration import generation_cost
+from rollart.calibration.cost import KernelProfileGeneration
 from rollart.calibration.kernels import M_TILE
 from rollart.calibration.profiles import load_profile, shipped_profile_path
 from rollart.plan.presets import GPU_PRESETS
@@ -494,12 +495,14 @@ def test_the_moe_on_h20_pays_a_tile_per_expert() -> None:
 def test_element_wise_kernels_stream_the_activations_at_the_measured_hbm_rate(gpu: str) -> None:
     """Per token and layer (dense, BF16, tp 1): two fused residual-add RMSNorms read x and the
     residual and write both (4h each), rotary embedding rewrites q and k ((H + H_kv)·d, read and
-    written), SiLU-and-mul reads gate and up and writes their product (3i); 2 bytes each, at the
-    profile's long-stream rate. A few % of a long prefill, under 2 % of a decode step."""
+    written), the new k and v are copied into the KV cache (2·H_kv·d read and written), SiLU-and-mul
+    reads gate and up and writes their product (3i); 2 bytes each, at the profile's long-stream rate.
+    A few % of a long prefill, under 2 % of a decode step."""
     m = _spec("Qwen3-8B")
     c = generation_cost(m, gpu, GpuType(**GPU_PRESETS[gpu]), 1, None)
     p = load_profile(shipped_profile_path(gpu))
-    per_token = 2 * (8 * m.hidden + 2 * (m.heads + m.kv_heads) * m.head_dim + 3 * m.intermediate)
+    per_token = 2 * (8 * m.hidden + 2 * (m.heads + m.kv_heads) * m.head_dim + 4 * m.kv_heads * m.head_dim
+                     + 3 * m.intermediate)
     rate = GPU_PRESETS[gpu]["hbm_tbps"] * 1e12 * p.stream.params["e_bw"]
     assert c._elementwise(1000) == pytest.approx(1000 * per_token / rate, rel=1e-12)
     n = 16384
@@ -507,3 +510,19 @@ def test_element_wise_kernels_stream_the_activations_at_the_measured_hbm_rate(gp
     # ~7 % of a long prefill on an H800; ~1.5 % on an H20, whose 6.7× slower tensor cores dwarf it
     assert (0.04 < share < 0.10) if gpu == "H800" else (0.01 < share < 0.03)
     assert m.layers * c._elementwise(64) / c.decode_line(64).total(64 * 4096, 64, 1) < 0.02
+
+
+def test_activations_are_quantised_only_where_the_linear_layers_compute_in_fp8() -> None:
+    """FP8 weights on a profile with FP8 GEMM timings: each linear layer's input is quantised to FP8
+    (read 2 bytes, write 1 per element). On a profile without them the weights are stored in FP8 but
+    the GEMMs compute in BF16: no activation is quantised."""
+    fp8 = _spec("Qwen3-8B", weight_dtype="fp8")
+    with_timings = generation_cost(fp8, "H800", GpuType(**GPU_PRESETS["H800"]), 1, None)
+    p = load_profile(shipped_profile_path("H800"))
+    without = KernelProfileGeneration(fp8, GpuType(**GPU_PRESETS["H800"]), 1, p.model_copy(update={"gemm_fp8": None}),
+                                      "test")
+    bf16 = generation_cost(_spec("Qwen3-8B"), "H800", GpuType(**GPU_PRESETS["H800"]), 1, None)
+    quant = 3 * (2 * fp8.hidden + fp8.heads * fp8.head_dim + fp8.intermediate)
+    rate = GPU_PRESETS["H800"]["hbm_tbps"] * 1e12 * p.stream.params["e_bw"]
+    assert without._elementwise(1000) == pytest.approx(bf16._elementwise(1000), rel=1e-12)
+    assert with_timings._elementwise(1000) == pytest.approx(bf16._elementwise(1000) + 1000 * quant / rate, rel=1e-12)

@@ -481,19 +481,42 @@ def test_a_winner_by_less_than_the_seed_spread_is_a_tie():
 
 
 def test_means_over_seeds_tie_within_twice_the_standard_error_of_their_difference():
-    """The margin is 2·s·√(2/n), s the relative seed-to-seed sd pooled over the keys; never below the
-    one-seed margin ÷ √n, and the one-seed margin when there is nothing to pool."""
-    from rollart.reproduce.checks import TIE_MARGIN, leader_text, leaders, seed_margin
+    """The margin is 2·s·√(1/n₁ + 1/n₂) for the two values with the fewest seeds, s the relative
+    seed-to-seed sd pooled over the keys; never below the one-seed margin scaled the same way, and
+    the one-seed margin when nothing has two seeds to pool."""
+    from rollart.reproduce.checks import TIE_MARGIN, leader_text, leaders, seed_counts, seed_margin
 
     per_seed = {"a": [0.98, 1.00, 1.02], "b": [1.96, 2.00, 2.04]}  # the same relative spread
-    s = math.sqrt((0.02 ** 2 + 0 + 0.02 ** 2) * 2 / 4)  # pooled: 4 residuals of 0.02 over 4 degrees of freedom
+    s = math.sqrt(4 * 0.02 ** 2 / 4)  # pooled: four residuals of 0.02 over four degrees of freedom
     assert seed_margin(per_seed) == pytest.approx(2 * s * math.sqrt(2 / 3))
     assert seed_margin({"a": [1.0, 1.0, 1.0], "b": [2.0, 2.0, 2.0]}) == pytest.approx(TIE_MARGIN / math.sqrt(3))
     assert seed_margin({"a": [1.0]}) == seed_margin({}) == TIE_MARGIN
+    # a value that lost two of its seeds (NaN) is a one-seed mean: the pair's margin widens to √(1 + 1/3)
+    lost = {"a": [0.98, 1.00, 1.02], "b": [1.96, math.nan, math.nan]}
+    assert seed_counts(lost) == [1, 3]
+    assert seed_margin(lost) == pytest.approx(2 * math.sqrt(2 * 0.02 ** 2 / 2) * math.sqrt(1 + 1 / 3))
     wide = {"a": [0.90, 1.00, 1.10], "b": [0.99, 1.03, 1.07]}
     m = seed_margin(wide)
     assert m > 0.1 and leaders({"a": 1.00, "b": 1.03}, m) == ["b", "a"]  # 3 % apart, seeds spread 10 %: a tie
-    assert leader_text(["b", "a"], str.upper, m, 3) == f"tie within {100 * m:.1f} % (mean of 3 seeds): B, A"
+    assert leader_text(["b", "a"], str.upper, m, [3, 3]) == f"tie within {100 * m:.1f} % (mean of 3 seeds): B, A"
+    assert leader_text(["b", "a"], str.upper, m, [1, 3]) == f"tie within {100 * m:.1f} % (means of 1–3 seeds): B, A"
+
+
+def test_affinity_reads_means_over_the_seeds_and_shows_a_failed_one():
+    from rollart.reproduce.experiments import AFFINITY
+    from rollart.reproduce.experiments.affinity import AFF_VARIANTS, SEEDS
+
+    label = dict((k, lbl) for k, lbl, _ in AFF_VARIANTS)
+    outs = [_fake({"config": "all-h800", "seed": s}, [10, 10], step=50 + s) for s in SEEDS]
+    outs += [_fake({"config": "mix-affinity", "seed": s}, [10, 10], step=50.2 + s) for s in SEEDS[:2]]
+    outs.append(Outcome(Variant("v", "x", params={"config": "mix-affinity", "seed": SEEDS[2]}), None, None, "boom",
+                        0.0, 2))
+    section = AFFINITY.analyse(outs)
+    spread = _column(section, "traj/s at seeds 0, 1, 2", label["mix-affinity"])
+    assert spread.count(" · ") == 2 and spread.endswith("—")  # the failed seed keeps its place
+    assert _column(section, "requests routed off their preferred pool (all seeds)", label["all-h800"]) == "—"
+    comparison = dict((row[0], row[1]) for row in section.comparison.rows)
+    assert "means of 2–3 seeds" in comparison["fastest cost-matched rollout hardware"]  # 1 % apart: a tie
 
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))

@@ -60,31 +60,47 @@ def leaders(values: dict[str, float], margin: float = TIE_MARGIN) -> list[str]:
     return sorted((k for k, v in known.items() if v >= top * (1 - margin)), key=lambda k: -known[k])
 
 
-def leader_text(keys: list[str], label: Callable[[str], str], margin: float = TIE_MARGIN, seeds: int = 1) -> str:
-    """How :func:`leaders` reads in a table: the winner's label, or the tie's labels."""
+def leader_text(keys: list[str], label: Callable[[str], str], margin: float = TIE_MARGIN,
+                seeds: list[int] | None = None) -> str:
+    """How :func:`leaders` reads in a table: the winner's label, or the tie's labels; ``seeds``: how
+    many seeds each value is the mean of (:func:`seed_counts`), None for one seed each."""
     if len(keys) <= 1:
         return label(keys[0]) if keys else NA
-    within = f"{100 * margin:.0f} % (one seed)" if seeds == 1 else f"{100 * margin:.1f} % (mean of {seeds} seeds)"
+    if not seeds:
+        within = f"{100 * margin:.0f} % (one seed)"
+    else:
+        lo, hi = min(seeds), max(seeds)
+        over = f"mean of {lo} seeds" if lo == hi else f"means of {lo}–{hi} seeds"
+        within = f"{100 * margin:.1f} % ({over})"
     return f"tie within {within}: " + ", ".join(label(k) for k in keys)
 
 
+def seed_counts(per_seed: dict[str, list[float]]) -> list[int]:
+    """How many finite values (seeds that gave the figure) each key has, fewest first; keys with none left out."""
+    return sorted(n for vs in per_seed.values() if (n := sum(1 for v in vs if finite(v))))
+
+
 def seed_margin(per_seed: dict[str, list[float]]) -> float:
-    """The tie margin for means over seeds: twice the standard error of the difference of two means,
-    2·s·√(2/n), with s the relative seed-to-seed standard deviation pooled over the keys (each key's
-    values divided by their mean). At least :data:`TIE_MARGIN` / √n, the single-seed margin scaled,
-    so that a few seeds that happen to agree do not make a tie vanish."""
+    """The tie margin for means over seeds: twice the standard error of a difference of two means,
+    2·s·√(1/n₁ + 1/n₂) for the two keys with the fewest seeds (the widest a pair can be), s the relative
+    seed-to-seed standard deviation pooled over the keys with two or more (each key's values divided by
+    their mean). At least :data:`TIE_MARGIN`·√((1/n₁ + 1/n₂)/2), the single-seed margin scaled, so
+    that a few seeds that happen to agree do not make a tie vanish; :data:`TIE_MARGIN` when no key has
+    two seeds to measure the spread by."""
     runs = {k: [v for v in vs if finite(v)] for k, vs in per_seed.items()}
-    runs = {k: vs for k, vs in runs.items() if len(vs) >= 2 and sum(vs) > 0}
-    if not runs:
+    spread = [vs for vs in runs.values() if len(vs) >= 2 and sum(vs) > 0]
+    counts = seed_counts(per_seed)
+    if not spread or not counts:
         return TIE_MARGIN
-    n = min(len(vs) for vs in runs.values())
+    n1, n2 = counts[0], counts[1] if len(counts) > 1 else counts[0]
     dev2 = dof = 0.0
-    for vs in runs.values():
+    for vs in spread:
         mean = sum(vs) / len(vs)
         dev2 += sum((v / mean - 1) ** 2 for v in vs)
         dof += len(vs) - 1
     s = math.sqrt(dev2 / dof)
-    return max(2 * s * math.sqrt(2 / n), TIE_MARGIN / math.sqrt(n))
+    pair = 1 / n1 + 1 / n2
+    return max(2 * s * math.sqrt(pair), TIE_MARGIN * math.sqrt(pair / 2))
 
 
 def verdict(c: Check) -> str:

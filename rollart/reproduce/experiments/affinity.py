@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from rollart.reproduce import plots
-from rollart.reproduce.checks import direction, leader_text, leaders, seed_margin
+from rollart.reproduce.checks import direction, leader_text, leaders, seed_counts, seed_margin
 from rollart.reproduce.experiments.common import (BOUND_RULE, EXP, STEADY_NOTE, _failures, _find, _same_trainer, _side,
                                                   _train_s)
 from rollart.reproduce.figures import (NA, busy, fp, fr, fs, fx, mean, ratio, step_s, throughput, train_share,
@@ -49,19 +49,22 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
         runs = _seeds(outs, key)
         if not runs:
             continue
-        per_seed[key] = [throughput(o) for o in runs]
+        by_seed = {o.variant.params["seed"]: throughput(o) for o in runs}
+        per_seed[key] = list(by_seed.values())
         t = head[key] = _mean(per_seed[key])
-        spread = " · ".join(fr(x) for x in per_seed[key])
+        spread = " · ".join(fr(by_seed.get(s)) for s in SEEDS)  # a missing or failed seed: "—"
+        fallback = [o.summary["routed_fallback"] for o in runs if o.ok and "routed_fallback" in o.summary]
+        shown = next((o for o in runs if o.ok), runs[0])  # GPU busy of one run: the first seed that gave it
         rows.append([label, fs(_mean([step_s(o) for o in runs])), fp(_mean([train_share(o) for o in runs])), fr(t),
-                     spread, fx(ratio(t, tref)), busy(runs[0]), str(sum(int(o.summary.get("routed_fallback") or 0)
-                                                                  for o in runs))])
+                     spread, fx(ratio(t, tref)), f"{busy(shown)} (seed {shown.variant.params['seed']})",
+                     str(sum(fallback)) if fallback else NA])
     table = MdTable(["rollout hardware (same cost)", "step s", "train share of step", "traj/s",
-                     f"traj/s at seeds {', '.join(map(str, SEEDS))}", "× all-H800", "GPU busy (seed 0)",
+                     f"traj/s at seeds {', '.join(map(str, SEEDS))}", "× all-H800", "GPU busy",
                      "requests routed off their preferred pool (all seeds)"], rows)
     margin = seed_margin(per_seed)
     top = leaders(head, margin)
     label = dict((k, lbl) for k, lbl, _ in AFF_VARIANTS)
-    fastest = leader_text(top, lambda k: label.get(k, NA), margin, len(SEEDS))
+    fastest = leader_text(top, lambda k: label.get(k, NA), margin, seed_counts(per_seed))
     comparison = MdTable(["quantity", "simulated", "paper"], [
         ["fastest cost-matched rollout hardware", fastest,
          "the affinity-routed H800 + H20 mix (qualitative, no number in our notes)"],
