@@ -315,7 +315,7 @@ def test_affinity_and_scaling_show_the_train_share():
     assert f"{label['mix-affinity']}: rollout-bound (20 %); {label['all-h800']}: trainer-bound (90 %)." in note
     assert "every variant" not in note
 
-    section = SCALING.analyse([_fake({"mode": "sync", "gpus": 128}, [25, 35])])
+    section = SCALING.analyse([_fake({"mode": "sync", "gpus": 128, "split": "half", "seed": 0}, [25, 35])])
     assert _column(section, "128 H800 train share of step", "Sync") == "60 %"
     assert _column(section, "64 H800 train share of step", "Sync") == "—"
     assert not [n for n in section.notes if n.startswith("Which side")]  # one size only: nothing to compare
@@ -325,15 +325,16 @@ def test_scaling_says_when_a_mode_waits_on_its_trainer_at_64_gpus():
     """Trainer-bound at 64 H800: the note says its speed-up compares a train step with what bounds it at 128."""
     from rollart.reproduce.experiments import SCALING
 
-    outs = [_fake({"mode": "rollart", "gpus": 64}, [45, 45]),             # 90 % train: trainer-bound
-            _fake({"mode": "rollart", "gpus": 128}, [15, 15], step=30),   # 50 %: rollout-bound
-            _fake({"mode": "areal", "gpus": 64}, [30, 30], step=60),      # 50 %
-            _fake({"mode": "areal", "gpus": 128}, [15, 15], step=30)]
+    half = {"split": "half", "seed": 0}
+    outs = [_fake({"mode": "rollart", "gpus": 64, **half}, [45, 45]),             # 90 % train: trainer-bound
+            _fake({"mode": "rollart", "gpus": 128, **half}, [15, 15], step=30),   # 50 %: rollout-bound
+            _fake({"mode": "areal", "gpus": 64, **half}, [30, 30], step=60),      # 50 %
+            _fake({"mode": "areal", "gpus": 128, **half}, [15, 15], step=30)]
     note, = [n for n in SCALING.analyse(outs).notes if n.startswith("Which side bounds the step")]
     assert ("AReaL-style: rollout-bound (50 %) at 64, rollout-bound (50 %) at 128; ROLLART: trainer-bound (90 %) at "
             "64, rollout-bound (50 %) at 128 — its speed-up (1.67×) sets its 64-GPU train step against its 128-GPU "
             "rollout (the trainer alone would give 3.00×), so its rollout-side mechanisms show only at 128.") in note
-    both = SCALING.analyse(outs[:1] + [_fake({"mode": "rollart", "gpus": 128}, [27, 27], step=30)])
+    both = SCALING.analyse(outs[:1] + [_fake({"mode": "rollart", "gpus": 128, **half}, [27, 27], step=30)])
     note, = [n for n in both.notes if n.startswith("Which side bounds the step")]
     assert note.endswith("ROLLART: trainer-bound (90 %) at 64, trainer-bound (90 %) at 128 — its speed-up (1.67×) is "
                          "then its trainer's (train step 64 ÷ 128: 1.67×).")
@@ -664,14 +665,34 @@ def test_h800_vs_h20_a_task_split_between_the_gpus_by_batch_agrees_with_neither(
     assert gem.agrees is False and sec.headline["GEM-Math.winner"] == "split"
 
 
+def test_scaling_reads_speed_ups_over_the_seeds_and_ties_within_their_spread():
+    """Each mode's speed-up is the ratio of its mean throughputs over the seeds; two modes whose
+    speed-ups lie within twice the standard error of a difference (from the per-seed speed-ups) tie."""
+    from rollart.reproduce.experiments import SCALING
+    from rollart.reproduce.experiments.common import SEEDS
+
+    outs = []
+    for s_, (r64, r128, a64, a128) in zip(SEEDS, ((50, 34, 50, 33), (50, 32, 50, 34), (50, 35, 50, 34))):
+        half = {"split": "half", "seed": s_}
+        outs += [_fake({"mode": "rollart", "gpus": 64, **half}, [10, 10], step=r64),
+                 _fake({"mode": "rollart", "gpus": 128, **half}, [10, 10], step=r128),
+                 _fake({"mode": "areal", "gpus": 64, **half}, [10, 10], step=a64),
+                 _fake({"mode": "areal", "gpus": 128, **half}, [10, 10], step=a128)]
+    section = SCALING.analyse(outs)
+    assert _column(section, "speed-up at seeds 0, 1, 2", "ROLLART") == "1.47× · 1.56× · 1.43×"
+    assert _column(section, "64 H800 traj/s", "ROLLART") == "0.160"  # 8 trajectories a 50 s step, each seed
+    scales, = [c for c in section.checks if c.figure.startswith("mode that scales best")]
+    assert scales.agrees is False and scales.simulated.startswith("tie within ") and "(mean of 3 seeds)" in scales.simulated
+
+
 def test_scaling_reads_each_continuous_mode_at_its_best_split():
     """Per mode and size the split with the highest steady throughput; the speed-up compares the two bests."""
     from rollart.reproduce.experiments import SCALING
 
-    outs = [_fake({"mode": "rollart", "gpus": 64, "split": "half"}, [45, 45]),     # 8 traj / 50 s
-            _fake({"mode": "rollart", "gpus": 64, "split": 40}, [30, 30], step=40),
-            _fake({"mode": "rollart", "gpus": 128, "split": "half"}, [20, 20], step=25),
-            _fake({"mode": "rollart", "gpus": 128, "split": 48}, [20, 20], step=30)]
+    outs = [_fake({"mode": "rollart", "gpus": 64, "split": "half", "seed": 0}, [45, 45]),  # 8 traj / 50 s
+            _fake({"mode": "rollart", "gpus": 64, "split": 40, "seed": 0}, [30, 30], step=40),
+            _fake({"mode": "rollart", "gpus": 128, "split": "half", "seed": 0}, [20, 20], step=25),
+            _fake({"mode": "rollart", "gpus": 128, "split": 48, "seed": 0}, [20, 20], step=30)]
     section = SCALING.analyse(outs)
     title, table = next((t, tbl) for t, tbl in section.extra_tables if "best train/rollout split" in t)
     row, = table.rows
@@ -681,7 +702,7 @@ def test_scaling_reads_each_continuous_mode_at_its_best_split():
     # the paper's direction, checked on both readings: here ROLLART is the only mode, so it scales best
     assert [(c.simulated, c.agrees, c.like_for_like) for c in section.checks] == [
         ("ROLLART (2.00×)", True, False), ("ROLLART (1.60×)", True, False)]
-    areal = [_fake({"mode": "areal", "gpus": g, "split": sp}, [10, 10], step=st)  # 2.5× either way: scales better
+    areal = [_fake({"mode": "areal", "gpus": g, "split": sp, "seed": 0}, [10, 10], step=st)  # 2.5× either way
              for g, sp, st in ((64, "half", 100), (64, 40, 120), (128, "half", 40), (128, 48, 50))]
     assert [(c.simulated, c.agrees) for c in SCALING.analyse([*outs, *areal]).checks] == [
         ("AReaL-style (2.50×)", False), ("AReaL-style (2.50×)", False)]
@@ -694,11 +715,11 @@ def test_scaling_probes_say_latency_bound_only_when_the_knobs_show_it():
     from rollart.reproduce.experiments import SCALING
 
     def probe(key: str, step: float) -> Outcome:
-        o = _fake({"mode": "rollart", "gpus": 128, "split": "probe", "probe": key}, [10, 10], step=step)
+        o = _fake({"mode": "rollart", "gpus": 128, "split": "probe", "probe": key, "seed": 0}, [10, 10], step=step)
         o.variant = Variant(f"ROLLART · 128 H800, knob {key}", "x", params=o.variant.params)
         return o
 
-    base = _fake({"mode": "rollart", "gpus": 128, "split": "half"}, [10, 10], step=40)
+    base = _fake({"mode": "rollart", "gpus": 128, "split": "half", "seed": 0}, [10, 10], step=40)
     latency = [base, probe("alpha2", 30), probe("tp4", 36), probe("envs2x", 40), probe("workers48", 39)]
     section = SCALING.analyse(latency)
     _, table = next((t, tbl) for t, tbl in section.extra_tables if "What bounds" in t)

@@ -6,10 +6,9 @@ import math
 
 from rollart.reproduce import plots
 from rollart.reproduce.checks import direction, leader_text, leaders, seed_counts, seed_margin
-from rollart.reproduce.experiments.common import (BOUND_RULE, EXP, STEADY_NOTE, _failures, _find, _same_trainer, _side,
-                                                  _train_s)
-from rollart.reproduce.figures import (NA, busy, fp, fr, fs, fx, mean, ratio, step_s, throughput, train_share,
-                                      trainer_bound)
+from rollart.reproduce.experiments.common import (BOUND_RULE, EXP, SEEDS, STEADY_NOTE, _failures, _find, _same_trainer,
+                                                  _seed_runs, _side, _train_s, finite_mean, seeded)
+from rollart.reproduce.figures import NA, busy, fp, fr, fs, fx, ratio, step_s, throughput, train_share, trainer_bound
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
 
 
@@ -24,39 +23,26 @@ AFF_VARIANTS = (
 )
 
 
-# The variants differ by a few %, as much as one seed's draws move a run (2.7 % sd, session 37): each
-# runs at these seeds and the verdict reads their means, a tie within twice the standard error.
-SEEDS = (0, 1, 2)
-
-
-def _seeds(outs: list[Outcome], key: str) -> list[Outcome]:
-    return [o for s in SEEDS if (o := _find(outs, config=key, seed=s)) is not None]
-
-
-def _mean(xs: list[float]) -> float:
-    """Over the seeds that gave the figure (a failed run gives NaN)."""
-    return mean(x for x in xs if math.isfinite(x))
-
-
 def mean_throughput(outs: list[Outcome], key: str) -> float:
-    return _mean([throughput(o) for o in _seeds(outs, key)])
+    return finite_mean(throughput(o) for o in _seed_runs(outs, config=key).values())
 
 
 def _analyse_affinity(outs: list[Outcome]) -> Section:
     rows, head, per_seed = [], {}, {}
     tref = mean_throughput(outs, "all-h800")
     for key, label, _ in AFF_VARIANTS:
-        runs = _seeds(outs, key)
-        if not runs:
+        by_run = _seed_runs(outs, config=key)
+        if not by_run:
             continue
-        by_seed = {o.variant.params["seed"]: throughput(o) for o in runs}
+        runs = list(by_run.values())
+        by_seed = {s: throughput(o) for s, o in by_run.items()}
         per_seed[key] = list(by_seed.values())
-        t = head[key] = _mean(per_seed[key])
+        t = head[key] = finite_mean(per_seed[key])
         spread = " · ".join(fr(by_seed.get(s)) for s in SEEDS)  # a missing or failed seed: "—"
         fallback = [o.summary["routed_fallback"] for o in runs if o.ok and "routed_fallback" in o.summary]
         shown = next((o for o in runs if o.ok), runs[0])  # GPU busy of one run: the first seed that gave it
-        rows.append([label, fs(_mean([step_s(o) for o in runs])), fp(_mean([train_share(o) for o in runs])), fr(t),
-                     spread, fx(ratio(t, tref)), f"{busy(shown)} (seed {shown.variant.params['seed']})",
+        rows.append([label, fs(finite_mean(step_s(o) for o in runs)), fp(finite_mean(train_share(o) for o in runs)),
+                     fr(t), spread, fx(ratio(t, tref)), f"{busy(shown)} (seed {shown.variant.params['seed']})",
                      str(sum(fallback)) if fallback else NA])
     table = MdTable(["rollout hardware (same cost)", "step s", "train share of step", "traj/s",
                      f"traj/s at seeds {', '.join(map(str, SEEDS))}", "× all-H800", "GPU busy",
@@ -111,9 +97,8 @@ AFFINITY = Experiment(
            "the same mix with least-loaded routing, or the same cost as 72 H800 or 216 H20. Scenario "
            "`paper/experiments/hw-affinity-mix`."),
     steps=8,
-    variants=tuple(Variant(label + (f" (seed {seed})" if seed else ""), AFF, "rollart",
-                           ov + ((f"algorithm.seed={seed}",) if seed else ()), params={"config": key, "seed": seed})
-                   for key, label, ov in AFF_VARIANTS for seed in SEEDS),
+    variants=tuple(v for key, label, ov in AFF_VARIANTS
+                   for v in seeded(Variant(label, AFF, "rollart", ov, params={"config": key}))),
     analyse=_analyse_affinity,
     plot=lambda outs, path: plots.bars(outs, path, [(k, lbl) for k, lbl, _ in AFF_VARIANTS], "config",
                                        lambda o: mean_throughput(outs, o.variant.params["config"]),

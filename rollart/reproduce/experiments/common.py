@@ -4,12 +4,13 @@ the notes on which side bounds a step."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import replace
+from typing import Any, Iterable
 
 from rollart.core.modes import mode_config
 from rollart.plan.schema import Plan, env_managers_of
-from rollart.reproduce.figures import TRAINER_BOUND, breakdown_mean, failed, fp, ratio, steady, train_share
-from rollart.reproduce.model import Outcome
+from rollart.reproduce.figures import TRAINER_BOUND, breakdown_mean, failed, fp, mean, ratio, steady, train_share
+from rollart.reproduce.model import Outcome, Variant
 
 B8, B14, B32 = "paper/qwen3-8b-128gpu", "paper/qwen3-14b-128gpu", "paper/qwen3-32b-128gpu"
 BASES = {"Qwen3-8B": B8, "Qwen3-14B": B14, "Qwen3-32B": B32}
@@ -33,6 +34,28 @@ def _find(outs: list[Outcome], **params: Any) -> Outcome | None:
         if all(o.variant.params.get(k) == v for k, v in params.items()):
             return o
     return None
+
+
+# Experiments whose variants differ by a few %, as much as one seed's draws (env latencies, response
+# lengths, failures) move a run, run each variant at these seeds and read the means (checks.seed_margin).
+SEEDS = (0, 1, 2)
+
+
+def seeded(variant: Variant) -> tuple[Variant, ...]:
+    """``variant`` at each of :data:`SEEDS` (``params["seed"]``; the scenario's own seed is 0)."""
+    return tuple(replace(variant, label=variant.label + (f" (seed {s})" if s else ""),
+                         overrides=variant.overrides + ((f"algorithm.seed={s}",) if s else ()),
+                         params={**variant.params, "seed": s}) for s in SEEDS)
+
+
+def _seed_runs(outs: list[Outcome], **params: Any) -> dict[int, Outcome]:
+    """The runs of one seeded variant, by seed."""
+    return {s: o for s in SEEDS if (o := _find(outs, **params, seed=s)) is not None}
+
+
+def finite_mean(xs: Iterable[float]) -> float:
+    """Over the seeds that gave the figure (a failed run gives NaN); NaN when none did."""
+    return mean(x for x in xs if math.isfinite(x))
 
 
 def _failures(outs: list[Outcome]) -> list[str]:

@@ -6,9 +6,10 @@ import math
 from typing import Any
 
 from rollart.reproduce import plots
-from rollart.reproduce.checks import direction, leader_text, leaders
-from rollart.reproduce.experiments.common import (EXP, MODES, MODE_LABEL, STEADY_NOTE, _bound_note, _failures, _find,
-                                                  _side, _train_s, conversations_per_worker, env_managers)
+from rollart.reproduce.checks import direction, leader_text, leaders, seed_counts, seed_margin
+from rollart.reproduce.experiments.common import (EXP, MODES, MODE_LABEL, SEEDS, STEADY_NOTE, _bound_note, _failures,
+                                                  _find, _seed_runs, _side, _train_s, conversations_per_worker,
+                                                  env_managers, finite_mean, seeded)
 from rollart.reproduce.figures import NA, busy, fp, fr, fs, fx, ratio, step_s, throughput, train_share, trainer_bound
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
 
@@ -40,26 +41,26 @@ SCALE_PROBES = (
 
 
 def _scaling_variants() -> tuple[Variant, ...]:
-    out = []
-    for m in MODES:
-        out.append(Variant(f"{MODE_LABEL[m]} · 64 H800", SCALE, m, SCALE_64,
-                           params={"mode": m, "gpus": 64, "split": "half"}))
-        out.append(Variant(f"{MODE_LABEL[m]} · 128 H800", SCALE, m, params={"mode": m, "gpus": 128, "split": "half"}))
+    out: list[Variant] = []
+    for m in MODES:  # the comparison and the splits at every seed (their differences are a few %)
+        out += seeded(Variant(f"{MODE_LABEL[m]} · 64 H800", SCALE, m, SCALE_64,
+                              params={"mode": m, "gpus": 64, "split": "half"}))
+        out += seeded(Variant(f"{MODE_LABEL[m]} · 128 H800", SCALE, m, params={"mode": m, "gpus": 128, "split": "half"}))
     for m in SPLIT_MODES:
         for g in (64, 128):
             for share_ in SPLIT_SHARES:
                 t = round(g * share_)
-                out.append(Variant(f"{MODE_LABEL[m]} · {g} H800, {t} train, {(g - t) // ROLLOUT_TP} × tp "
-                                   f"{ROLLOUT_TP} rollout", SCALE, m, _split(g, t),
-                                   params={"mode": m, "gpus": g, "split": t}))
+                out += seeded(Variant(f"{MODE_LABEL[m]} · {g} H800, {t} train, {(g - t) // ROLLOUT_TP} × tp "
+                                      f"{ROLLOUT_TP} rollout", SCALE, m, _split(g, t),
+                                      params={"mode": m, "gpus": g, "split": t}))
     from rollart.plan import load_plan
     from rollart.scenarios_catalog import resolve
 
     envs2x = 2 * env_managers(load_plan(resolve(SCALE)), "rollart")
     for key, label, overrides in SCALE_PROBES:
         extra = (f"algorithm.env_managers={envs2x}",) if key == "envs2x" else overrides
-        out.append(Variant(f"ROLLART · 128 H800, {label}", SCALE, "rollart", extra,
-                           params={"mode": "rollart", "gpus": 128, "split": "probe", "probe": key}))
+        out.append(Variant(f"ROLLART · 128 H800, {label}", SCALE, "rollart", extra,  # one seed: what bounds it
+                           params={"mode": "rollart", "gpus": 128, "split": "probe", "probe": key, "seed": SEEDS[0]}))
     return tuple(out)
 
 
@@ -68,22 +69,42 @@ def _half(outs: list[Outcome]) -> list[Outcome]:
     return [o for o in outs if o.variant.params.get("split", "half") == "half"]
 
 
+def _pair(outs: list[Outcome], mode: str, split64: Any = "half", split128: Any = "half") -> dict[str, Any]:
+    """One mode's 64- and 128-GPU runs over the seeds: mean throughputs, their ratio (the speed-up)
+    and the speed-up of each seed that gave both."""
+    a, b = _seed_runs(outs, mode=mode, gpus=64, split=split64), _seed_runs(outs, mode=mode, gpus=128, split=split128)
+    ta, tb = (finite_mean(throughput(o) for o in runs.values()) for runs in (a, b))
+    per_seed = [ratio(throughput(b[s]), throughput(a[s])) for s in SEEDS if s in a and s in b]
+    return {"64": ta, "128": tb, "speedup": ratio(tb, ta), "speedups": per_seed, "runs": (a, b)}
+
+
+def mean_throughput(outs: list[Outcome], mode: str, gpus: int) -> float:
+    return finite_mean(throughput(o) for o in _seed_runs(outs, mode=mode, gpus=gpus).values())
+
+
 def _analyse_scaling(all_outs: list[Outcome]) -> Section:
     outs = _half(all_outs)
     rows, head = [], {}
     for m in MODES:
-        a, b = _find(outs, mode=m, gpus=64), _find(outs, mode=m, gpus=128)
-        ta, tb = (throughput(o) if o else math.nan for o in (a, b))
-        head[m] = {"64": ta, "128": tb, "speedup": ratio(tb, ta)}
-        rows.append([MODE_LABEL[m], fs(step_s(a)) if a else NA, fp(train_share(a)) if a else NA, fr(ta),
-                     busy(a) if a else NA, fs(step_s(b)) if b else NA, fp(train_share(b)) if b else NA, fr(tb),
-                     busy(b) if b else NA,
-                     fx(ratio(tb, ta)), fp(ratio(tb, ta) / 2 if math.isfinite(ratio(tb, ta)) else math.nan)])
-    table = MdTable(["mode", "64 H800 step s", "64 H800 train share of step", "64 H800 traj/s", "64 H800 GPU busy",
-                     "128 H800 step s", "128 H800 train share of step", "128 H800 traj/s", "128 H800 GPU busy",
-                     "speed-up (ideal 2×)", "scaling efficiency"], rows)
-    top = leaders({m: head[m]["speedup"] for m in MODES})
-    scales_best = leader_text(top, lambda m: f"{MODE_LABEL[m]} ({fx(head[m]['speedup'])})")
+        pair = _pair(outs, m)
+        head[m] = {k: pair[k] for k in ("64", "128", "speedup")}
+        cells = []
+        for runs, t in zip(pair["runs"], (pair["64"], pair["128"])):
+            shown = next((o for o in runs.values() if o.ok), None)  # GPU busy of one run: its first good seed
+            cells += [fs(finite_mean(step_s(o) for o in runs.values())),
+                      fp(finite_mean(train_share(o) for o in runs.values())), fr(t), busy(shown) if shown else NA]
+        up = pair["speedup"]
+        rows.append([MODE_LABEL[m], *cells, fx(up), " · ".join(fx(x) for x in pair["speedups"]) or NA,
+                     fp(up / 2 if math.isfinite(up) else math.nan)])
+    table = MdTable(["mode", "64 H800 step s", "64 H800 train share of step", "64 H800 traj/s", "64 H800 GPU busy (seed 0)",
+                     "128 H800 step s", "128 H800 train share of step", "128 H800 traj/s", "128 H800 GPU busy (seed 0)",
+                     "speed-up (ideal 2×)", f"speed-up at seeds {', '.join(map(str, SEEDS))}", "scaling efficiency"],
+                    rows)
+    per_seed = {m: _pair(outs, m)["speedups"] for m in MODES}
+    margin = seed_margin(per_seed)
+    top = leaders({m: head[m]["speedup"] for m in MODES}, margin)
+    scales_best = leader_text(top, lambda m: f"{MODE_LABEL[m]} ({fx(head[m]['speedup'])})", margin,
+                              seed_counts(per_seed))
     comparison = MdTable(["quantity", "simulated", "paper"], [
         ["mode that scales best from 64 to 128 H800", scales_best,
          "ROLLART scaled better than the baselines (qualitative)"],
@@ -93,15 +114,22 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
                         "ROLLART", top == ["rollart"] if top else None)]
     best_table, splits = _best_splits(all_outs)
     if splits:
-        winners = leaders({m: splits[m]["speedup"] for m in splits})
-        at_best = leader_text(winners, lambda m: f"{MODE_LABEL[m]} ({fx(splits[m]['speedup'])})")
+        split_seeds = {m: splits[m]["speedups"] for m in splits}
+        split_margin = seed_margin(split_seeds)
+        winners = leaders({m: splits[m]["speedup"] for m in splits}, split_margin)
+        at_best = leader_text(winners, lambda m: f"{MODE_LABEL[m]} ({fx(splits[m]['speedup'])})", split_margin,
+                              seed_counts(split_seeds))
         checks.append(direction("… each continuous mode at its best train/rollout split", at_best, "ROLLART",
                                 winners == ["rollart"]))
         comparison.rows.append([f"mode that scales best, {' and '.join(MODE_LABEL[m] for m in splits)} each at its "
                                 "best train/rollout split", at_best, "ROLLART scaled better (qualitative)"])
         head["best_split"] = splits
     probe_table, probe_note = _rollart_probes(all_outs)
-    notes = ["Throughput over the steady-state steps. Batch size stays 512 at both sizes. " + STEADY_NOTE] \
+    notes = ["Throughput over the steady-state steps. Batch size stays 512 at both sizes. " + STEADY_NOTE,
+             f"The mode comparison and the splits run at seeds {', '.join(map(str, SEEDS))}: throughputs are their means, "
+             "a speed-up the ratio of the means; modes whose speed-ups lie within twice the standard error of a "
+             "difference (from the seeds' spread of the speed-up) tie. GPU busy is seed 0's; the one-knob probes run "
+             "at seed 0."] \
         + _scaling_bound_note(outs) + probe_note + _failures(all_outs)
     extra = [(t, tbl) for t, tbl in (("Each continuous mode at its best train/rollout split", best_table),
                                       ("What bounds ROLLART's rollout at 128 H800 (one knob each)", probe_table))
@@ -110,41 +138,46 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
 
 
 def _best_splits(outs: list[Outcome]) -> tuple[MdTable | None, dict[str, dict[str, Any]]]:
-    """Per continuous mode and size, the train/rollout split with the highest throughput among
-    the half split and SPLIT_SHARES; the speed-up then compares each size at its best."""
+    """Per continuous mode and size, the train/rollout split with the highest mean throughput over
+    the seeds among the half split and SPLIT_SHARES; the speed-up then compares each size at its best."""
     rows, best = [], {}
     for m in SPLIT_MODES:
         picks = {}
         for g in (64, 128):
-            cands = [o for o in outs if o.variant.params.get("mode") == m and o.variant.params.get("gpus") == g
-                     and o.variant.params.get("split") != "probe" and math.isfinite(throughput(o))]
-            if cands:
-                o = max(cands, key=throughput)
-                split = o.variant.params.get("split")
-                picks[g] = (split if isinstance(split, int) else g // 2, throughput(o), len(cands))
+            splits = {o.variant.params.get("split") for o in outs if o.variant.params.get("mode") == m
+                      and o.variant.params.get("gpus") == g and o.variant.params.get("split") != "probe"}
+            means = {sp: finite_mean(throughput(o) for o in _seed_runs(outs, mode=m, gpus=g, split=sp).values())
+                     for sp in splits}
+            means = {sp: t for sp, t in means.items() if math.isfinite(t)}
+            if means:
+                sp = max(means, key=lambda k: means[k])
+                picks[g] = (sp, means[sp], len(means))
         if len(picks) < 2 or picks[64][2] < 2:  # no split to choose from: nothing beyond the main table
             continue
-        up = ratio(picks[128][1], picks[64][1])
-        best[m] = {"64": picks[64][:2], "128": picks[128][:2], "speedup": up}
-        rows.append([MODE_LABEL[m], f"{picks[64][0]} train", fr(picks[64][1]), f"{picks[128][0]} train",
-                     fr(picks[128][1]), fx(up)])
+        pair = _pair(outs, m, picks[64][0], picks[128][0])
+        train = {g: picks[g][0] if isinstance(picks[g][0], int) else g // 2 for g in (64, 128)}
+        best[m] = {"64": (train[64], pair["64"]), "128": (train[128], pair["128"]), "speedup": pair["speedup"],
+                   "speedups": pair["speedups"]}
+        rows.append([MODE_LABEL[m], f"{train[64]} train", fr(pair["64"]), f"{train[128]} train", fr(pair["128"]),
+                     fx(pair["speedup"]), " · ".join(fx(x) for x in pair["speedups"]) or NA])
     if not rows:
         return None, best
     shares = ", ".join(f"{s_:.3g}" for s_ in sorted((0.5, *SPLIT_SHARES)))
     return MdTable(["mode", "64 H800 best split", "64 H800 traj/s", "128 H800 best split", "128 H800 traj/s",
-                    f"speed-up (train shares tried: {shares})"], rows), best
+                    f"speed-up (train shares tried: {shares})", f"speed-up at seeds {', '.join(map(str, SEEDS))}"],
+                   rows), best
 
 
 def _rollart_probes(outs: list[Outcome]) -> tuple[MdTable | None, list[str]]:
     """ROLLART at 128 H800 with one knob turned each: a window that lets a trajectory run longer (α),
     faster tokens (tp), more concurrency (env managers), more or fewer rollout workers (the splits).
     Which knobs move the step says what bounds it."""
-    base = next((o for o in outs if o.variant.params == {"mode": "rollart", "gpus": 128, "split": "half"}), None)
+    base = _find(outs, mode="rollart", gpus=128, split="half", seed=SEEDS[0])
     if base is None or not math.isfinite(throughput(base)):
         return None, []
-    knobs = [(o.variant.label.split(", ", 1)[-1], o) for o in outs
+    knobs = [(o.variant.label.split(", ", 1)[-1].removesuffix(" (seed 0)"), o) for o in outs
              if o.variant.params.get("mode") == "rollart" and o.variant.params.get("gpus") == 128
-             and o.variant.params.get("split") != "half"]
+             and o.variant.params.get("split") != "half" and o.variant.params.get("seed") == SEEDS[0]]
     rows = [["as shipped (64 train, 32 × tp 2 rollout, α = 1)", fs(step_s(base)), fr(throughput(base)), "1.00×"]]
     rows += [[label, fs(step_s(o)), fr(throughput(o)), fx(ratio(throughput(o), throughput(base)))] for label, o in knobs]
     gain = {o.variant.params.get("probe", "split"): ratio(throughput(o), throughput(base)) for _, o in knobs}
@@ -170,7 +203,7 @@ def _scaling_bound_note(outs: list[Outcome]) -> list[str]:
     shortens) with whatever bounds it at 128, not two rollouts."""
     parts = []
     for m in MODES:
-        a, b = _find(outs, mode=m, gpus=64), _find(outs, mode=m, gpus=128)
+        a, b = _find(outs, mode=m, gpus=64, seed=SEEDS[0]), _find(outs, mode=m, gpus=128, seed=SEEDS[0])
         if a is None or b is None:
             continue
         part = f"{MODE_LABEL[m]}: {_side(a)} at 64, {_side(b)} at 128"
@@ -194,6 +227,8 @@ SCALING = Experiment(
     steps=8,
     variants=_scaling_variants(),
     analyse=_analyse_scaling,
-    plot=lambda outs, path: plots.scaling(_half(outs), path, MODES, MODE_LABEL, throughput),
+    plot=lambda outs, path: plots.scaling(_half(outs), path, MODES, MODE_LABEL,
+                                          lambda o: mean_throughput(_half(outs), o.variant.params["mode"],
+                                                                    o.variant.params["gpus"])),
     paper="ROLLART scaled better than the baselines from 64 to 128 H800 on Qwen3-14B (no number in our notes).",
 )
