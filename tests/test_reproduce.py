@@ -503,6 +503,18 @@ def test_means_over_seeds_tie_within_twice_the_standard_error_of_their_differenc
     assert leader_text(["b", "a"], str.upper, m, [1, 3]) == f"tie within {100 * m:.1f} % (means of 1–3 seeds): B, A"
 
 
+def test_a_seeded_variants_seed_0_is_its_scenarios_own_seed():
+    """seeded() adds no override at seed 0 (so the run is shared with unseeded variants of the same
+    plan): that is seed 0 only while the scenario's own seed is 0."""
+    from rollart.plan import load_plan
+
+    scenarios = {v.scenario for e in EXPERIMENTS.values() for v in e.variants
+                 if v.params.get("seed") == 0 and not any(o.startswith("algorithm.seed=") for o in v.overrides)}
+    assert scenarios >= {"paper/experiments/hw-affinity-mix", "paper/experiments/scaling-14b-h800"}
+    for name in scenarios:
+        assert load_plan(resolve(name)).algorithm.seed == 0, name
+
+
 def test_affinity_reads_means_over_the_seeds_and_shows_a_failed_one():
     from rollart.reproduce.experiments import AFFINITY
     from rollart.reproduce.experiments.affinity import AFF_VARIANTS, SEEDS
