@@ -409,6 +409,26 @@ def test_pd_note_reports_pool_load_and_prefix_reuse_from_the_runs():
     assert "trainer-bound" not in notes[0]
 
 
+def test_a_pd_check_leaves_out_a_model_whose_runs_are_both_trainer_bound():
+    """Trainer-bound colocated and PD runs are each the train step: their ratio (~1) says nothing of
+    the layout, so that model's half of the paper's direction is left out, and said so."""
+    from rollart.reproduce.experiments import PD
+
+    def run(model: str, layout: str, train: float, step: float) -> Outcome:
+        return _fake({"model": model, "layout": layout, "setup": "48-b512"}, [train, train], step=step)
+
+    bound = [run("dense", "colocated", 45, 50), run("dense", "pd", 44.5, 49.5)]    # 90 %: trainer-bound, 1.01×
+    moe = [run("moe", "colocated", 20, 50), run("moe", "pd", 20, 40)]               # 40–50 %: 1.25×
+    check, = [c for c in PD.analyse(bound + moe).checks if "(48 GPUs, batch 512)" in c.figure]
+    assert check.agrees is True and check.simulated == "1.01× (trainer-bound: cannot show) · 1.25×"
+    slower = [run("moe", "colocated", 20, 40), run("moe", "pd", 20, 50)]
+    check, = [c for c in PD.analyse(bound + slower).checks if "(48 GPUs, batch 512)" in c.figure]
+    assert check.agrees is False                                                     # the MoE half decides
+    both = [run("moe", "colocated", 45, 50), run("moe", "pd", 45, 50)]
+    check, = [c for c in PD.analyse(bound + both).checks if "(48 GPUs, batch 512)" in c.figure]
+    assert check.agrees is None                                                      # neither can show
+
+
 def test_pd_layouts_keep_the_gpus_of_their_setup():
     """Every PD variant places as many H800 and H20 as its colocated run (tp-2 prefill: half the workers)."""
     from rollart.reproduce.experiments import PD
