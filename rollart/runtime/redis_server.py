@@ -28,6 +28,7 @@ A worker is bound to one pool at a time: binding it again moves it, atomically.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -138,9 +139,11 @@ class RedisServer:
         assert proc.stdin is not None
         try:  # redis reads its config to EOF before it starts
             proc.stdin.write(f"requirepass {self.password}\n".encode())
-            proc.stdin.close()
         except BrokenPipeError:
             pass  # it exited already: its log says why
+        finally:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
         return proc
 
     def log_tail(self, n: int = 2000) -> str:
