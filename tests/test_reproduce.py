@@ -271,6 +271,24 @@ def test_reset_success_counts_every_failed_attempt_as_one_more_attempt():
                                                                                        "boom", 0.0, 1)))
 
 
+def test_throughput_ratios_are_ratios_of_the_means_over_the_seeds():
+    """The paper's like-for-like ratios come from the modes' mean throughputs over the seeds; the table
+    shows each seed's reading and the note how far one seed's ROLLART ÷ AReaL strays."""
+    from rollart.reproduce.experiments import THROUGHPUT
+    from rollart.reproduce.experiments.common import SEEDS
+
+    steps = {"sync": (200, 200, 200), "areal": (50, 40, 40), "rollart": (40, 40, 40)}  # 8 trajectories a step
+    outs = [_fake({"model": "Qwen3-8B", "mode": m, "seed": s_}, [10, 10], step=st[i])
+            for m, st in steps.items() for i, s_ in enumerate(SEEDS)]
+    section = THROUGHPUT.analyse(outs)
+    check, = [c for c in section.checks if c.figure == "throughput ROLLART ÷ AReaL-style, Qwen3-8B"]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert check.simulated == f"{mean([8 / 40] * 3) / mean([8 / 50, 8 / 40, 8 / 40]):.2f}×" == "1.07×"
+    assert _column(section, "traj/s at seeds 0, 1, 2", "Qwen3-8B", "AReaL-style") == "0.160 · 0.200 · 0.200"
+    note, = [n for n in section.notes if n.startswith("The modes and the ablation run at seeds")]
+    assert "ROLLART ÷ AReaL-style seed by seed: 8B 1.25× · 1.00× · 1.00×" in note
+
+
 def test_throughput_says_when_both_rollart_and_areal_are_trainer_bound():
     """Both trainer-bound: the note says ROLLART ÷ AReaL is then their train steps' ratio, read from the runs."""
     from rollart.reproduce.experiments import THROUGHPUT

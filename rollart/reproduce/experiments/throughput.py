@@ -6,9 +6,9 @@ import math
 
 from rollart.reproduce import plots
 from rollart.reproduce.checks import versus_range
-from rollart.reproduce.experiments.common import (BASES, MODES, MODE_LABEL, STEADY_NOTE, TIME_TO_SCORE_CAVEAT,
-                                                  _bound_note, _failures, _find, _same_trainer, _side, _tokens_per_traj,
-                                                  _train_s)
+from rollart.reproduce.experiments.common import (BASES, MODES, MODE_LABEL, SEEDS, STEADY_NOTE, TIME_TO_SCORE_CAVEAT,
+                                                  _bound_note, _failures, _find, _same_trainer, _seed_runs, _side,
+                                                  _tokens_per_traj, _train_s, finite_mean, seeded)
 from rollart.reproduce.figures import (NA, busy, fp, fr, fs, fx, ratio, response_tail, step_s, throughput, train_share,
                                       trainer_bound, wait_share)
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
@@ -61,14 +61,14 @@ def memory_share(model: str, mode: str, share: float) -> tuple[str, ...]:
 
 
 def _throughput_variants() -> tuple[Variant, ...]:
-    out = []
+    out: list[Variant] = []
     for model, base in BASES.items():
-        for m in MODES:
-            out.append(Variant(f"{model} · {MODE_LABEL[m]}", base, m, baseline_placement(model, m),
-                               params={"model": model, "mode": m}))
+        for m in MODES:  # the modes and the ablation at every seed: the paper's ratios are read off their means
+            out += seeded(Variant(f"{model} · {MODE_LABEL[m]}", base, m, baseline_placement(model, m),
+                                  params={"model": model, "mode": m}))
         key, label, mode, overrides = ABLATION[3]
-        out.append(Variant(f"{model} · ROLLART without redundancy/async transfer", base, mode, overrides,
-                           params={"model": model, "mode": key}))
+        out += seeded(Variant(f"{model} · ROLLART without redundancy/async transfer", base, mode, overrides,
+                              params={"model": model, "mode": key}))
         for share in MEMORY_SHARES:
             for m in SHARE_MODES:
                 out.append(Variant(f"{model} · {MODE_LABEL[m]} · engines at {share:g} of GPU memory", base, m,
@@ -81,16 +81,30 @@ def _throughput_variants() -> tuple[Variant, ...]:
     return tuple(out)
 
 
+def _first(outs: list[Outcome], model: str, mode: str) -> Outcome | None:
+    """The variant's run at seed 0 (a seeded variant) or its one run."""
+    return _find(outs, model=model, mode=mode, seed=SEEDS[0]) or _find(outs, model=model, mode=mode)
+
+
 def _thr(outs: list[Outcome], model: str, mode: str) -> float:
-    """Throughput of the variant (``mode`` its params key), NaN when it did not run."""
-    o = _find(outs, model=model, mode=mode)
+    """Throughput of the variant (``mode`` its params key) at seed 0 or its one run, NaN when it did not run."""
+    o = _first(outs, model, mode)
     return throughput(o) if o is not None else math.nan
+
+
+def _seed_thr(outs: list[Outcome], model: str, mode: str) -> dict[int, float]:
+    """Throughput by seed of a seeded variant; {0: its one run's} for a variant run once."""
+    runs = _seed_runs(outs, model=model, mode=mode)
+    if runs:
+        return {s: throughput(o) for s, o in runs.items()}
+    o = _find(outs, model=model, mode=mode)
+    return {SEEDS[0]: throughput(o)} if o is not None else {}
 
 
 def _pool_table(outs: list[Outcome]) -> MdTable:
     rows = []
     for model in BASES:
-        got = {k: _find(outs, model=model, mode=k) for k in ("areal", "rollart", "areal@pool", "rollart@pool")}
+        got = {k: _first(outs, model, k) for k in ("areal", "rollart", "areal@pool", "rollart@pool")}
         thr = {k: _thr(outs, model, k) for k in got}
         stale = {k: str((o.summary or {}).get("aborted_stale", NA)) if o is not None else NA for k, o in got.items()}
         rows.append([model, fr(thr["areal"]), fr(thr["rollart"]), fx(ratio(thr["rollart"], thr["areal"])),
@@ -105,7 +119,7 @@ def _memory_share_table(outs: list[Outcome]) -> MdTable:
     rows = []
     for model in BASES:
         for m in SHARE_MODES:
-            base = _find(outs, model=model, mode=m)
+            base = _first(outs, model, m)  # seed 0, as the variants it is compared with
             for share in MEMORY_SHARES:
                 o = _find(outs, model=model, mode=f"{m}@{share:g}")
                 if o is None or base is None:
@@ -119,19 +133,25 @@ def _memory_share_table(outs: list[Outcome]) -> MdTable:
 
 
 def _analyse_throughput(outs: list[Outcome]) -> Section:
-    rows, head = [], {}
+    rows, head, per_seed = [], {}, {}
     for model in BASES:
-        thr = {m: throughput(o) for m in (*MODES, "rollart-affinity") if (o := _find(outs, model=model, mode=m))}
+        by_seed = {m: got for m in (*MODES, "rollart-affinity") if (got := _seed_thr(outs, model, m))}
+        thr = {m: finite_mean(v.values()) for m, v in by_seed.items()}
+        per_seed[model] = by_seed
         for m in MODES:
-            o = _find(outs, model=model, mode=m)
+            o = _first(outs, model, m)
             if o is None:
                 continue
-            rows.append([model, MODE_LABEL[m], fs(step_s(o)), fp(train_share(o)), fr(thr.get(m)),
+            runs = list(_seed_runs(outs, model=model, mode=m).values()) or [o]
+            rows.append([model, MODE_LABEL[m], fs(finite_mean(step_s(r) for r in runs)),
+                         fp(finite_mean(train_share(r) for r in runs)), fr(thr.get(m)),
+                         " · ".join(fr(by_seed[m].get(s_)) for s_ in SEEDS),
                          fx(ratio(thr.get(m), thr.get("sync+"))), fx(ratio(thr.get(m), thr.get("sync"))), busy(o),
                          str(o.summary.get("aborted_stale", NA)), str(o.summary.get("aborted_redundant", NA))])
         head[model] = {m: thr.get(m) for m in thr}
-    table = MdTable(["model", "mode", "step s", "train share of step", "traj/s", "× Sync+", "× Sync", "GPU busy",
-                     "stale aborts", "redundant aborts"], rows)
+    table = MdTable(["model", "mode", "step s", "train share of step", "traj/s",
+                     f"traj/s at seeds {', '.join(map(str, SEEDS))}", "× Sync+", "× Sync", "GPU busy (seed 0)",
+                     "stale aborts (seed 0)", "redundant aborts (seed 0)"], rows)
 
     abl_rows = []
     for model in BASES:
@@ -146,9 +166,9 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
         vals = [(m, ratio(head.get(m, {}).get(num), head.get(m, {}).get(den))) for m in BASES]
         return " · ".join(f"{m.removeprefix('Qwen3-')} {fx(v)}" for m, v in vals)
 
-    waits = {m: wait_share(_find(outs, model=m, mode="rollart")) for m in BASES}
+    waits = {m: wait_share(_first(outs, m, "rollart")) for m in BASES}
     head["rollart_wait_share"] = waits
-    tails = {k: {m: response_tail(_find(outs, model=m, mode=k)) for m in BASES} for k in ("sync", "rollart")}
+    tails = {k: {m: response_tail(_first(outs, m, k)) for m in BASES} for k in ("sync", "rollart")}
     head["response_tail"] = tails
     h32 = head.get("Qwen3-32B", {})
     comparison = MdTable(["quantity", "simulated (8B · 14B · 32B)", "paper"], [
@@ -173,6 +193,9 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
     ])
     notes = [
         "Throughput is trajectories per second over the steady-state steps; step s is their mean. " + STEADY_NOTE,
+        f"The modes and the ablation run at seeds {', '.join(map(str, SEEDS))} and their figures (traj/s, step s, "
+        "train share, every ratio) are the means over the seeds, a ratio the ratio of the means; one seed's reading "
+        "strays (" + _seed_spread(per_seed) + "). GPU busy, aborts and the other tables are seed 0's.",
         TIME_TO_SCORE_CAVEAT,
         "The base plans place no dedicated reward GPUs, so Sync and AReaL-style also send LLM-judge calls to the "
         "serverless platform (the paper's Sync had reserved reward GPUs).",
@@ -207,6 +230,17 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
                    headline=head, checks=checks)
 
 
+def _seed_spread(per_seed: dict[str, dict[str, dict[int, float]]]) -> str:
+    """ROLLART ÷ AReaL-style at each seed, per model: how far one seed's reading strays."""
+    parts = []
+    for model, by in per_seed.items():
+        r, a = by.get("rollart", {}), by.get("areal", {})
+        vals = [ratio(r[s_], a[s_]) for s_ in SEEDS if s_ in r and s_ in a]
+        if vals:
+            parts.append(f"{model.removeprefix('Qwen3-')} " + " · ".join(fx(v) for v in vals))
+    return "ROLLART ÷ AReaL-style seed by seed: " + ", ".join(parts) if parts else "no seeds ran"
+
+
 def _memory_share_note(outs: list[Outcome]) -> list[str]:
     """ROLLART ÷ AReaL-style at each memory share, where the share moves it."""
     parts = []
@@ -232,7 +266,7 @@ def _throughput_bound_note(outs: list[Outcome]) -> list[str]:
     compares train steps, not the rollout-side mechanisms ROLLART adds."""
     parts = []
     for model in BASES:
-        r, a = _find(outs, model=model, mode="rollart"), _find(outs, model=model, mode="areal")
+        r, a = _first(outs, model, "rollart"), _first(outs, model, "areal")
         if r is None and a is None:
             continue
         part = f"{model}: ROLLART {_side(r)}, AReaL-style {_side(a)}"
@@ -260,7 +294,9 @@ THROUGHPUT = Experiment(
     steps=10,
     variants=_throughput_variants(),
     analyse=_analyse_throughput,
-    plot=lambda outs, path: plots.throughput(outs, path, BASES, MODES, MODE_LABEL, ABLATION, throughput),
+    plot=lambda outs, path: plots.throughput(
+        outs, path, BASES, MODES, MODE_LABEL, ABLATION,
+        lambda o: finite_mean(_seed_thr(outs, o.variant.params["model"], o.variant.params["mode"]).values())),
     paper=("Throughput over 8B, 14B and 32B: ROLLART 1.22–1.36× AReaL and 2.65–4.58× Sync. Time to reach a score "
            "of 0.85 on Qwen3-32B: ROLLART (α = 1) 2.05× faster than Sync+, 1.35× than One-off, 1.31× than AReaL."),
 )
