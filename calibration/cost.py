@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from rollart.calibration.kernels import (BF16_BYTES, CUSTOM_ALLREDUCE_MAX_BYTES, CUSTOM_ALLREDUCE_WORLD_SIZES,
                                          FP8_BYTES, M_TILE, unsplit_key)
-from rollart.calibration.profiles import EngineProfile, KernelProfile, TrainProfile, grouping_factors
+from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainProfile, grouping_factors,
+                                          stream_efficiency)
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, kv_heads_per_gpu
 from rollart.sim.costs.moe import all_to_all_s, rank_expert_rows, rank_experts_touched
@@ -108,8 +109,7 @@ class KernelProfileGeneration:
         if model.moe_experts:
             per_token += 2.0 * (max(1, model.moe_active_experts) + 1) * h
         self._ew_bytes = (per_token, per_row)
-        e_stream = (profile.stream or profile.attn_decode).params["e_bw"]
-        self._ew_rate = self._bw * e_stream
+        self._ew_rate = self._bw * stream_efficiency(profile)
         borrowed = all(c.derived for _, c in profile.terms())  # nothing measured on this GPU (H200)
         self.source = (f"calibrated kernel profile {profile.gpu} ({origin}); {dtype}, {model.kv_dtype.upper()} KV"
                        + (f", ep {ep}" if ep > 1 else "") + f"; prefill MAPE "

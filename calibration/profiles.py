@@ -94,6 +94,12 @@ class KernelProfile(BaseModel):
 GROUPED_PARAMS = ("t0", "e_max", "m_half", "e_mem")
 
 
+def stream_efficiency(profile: KernelProfile) -> float:
+    """The fraction of the datasheet HBM rate a long memory-bound stream reaches: the ``stream`` fit,
+    or decode attention's byte rate in profiles fitted before it."""
+    return (profile.stream or profile.attn_decode).params["e_bw"]
+
+
 def grouping_factors(profile: KernelProfile) -> dict[str, float] | None:
     """How much a grouped GEMM (a MoE layer's experts, one launch) departs from a dense GEMM on this
     GPU: the measured FP8 grouped fit ÷ the measured FP8 dense fit, per parameter. The composition
@@ -154,8 +160,7 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
         e = profile.stream.params.get("e_bw", 0.0)
         out.append(("HBM streaming (long reads)", profile.stream.dtype or "bf16",
                     how(profile.stream) + f" → {e:.3g} × {profile.hbm_tbps:g} = {e * profile.hbm_tbps:.3g} TB/s"))
-    src = profile.stream or profile.attn_decode
-    ew = src.params.get("e_bw", 0.0) * profile.hbm_tbps
+    ew = stream_efficiency(profile) * profile.hbm_tbps
     out.append(("element-wise kernels (norms, rotary, SiLU-and-mul)", "bf16 activations",
                 f"HBM traffic from the geometry (+ FP8 activation quantisation with FP8 weights) at the "
                 f"{'long-stream' if profile.stream is not None else 'decode-attention'} rate, {ew:.3g} TB/s; "

@@ -7,8 +7,9 @@ import math
 from rollart.reproduce import plots
 from rollart.reproduce.checks import direction, leader_text, leaders, seed_counts, seed_margin
 from rollart.reproduce.experiments.common import (BOUND_RULE, EXP, SEEDS, STEADY_NOTE, _failures, _find, _same_trainer,
-                                                  _seed_runs, _side, _train_s, finite_mean, seeded)
-from rollart.reproduce.figures import NA, busy, fp, fr, fs, fx, ratio, step_s, throughput, train_share, trainer_bound
+                                                  _seed_runs, _side, _train_s, finite_mean, mean_throughput,
+                                                  seed_throughputs, seeded)
+from rollart.reproduce.figures import NA, busy, fp, fr, fs, fx, ratio, step_s, train_share, trainer_bound
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
 
 
@@ -23,19 +24,15 @@ AFF_VARIANTS = (
 )
 
 
-def mean_throughput(outs: list[Outcome], key: str) -> float:
-    return finite_mean(throughput(o) for o in _seed_runs(outs, config=key).values())
-
-
 def _analyse_affinity(outs: list[Outcome]) -> Section:
     rows, head, per_seed = [], {}, {}
-    tref = mean_throughput(outs, "all-h800")
+    tref = mean_throughput(outs, config="all-h800")
     for key, label, _ in AFF_VARIANTS:
         by_run = _seed_runs(outs, config=key)
         if not by_run:
             continue
         runs = list(by_run.values())
-        by_seed = {s: throughput(o) for s, o in by_run.items()}
+        by_seed = seed_throughputs(outs, config=key)
         per_seed[key] = list(by_seed.values())
         t = head[key] = finite_mean(per_seed[key])
         spread = " · ".join(fr(by_seed.get(s)) for s in SEEDS)  # a missing or failed seed: "—"
@@ -101,7 +98,7 @@ AFFINITY = Experiment(
                    for v in seeded(Variant(label, AFF, "rollart", ov, params={"config": key}))),
     analyse=_analyse_affinity,
     plot=lambda outs, path: plots.bars(outs, path, [(k, lbl) for k, lbl, _ in AFF_VARIANTS], "config",
-                                       lambda o: mean_throughput(outs, o.variant.params["config"]),
+                                       lambda o: mean_throughput(outs, config=o.variant.params["config"]),
                                        f"trajectories / s (mean of {len(SEEDS)} seeds)",
                                        "Hardware affinity, cost-matched rollout (Qwen3-8B)", normalise="all-h800"),
     paper=("Hardware affinity on a cost-matched 64 H800 + 24 H20 mix was compared with all-H800 and all-H20; the "

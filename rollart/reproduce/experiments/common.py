@@ -9,7 +9,8 @@ from typing import Any, Iterable
 
 from rollart.core.modes import mode_config
 from rollart.plan.schema import Plan, env_managers_of
-from rollart.reproduce.figures import TRAINER_BOUND, breakdown_mean, failed, fp, mean, ratio, steady, train_share
+from rollart.reproduce.figures import (TRAINER_BOUND, breakdown_mean, failed, fp, mean, ratio, steady, throughput,
+                                      train_share)
 from rollart.reproduce.model import Outcome, Variant
 
 B8, B14, B32 = "paper/qwen3-8b-128gpu", "paper/qwen3-14b-128gpu", "paper/qwen3-32b-128gpu"
@@ -56,6 +57,20 @@ def _seed_runs(outs: list[Outcome], **params: Any) -> dict[int, Outcome]:
 def finite_mean(xs: Iterable[float]) -> float:
     """Over the seeds that gave the figure (a failed run gives NaN); NaN when none did."""
     return mean(x for x in xs if math.isfinite(x))
+
+
+def seed_throughputs(outs: list[Outcome], **params: Any) -> dict[int, float]:
+    """Throughput by seed of a seeded variant; {SEEDS[0]: its one run's} for a variant run once."""
+    runs = _seed_runs(outs, **params)
+    if runs:
+        return {s: throughput(o) for s, o in runs.items()}
+    o = _find(outs, **params)
+    return {SEEDS[0]: throughput(o)} if o is not None else {}
+
+
+def mean_throughput(outs: list[Outcome], **params: Any) -> float:
+    """A variant's throughput, the mean over its seeds (:func:`seed_throughputs`)."""
+    return finite_mean(seed_throughputs(outs, **params).values())
 
 
 def _failures(outs: list[Outcome]) -> list[str]:

@@ -9,7 +9,7 @@ from rollart.reproduce import plots
 from rollart.reproduce.checks import direction, leader_text, leaders, seed_counts, seed_margin
 from rollart.reproduce.experiments.common import (EXP, MODES, MODE_LABEL, SEEDS, STEADY_NOTE, _bound_note, _failures,
                                                   _find, _seed_runs, _side, _train_s, conversations_per_worker,
-                                                  env_managers, finite_mean, seeded)
+                                                  env_managers, finite_mean, mean_throughput, seeded)
 from rollart.reproduce.figures import NA, busy, fp, fr, fs, fx, ratio, step_s, throughput, train_share, trainer_bound
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
 
@@ -73,21 +73,19 @@ def _pair(outs: list[Outcome], mode: str, split64: Any = "half", split128: Any =
     """One mode's 64- and 128-GPU runs over the seeds: mean throughputs, their ratio (the speed-up)
     and the speed-up of each seed that gave both."""
     a, b = _seed_runs(outs, mode=mode, gpus=64, split=split64), _seed_runs(outs, mode=mode, gpus=128, split=split128)
-    ta, tb = (finite_mean(throughput(o) for o in runs.values()) for runs in (a, b))
+    ta, tb = mean_throughput(outs, mode=mode, gpus=64, split=split64), mean_throughput(outs, mode=mode, gpus=128,
+                                                                                         split=split128)
     per_seed = [ratio(throughput(b[s]), throughput(a[s])) for s in SEEDS if s in a and s in b]
     return {"64": ta, "128": tb, "speedup": ratio(tb, ta), "speedups": per_seed, "runs": (a, b)}
 
 
-def mean_throughput(outs: list[Outcome], mode: str, gpus: int) -> float:
-    return finite_mean(throughput(o) for o in _seed_runs(outs, mode=mode, gpus=gpus).values())
-
-
 def _analyse_scaling(all_outs: list[Outcome]) -> Section:
     outs = _half(all_outs)
-    rows, head = [], {}
+    rows, head, per_seed = [], {}, {}
     for m in MODES:
         pair = _pair(outs, m)
         head[m] = {k: pair[k] for k in ("64", "128", "speedup")}
+        per_seed[m] = pair["speedups"]
         cells = []
         for runs, t in zip(pair["runs"], (pair["64"], pair["128"])):
             shown = next((o for o in runs.values() if o.ok), None)  # GPU busy of one run: its first good seed
@@ -100,7 +98,6 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
                      "128 H800 step s", "128 H800 train share of step", "128 H800 traj/s", "128 H800 GPU busy (seed 0)",
                      "speed-up (ideal 2×)", f"speed-up at seeds {', '.join(map(str, SEEDS))}", "scaling efficiency"],
                     rows)
-    per_seed = {m: _pair(outs, m)["speedups"] for m in MODES}
     margin = seed_margin(per_seed)
     top = leaders({m: head[m]["speedup"] for m in MODES}, margin)
     scales_best = leader_text(top, lambda m: f"{MODE_LABEL[m]} ({fx(head[m]['speedup'])})", margin,
@@ -146,8 +143,7 @@ def _best_splits(outs: list[Outcome]) -> tuple[MdTable | None, dict[str, dict[st
         for g in (64, 128):
             splits = {o.variant.params.get("split") for o in outs if o.variant.params.get("mode") == m
                       and o.variant.params.get("gpus") == g and o.variant.params.get("split") != "probe"}
-            means = {sp: finite_mean(throughput(o) for o in _seed_runs(outs, mode=m, gpus=g, split=sp).values())
-                     for sp in splits}
+            means = {sp: mean_throughput(outs, mode=m, gpus=g, split=sp) for sp in splits}
             means = {sp: t for sp, t in means.items() if math.isfinite(t)}
             if means:
                 sp = max(means, key=lambda k: means[k])
@@ -175,7 +171,7 @@ def _rollart_probes(outs: list[Outcome]) -> tuple[MdTable | None, list[str]]:
     base = _find(outs, mode="rollart", gpus=128, split="half", seed=SEEDS[0])
     if base is None or not math.isfinite(throughput(base)):
         return None, []
-    knobs = [(o.variant.label.split(", ", 1)[-1].removesuffix(" (seed 0)"), o) for o in outs
+    knobs = [(o.variant.label.split(", ", 1)[-1], o) for o in outs
              if o.variant.params.get("mode") == "rollart" and o.variant.params.get("gpus") == 128
              and o.variant.params.get("split") != "half" and o.variant.params.get("seed") == SEEDS[0]]
     rows = [["as shipped (64 train, 32 × tp 2 rollout, α = 1)", fs(step_s(base)), fr(throughput(base)), "1.00×"]]
@@ -228,7 +224,7 @@ SCALING = Experiment(
     variants=_scaling_variants(),
     analyse=_analyse_scaling,
     plot=lambda outs, path: plots.scaling(_half(outs), path, MODES, MODE_LABEL,
-                                          lambda o: mean_throughput(_half(outs), o.variant.params["mode"],
-                                                                    o.variant.params["gpus"])),
+                                          lambda o: mean_throughput(_half(outs), mode=o.variant.params["mode"],
+                                                                    gpus=o.variant.params["gpus"])),
     paper="ROLLART scaled better than the baselines from 64 to 128 H800 on Qwen3-14B (no number in our notes).",
 )

@@ -8,7 +8,8 @@ from rollart.reproduce import plots
 from rollart.reproduce.checks import versus_range
 from rollart.reproduce.experiments.common import (BASES, MODES, MODE_LABEL, SEEDS, STEADY_NOTE, TIME_TO_SCORE_CAVEAT,
                                                   _bound_note, _failures, _find, _same_trainer, _seed_runs, _side,
-                                                  _tokens_per_traj, _train_s, finite_mean, seeded)
+                                                  _tokens_per_traj, _train_s, finite_mean, mean_throughput,
+                                                  seed_throughputs, seeded)
 from rollart.reproduce.figures import (NA, busy, fp, fr, fs, fx, ratio, response_tail, step_s, throughput, train_share,
                                       trainer_bound, wait_share)
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
@@ -92,15 +93,6 @@ def _thr(outs: list[Outcome], model: str, mode: str) -> float:
     return throughput(o) if o is not None else math.nan
 
 
-def _seed_thr(outs: list[Outcome], model: str, mode: str) -> dict[int, float]:
-    """Throughput by seed of a seeded variant; {0: its one run's} for a variant run once."""
-    runs = _seed_runs(outs, model=model, mode=mode)
-    if runs:
-        return {s: throughput(o) for s, o in runs.items()}
-    o = _find(outs, model=model, mode=mode)
-    return {SEEDS[0]: throughput(o)} if o is not None else {}
-
-
 def _pool_table(outs: list[Outcome]) -> MdTable:
     rows = []
     for model in BASES:
@@ -135,7 +127,8 @@ def _memory_share_table(outs: list[Outcome]) -> MdTable:
 def _analyse_throughput(outs: list[Outcome]) -> Section:
     rows, head, per_seed = [], {}, {}
     for model in BASES:
-        by_seed = {m: got for m in (*MODES, "rollart-affinity") if (got := _seed_thr(outs, model, m))}
+        by_seed = {m: got for m in (*MODES, "rollart-affinity")
+                   if (got := seed_throughputs(outs, model=model, mode=m))}
         thr = {m: finite_mean(v.values()) for m, v in by_seed.items()}
         per_seed[model] = by_seed
         for m in MODES:
@@ -296,7 +289,7 @@ THROUGHPUT = Experiment(
     analyse=_analyse_throughput,
     plot=lambda outs, path: plots.throughput(
         outs, path, BASES, MODES, MODE_LABEL, ABLATION,
-        lambda o: finite_mean(_seed_thr(outs, o.variant.params["model"], o.variant.params["mode"]).values())),
+        lambda o: mean_throughput(outs, model=o.variant.params["model"], mode=o.variant.params["mode"])),
     paper=("Throughput over 8B, 14B and 32B: ROLLART 1.22–1.36× AReaL and 2.65–4.58× Sync. Time to reach a score "
            "of 0.85 on Qwen3-32B: ROLLART (α = 1) 2.05× faster than Sync+, 1.35× than One-off, 1.31× than AReaL."),
 )
