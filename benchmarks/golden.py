@@ -61,10 +61,30 @@ def run_case(scenario: str, overrides: list[str], mode: str | None, seed: int) -
     return simulate_plan(plan, mode_config(plan, mode), seed).to_result().to_dict()
 
 
+# Significant digits a float keeps in the canonical text: the last bits of a sum or of a library
+# routine move between numpy/scipy releases and CPUs (a fresh install here changed busy_s in its
+# 16th digit with no change to the code); an engine or scheduling change moves far more than 1e-12.
+DIGITS = 12
+
+
+def _rounded(x: Any) -> Any:
+    if isinstance(x, float):
+        return float(f"{x:.{DIGITS}g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_rounded(v) for v in x]
+    return x
+
+
+def canonical(result: dict[str, Any]) -> str:
+    """A result as canonical JSON text: sorted keys, floats to ``DIGITS`` significant digits."""
+    return json.dumps(_rounded(result), sort_keys=True)
+
+
 def outputs() -> dict[str, str]:
-    """Each case's result as canonical JSON text (floats as repr: byte-identical means equal)."""
-    return {name: json.dumps(run_case(sc, ov, m, seed), sort_keys=True)
-            for name, sc, ov, m, seed in CASES}
+    """Each case's result as canonical JSON text (equal text means equal results)."""
+    return {name: canonical(run_case(sc, ov, m, seed)) for name, sc, ov, m, seed in CASES}
 
 
 def main(argv: list[str] | None = None) -> int:

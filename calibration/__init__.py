@@ -4,7 +4,9 @@
 
 1. the pool's own ``profile:`` (a YAML written by ``rollart calibrate fit``, or ``datasheet``);
 2. else the shipped kernel profile of the GPU type (``calibration/profiles/<gpu>.yaml``);
-3. else the datasheet roofline with assumed efficiencies.
+3. else the H100's measured kernel efficiencies on the GPU type's datasheet (a GPU without timings
+   of its own, e.g. A100 or a ``cluster.custom_gpus`` entry), priced by the same composition;
+4. ``profile: datasheet``: the datasheet roofline with assumed efficiencies.
 
 The returned model's ``source`` says which, and every report prints it."""
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported lazily: rollart.plan reads the link table from this package
+    from rollart.calibration.profiles import KernelProfile
     from rollart.plan.schema import GpuType, Link, ModelSpec, TrainerPlacement
 
 
@@ -23,6 +26,16 @@ def _load(path: str):  # noqa: ANN202 - cached profile objects
     from rollart.calibration.profiles import load_profile
 
     return load_profile(path)
+
+
+@lru_cache(maxsize=32)
+def _transferred(gpu_name: str, tflops_bf16: float, hbm_tbps: float, nvlink_gbps: float) -> "KernelProfile":
+    from rollart.calibration.profiles import TRANSFER_REFERENCE, shipped_profile_path, transferred_profile
+    from rollart.plan.presets import GPU_PRESETS
+
+    reference = _load(str(shipped_profile_path(TRANSFER_REFERENCE).resolve()))
+    return transferred_profile(reference, gpu_name, tflops_bf16, hbm_tbps, nvlink_gbps,
+                               GPU_PRESETS[TRANSFER_REFERENCE]["nvlink_gbps"], gpu_name.upper() in FP8_TENSOR_CORES)
 
 
 # GPU types with FP8 tensor cores (Hopper: FP8 peak = 2 × BF16); others only store FP8 weights
@@ -46,8 +59,9 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     if profile == "datasheet":
         return roofline()
     path = Path(profile) if profile else shipped_profile_path(gpu_name)
-    if path is None:
-        return roofline()
+    if path is None:  # no timings of this GPU: the measured reference's efficiencies on its datasheet
+        moved = _transferred(gpu_name, gpu.tflops_bf16, gpu.hbm_tbps, gpu.nvlink_gbps)
+        return KernelProfileGeneration(model, gpu, tp, moved, f"{gpu_name} datasheet", ep, network, memory_utilization)
     loaded = _load(str(path.resolve()))
     origin = path.name if profile is None else str(path)
     if isinstance(loaded, TrainProfile):

@@ -1,6 +1,6 @@
 """Fit the shipped kernel profiles from ``calibration/data`` and write ``calibration/profiles``.
 
-    python -m rollart.calibration.build          # rewrites h800.yaml, h20.yaml, h100.yaml, h200.yaml, links.yaml
+    python -m rollart.calibration.build          # rewrites h800.yaml, h20.yaml, h100.yaml, h200.yaml, a100.yaml, links.yaml
     python -m rollart.calibration.build --check  # rebuilds and compares with the shipped profiles, writes nothing
 
 Deterministic up to the fits' last digits: the same data gives the same parameters within 1e-4
@@ -27,15 +27,24 @@ ITERATION_OVERHEAD_S = 0.003
 # FlashAttention-3 reports up to ~75 % of H100's BF16 peak (740 TFLOP/s) in the forward pass;
 # H20 reaches more of its (much lower) peak, so H800 cannot reuse H20's efficiency as is.
 FA3_H100_BF16_UTILISATION = 0.75
+# A100 runs FlashAttention-2 (FA3 is Hopper-only): its paper reports 50-73 % of A100's peak in the
+# forward pass (Dao 2023, arXiv 2307.08691)
+FA2_A100_BF16_UTILISATION = 0.73
 # Streaming multiprocessors (NVIDIA datasheets): how many CTAs a decode kernel without split-KV
 # needs to keep the GPU busy (kernels.decode_attention_time)
-SMS = {"H800": 132, "H20": 78, "H100": 132, "H200": 132}
-KEYS = {"h800": "H800", "h20": "H20", "h100": "H100", "h200": "H200"}
+SMS = {"H800": 132, "H20": 78, "H100": 132, "H200": 132, "A100": 108}
+KEYS = {"h800": "H800", "h20": "H20", "h100": "H100", "h200": "H200", "a100": "A100"}
 # GPUs without public kernel timings of their own are fitted on a sibling's rows, in the sibling's
 # datasheet units, so what carries over is each kernel's *efficiency* (fraction of peak FLOP/s or of
 # HBM bandwidth), applied to this GPU's datasheet: H100 and H200 are the H800's GH100 die (989 TFLOP/s
 # dense BF16); H200 differs by its 4.8 TB/s HBM3e (and 141 GB), so its memory-bound kernels scale.
-TIMINGS_OF = {"h100": "h800", "h200": "h800"}
+# A100 has its own BF16 GEMM timings (Vidur); its attention, streaming and collectives take the H800's
+# efficiencies on its datasheet, across an architecture (Ampere), so those terms are estimates.
+TIMINGS_OF = {"h100": "h800", "h200": "h800", "a100": "h800"}
+SIBLING = {"h100": "the same GH100 die", "h200": "the same GH100 die",
+           "a100": "Hopper's efficiencies on an Ampere GA100, an estimate"}
+# GPUs whose tensor cores compute FP8 (Hopper); the others run FP8 weights in BF16 (weight-only)
+FP8_COMPUTE = {"h800", "h20", "h100", "h200"}
 PREFILL_TOKENS = 512  # GEMM rows with at least this many tokens count as prefill-like, the rest decode-like
 
 GEMM_FORMULA = "t0 + max(2·max(m+m_half, 64)·kn / (P·e_max), 2(mk+kn+mn) / (BW·e_mem))"
@@ -160,8 +169,8 @@ def _borrowed(gpu: str, timings: str, same: str) -> str | None:
     if not _rescaled(gpu):
         return f"H800 {timings} ({same})"
     sheet = GPU_PRESETS[KEYS[gpu]]
-    return (f"H800 {timings}: the fitted efficiencies on {KEYS[gpu]}'s datasheet (the same GH100 die, "
-            f"{sheet['hbm_tbps']:g} TB/s HBM3e); no {KEYS[gpu]} timings of this kernel are public here")
+    return (f"H800 {timings}: the fitted efficiencies on {KEYS[gpu]}'s datasheet ({SIBLING[gpu]}, "
+            f"{sheet['hbm_tbps']:g} TB/s); no {KEYS[gpu]} timings of this kernel are public here")
 
 
 def build(gpu: str) -> KernelProfile:
@@ -175,9 +184,14 @@ def build(gpu: str) -> KernelProfile:
     assumptions = [f"iteration overhead {ITERATION_OVERHEAD_S * 1e3:.0f} ms per engine step (scheduling, sampling, "
                    "launch) is assumed: kernel timings do not contain it"]
     rescaled = _rescaled(gpu)
-    if rescaled:
+    if gpu == "a100":
+        assumptions.append(f"no public A100 kernel timings but its BF16 GEMMs (fitted as measured): attention, long "
+                           f"streams and FP8 terms take the H800's fitted efficiencies ({SIBLING[gpu]}) on A100's "
+                           f"datasheet ({sheet['tflops_bf16']:g} TFLOP/s, {sheet['hbm_tbps']:g} TB/s); measure them "
+                           "with `rollart calibrate profile` + `fit` on an A100")
+    elif rescaled:
         assumptions.append(f"no public {key} kernel timings: every kernel's efficiency fitted on the {KEYS[source]}'s "
-                           f"(the same GH100 die, {src_sheet['tflops_bf16']:g} TFLOP/s BF16) applies to {key}'s "
+                           f"({SIBLING[gpu]}, {src_sheet['tflops_bf16']:g} TFLOP/s BF16) applies to {key}'s "
                            f"datasheet: KV reads and long streams run {sheet['hbm_tbps']:g} ÷ {src_sheet['hbm_tbps']:g} "
                            f"= {sheet['hbm_tbps'] / src_sheet['hbm_tbps']:.2f}× faster, compute-bound kernels as on "
                            f"the {KEYS[source]}; a GEMM keeps its fitted small-batch compute ramp "
@@ -216,7 +230,7 @@ def build(gpu: str) -> KernelProfile:
     # why DeepGEMM's small-m timings there run at ~1.5–2 TB/s: its GEMMs are fitted with the weight
     # reads pinned at the memory-system rate (long streams), so the tile, not a slow HBM, explains them.
     h800_peak, h800_bw = GPU_PRESETS["H800"]["tflops_bf16"] * 1e12, GPU_PRESETS["H800"]["hbm_tbps"] * 1e12
-    hx, hy, vidur_files = D.vidur_h100_gemm()
+    hx, hy, vidur_files = D.vidur_gemm()
     h100 = K.fit_gemm(hx, hy, h800_peak, h800_bw)  # measured BF16 GEMMs (H100 silicon = H800's)
     e_mem_pin = None
     if gpu == "h20":
@@ -255,6 +269,12 @@ def build(gpu: str) -> KernelProfile:
         # held-out GEMM error: the measured FP8 rows the BF16 model derives from, as the FP8 fit predicts them
         X, y, held_fit = fx, fy, fp8
         gemm_predict = lambda x, p: K.gemm_time(x, p, FP8_PEAK_RATIO * peak, bw, K.FP8_BYTES)  # noqa: E731
+    elif gpu == "a100":
+        # its own BF16 GEMM timings (Vidur, Llama-3-8B shapes, tp 1-8) on its own datasheet
+        X, y, a100_files = D.vidur_gemm("a100")
+        held_fit = K.fit_gemm(X, y, peak, bw)
+        gemm = _component(held_fit, GEMM_FORMULA, a100_files, dtype="bf16")
+        gemm_predict = lambda x, p: K.gemm_time(x, p, peak, bw)  # noqa: E731
     else:
         X, y, held_fit = hx, hy, h100
         if gpu == "h100":
@@ -291,11 +311,12 @@ def build(gpu: str) -> KernelProfile:
         attn_prefill = _component(fit, PREFILL_FORMULA, files, dtype="bf16")
         prefill_ape.append(_heldout_ape(lambda x, p: K.prefill_attention_time(x, p, peak), X, y, fit.params))
     else:
-        params = dict(fit.params, e_max=min(fit.params["e_max"], FA3_H100_BF16_UTILISATION))
+        cap, kernel, where = ((FA2_A100_BF16_UTILISATION, "FlashAttention-2", "A100") if gpu == "a100"
+                              else (FA3_H100_BF16_UTILISATION, "FlashAttention-3", "H100"))
+        params = dict(fit.params, e_max=min(fit.params["e_max"], cap))
         attn_prefill = ComponentFit(formula=PREFILL_FORMULA, params={k: float(f"{v:.6g}") for k, v in params.items()},
                                     data=files, dtype="bf16", derived=f"no {key} prefill timings: H20's FlashAttention-3 efficiency "
-                                    f"curve with e_max capped at {FA3_H100_BF16_UTILISATION} (FA3's reported BF16 "
-                                    "utilisation on H100)")
+                                    f"curve with e_max capped at {cap} ({kernel}'s reported BF16 utilisation on {where})")
         assumptions.append(attn_prefill.derived or "")
 
     # All-reduce (tensor parallel), from 8×H100 NVLink ------------------------------------
@@ -325,11 +346,17 @@ def build(gpu: str) -> KernelProfile:
     note = (f"held-out rows: GEMMs with ≥ {PREFILL_TOKENS} tokens"
             + (" and prefill attention" if gpu == "h20" else " (prefill attention is derived, not held-out)")
             + f" for prefill; GEMMs with < {PREFILL_TOKENS} tokens and decode attention for decode")
-    if rescaled:
+    if gpu == "a100":
+        note += "; the GEMM rows are A100's own, the decode-attention rows the H800's"
+    elif rescaled:
         note += f", all of them H100/H800 timings (none measured on an {key})"
+    if gpu not in FP8_COMPUTE:
+        assumptions.append(f"{key} has no FP8 tensor cores: FP8 weights are read as 1 byte and computed in BF16 "
+                           "(weight-only); the FP8 GEMM fits stay for the MoE grouped ÷ dense factors")
     return KernelProfile(
         gpu=key, peak_tflops_bf16=sheet["tflops_bf16"], hbm_tbps=sheet["hbm_tbps"],
-        peak_tflops_fp8=FP8_PEAK_RATIO * sheet["tflops_bf16"],
+        peak_tflops_fp8=FP8_PEAK_RATIO * sheet["tflops_bf16"] if gpu in FP8_COMPUTE else None,
+        fp8_tensor_cores=gpu in FP8_COMPUTE,
         iteration_overhead_s=ITERATION_OVERHEAD_S, gemm=gemm, gemm_fp8=gemm_fp8, gemm_grouped_fp8=gemm_grouped_fp8,
         attn_prefill=attn_prefill, attn_decode=attn_decode, attn_decode_fp8_kv=attn_decode_fp8_kv,
         stream=stream, allreduce=allreduce, allreduce_custom=allreduce_custom,
@@ -341,7 +368,7 @@ def build(gpu: str) -> KernelProfile:
     )
 
 
-GPUS = ("h800", "h20", "h100", "h200")
+GPUS = ("h800", "h20", "h100", "h200", "a100")
 
 
 def check() -> int:

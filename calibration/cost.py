@@ -74,13 +74,14 @@ class KernelProfileGeneration:
         # reads at the BF16 GEMM's rate: weight-only quantisation).
         if model.weight_dtype == "bf16":
             self._linear, dtype = self._bf16, "BF16 weights"
-        elif profile.gemm_fp8 is not None:
+        elif profile.gemm_fp8 is not None and profile.fp8_tensor_cores:
             fp8_peak = (profile.peak_tflops_fp8 or 2 * profile.peak_tflops_bf16) * 1e12
             self._linear = (dict(profile.gemm_fp8.params), fp8_peak, FP8_BYTES)
             dtype = "FP8 weights (FP8 GEMM compute)"
         else:
             self._linear = (dict(profile.gemm.params), self._peak, (2.0, 1.0, 2.0))
-            dtype = "FP8 weights (no FP8 timings: BF16 compute)"
+            dtype = ("FP8 weights (no FP8 timings: BF16 compute)" if profile.fp8_tensor_cores
+                     else "FP8 weights (no FP8 tensor cores: BF16 compute)")
         # MoE expert layers: the linear layers' terms times the measured grouped ÷ dense GEMM factors
         # (one grouped launch over many small expert weights); e_max and e_mem stay ≤ 1
         factors = grouping_factors(profile)

@@ -12,7 +12,8 @@ import numpy as np
 DATA = Path(__file__).parent / "data"
 INFERSIM = DATA / "infersim"
 VIDUR = DATA / "vidur"
-VIDUR_H100_MLP = VIDUR / "compute" / "h100" / "Llama-2-7b-hf" / "mlp.csv"
+VIDUR_MLP = {"h100": VIDUR / "compute" / "h100" / "Llama-2-7b-hf" / "mlp.csv",  # per-layer op times, BF16
+             "a100": VIDUR / "compute" / "a100" / "Meta-Llama-3-8B" / "mlp.csv"}
 CUSTOM_ALLREDUCE_H100 = DATA / "public" / "custom_allreduce_h100.csv"
 QWEN3_SPEED_H20 = DATA / "public" / "qwen3_speed_h20.csv"  # a hold-out check (tests/test_serving.py), not fitted
 
@@ -49,11 +50,12 @@ def infersim_gemm(gpu: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return X, y, [rel(path)]
 
 
-def vidur_h100_gemm() -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """BF16 per-layer linear ops of Llama-2-7B on H100 (median ms), split by tensor parallelism:
-    QKV (h → 3h/tp), O (h/tp → h), gate+up (h → 2i/tp), down (i/tp → h)."""
+def vidur_gemm(gpu: str = "h100") -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """BF16 per-layer linear ops Vidur timed (median ms; Llama-2-7B on H100, Llama-3-8B on A100),
+    split by tensor parallelism: QKV (h → (H_q + 2·H_kv)·d/tp), O (h/tp → h), gate+up (h → 2i/tp),
+    down (i/tp → h)."""
     X, y = [], []
-    for r in _rows(VIDUR_H100_MLP):
+    for r in _rows(VIDUR_MLP[gpu]):
         m, tp = float(r["num_tokens"]), float(r["num_tensor_parallel_workers"])
         h, inter = float(r["n_embd"]), float(r["n_expanded_embd"])
         heads, kv = float(r["n_head"]), float(r["n_kv_head"])
@@ -63,7 +65,7 @@ def vidur_h100_gemm() -> tuple[np.ndarray, np.ndarray, list[str]]:
         for op, (k, n) in shapes.items():
             X.append([m, k, n])
             y.append(float(r[f"time_stats.{op}.median"]) * 1e-3)
-    return np.array(X), np.array(y), [rel(VIDUR_H100_MLP)]
+    return np.array(X), np.array(y), [rel(VIDUR_MLP[gpu])]
 
 
 GROUPED_PHASES = ("decode", "prefill")  # InferSim's masked-layout and contiguous-layout timings

@@ -39,7 +39,7 @@ def _panels(profile: Profile) -> list[tuple[str, np.ndarray, np.ndarray]]:
         panels = [("GEMM (DeepGEMM FP8)", y, K.gemm_time(X, profile.gemm_fp8.params, (profile.peak_tflops_fp8 or 0) * 1e12,
                                                          bw, K.FP8_BYTES))]
     else:
-        X, y, _ = D.vidur_h100_gemm()
+        X, y, _ = D.vidur_gemm()
         panels = [("GEMM (H100 BF16)", y, K.gemm_time(X, profile.gemm.params, peak, bw))]
     if profile.attn_prefill.derived is None:
         X, y, _ = D.infersim_prefill_attention(gpu)

@@ -56,6 +56,9 @@ class KernelProfile(BaseModel):
     peak_tflops_bf16: float
     peak_tflops_fp8: float | None = None
     hbm_tbps: float
+    # False: the GPU's tensor cores do not compute FP8 (Ampere and older): FP8 weights are stored as
+    # 1 byte and computed in BF16 (weight-only), whatever FP8 GEMM fits the profile carries
+    fp8_tensor_cores: bool = True
     iteration_overhead_s: float
     gemm: ComponentFit  # BF16 weights; params["e_mem"] is the GPU's weight-read (memory-system) efficiency
     # FP8 weights: the fit of measured FP8 GEMMs, composed as fitted (H20's with e_mem pinned at gemm's
@@ -249,6 +252,49 @@ def save_profile(profile: Profile, path: str | Path, header: str = "") -> None:
     if header:
         text = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()) + text
     Path(path).write_text(text)
+
+
+# The GPU whose measured kernel efficiencies price a GPU type without a profile of its own: the H100
+# (its BF16 GEMMs timed by Vidur, its attention and FP8 GEMMs the H800's: the same GH100 die)
+TRANSFER_REFERENCE = "H100"
+
+
+def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: float, hbm_tbps: float,
+                        nvlink_gbps: float, reference_nvlink_gbps: float, fp8_tensor_cores: bool) -> KernelProfile:
+    """``reference``'s measured kernel efficiencies on another GPU's datasheet, as the H200 profile is
+    built from the H800's: every fit keeps its fraction of peak FLOP/s or HBM bandwidth (and its
+    launch costs), compute-bound kernels scale with ``tflops_bf16``, memory-bound ones with
+    ``hbm_tbps``, the all-reduces with NVLink. So a GPU type without kernel timings of its own is
+    priced by the same composition as the measured ones, not by the datasheet roofline's assumed
+    efficiencies, and a comparison across pools compares datasheets, not two cost models. Without FP8
+    tensor cores FP8 weights compute in BF16 (weight-only)."""
+    scale = nvlink_gbps / reference_nvlink_gbps
+    how = (f"{reference.gpu}'s fitted efficiency on {gpu_name}'s datasheet ({tflops_bf16:g} TFLOP/s BF16, "
+           f"{hbm_tbps:g} TB/s); no {gpu_name} timings")
+
+    def moved(c: ComponentFit | None, nvlink: bool = False) -> ComponentFit | None:
+        if c is None:
+            return None
+        params = dict(c.params)
+        if nvlink:
+            params["beta_gbps"] = float(f"{params['beta_gbps'] * scale:.6g}")
+        return c.model_copy(update={"params": params, "derived": how + (
+            f", NVLink bandwidth × {scale:.3g}" if nvlink and scale != 1.0 else "")})
+
+    return reference.model_copy(update={
+        "gpu": gpu_name, "peak_tflops_bf16": tflops_bf16, "hbm_tbps": hbm_tbps,
+        "peak_tflops_fp8": 2 * tflops_bf16 if fp8_tensor_cores else None, "fp8_tensor_cores": fp8_tensor_cores,
+        "gemm": moved(reference.gemm), "gemm_fp8": moved(reference.gemm_fp8),
+        "gemm_grouped_fp8": moved(reference.gemm_grouped_fp8), "attn_prefill": moved(reference.attn_prefill),
+        "attn_decode": moved(reference.attn_decode), "attn_decode_fp8_kv": moved(reference.attn_decode_fp8_kv),
+        "stream": moved(reference.stream), "allreduce": moved(reference.allreduce, nvlink=True),
+        "allreduce_custom": moved(reference.allreduce_custom, nvlink=True),
+        "assumptions": [f"no {gpu_name} kernel timings: {reference.gpu}'s measured kernel efficiencies on {gpu_name}'s "
+                        "datasheet (a GPU of another architecture may reach other fractions of its peak; measure it "
+                        "with `rollart calibrate profile` + `fit`)"]
+        + ([] if fp8_tensor_cores else [f"{gpu_name} has no FP8 tensor cores: FP8 weights compute in BF16"])
+        + list(reference.assumptions),
+        "source": f"transferred from {reference.gpu}: " + reference.source})
 
 
 def shipped_profile_path(gpu: str) -> Path | None:

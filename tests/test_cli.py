@@ -331,14 +331,23 @@ def test_scale_approx_widens_the_simulated_requests_guard_by_its_factor(tmp_path
 
 
 def test_simulate_warns_when_pools_mix_a_calibrated_profile_with_the_datasheet_roofline(tmp_path: Path) -> None:
-    # An A100 (no shipped profile: the roofline's assumed efficiencies) beside a calibrated H800:
-    # a comparison of the two pools carries the assumption, and the summary says so; an H200 has a
-    # shipped profile (the H800's fitted efficiencies on its datasheet), so H800 + H200 says nothing.
-    mixed = rollart("simulate", "h800-vs-h20", "--steps", "1", "-q", "--set", "cluster.gpu_pools.h20.gpu=A100",
+    # A pool priced on the datasheet roofline (`profile: datasheet`: assumed efficiencies) beside a
+    # calibrated H800: a comparison of the two pools carries the assumption, and the summary says so.
+    mixed = rollart("simulate", "h800-vs-h20", "--steps", "1", "-q", "--set", "cluster.gpu_pools.h20.profile=datasheet",
                     cwd=tmp_path)
     assert mixed.returncode == 0, mixed.stderr
-    assert "A100 on the datasheet roofline (assumed efficiencies) beside calibrated profiles" in mixed.stdout
-    same = rollart("simulate", "h800-vs-h20", "--steps", "1", "-q", "--set", "cluster.gpu_pools.h20.gpu=H200",
-                   cwd=tmp_path)
-    assert same.returncode == 0, same.stderr
-    assert "calibrated kernel profile H200" in same.stdout and "datasheet roofline" not in same.stdout
+    assert "H20 on the datasheet roofline (assumed efficiencies) beside calibrated profiles" in " ".join(mixed.stdout.split())
+    # A GPU type without timings of its own (a custom type) is priced by the same composition, with the
+    # H100's measured efficiencies on its datasheet: no mix, and its cost-model line says how.
+    custom = rollart("simulate", "h800-vs-h20", "--steps", "1", "-q", "--set",
+                     "cluster.custom_gpus.GX={tflops_bf16: 500, hbm_tbps: 5, memory_gb: 100}", "--set",
+                     "cluster.gpu_pools.h20.gpu=GX", cwd=tmp_path)
+    assert custom.returncode == 0, custom.stderr
+    text = " ".join(custom.stdout.split())
+    assert "calibrated kernel profile GX" in text and "no term measured on an GX" in text, text
+    assert "datasheet roofline" not in text
+    for gpu in ("H200", "A100"):  # shipped profiles (H200: the H800's efficiencies on its datasheet)
+        same = rollart("simulate", "h800-vs-h20", "--steps", "1", "-q", "--set", f"cluster.gpu_pools.h20.gpu={gpu}",
+                       cwd=tmp_path)
+        assert same.returncode == 0, same.stderr
+        assert f"calibrated kernel profile {gpu}" in same.stdout and "datasheet roofline" not in same.stdout

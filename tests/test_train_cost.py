@@ -140,9 +140,11 @@ def test_a_tensor_parallel_group_wider_than_a_node_all_reduces_over_infiniband()
     fast = tp_allreduce("H800", h800, 16, Link(kind="rdma", bandwidth_gbps=800, latency_us=5))
     assert fast[:2] == pytest.approx((5e-6, 100e9)) and "intra-cluster link" in fast[2]
     assert tp_allreduce("H800", h800, 8, Link(kind="rdma", bandwidth_gbps=800))[:2] == nvlink[:2]  # inside a node
-    # a GPU without a shipped profile: H100's fit scaled by its NVLink
-    a100 = tp_allreduce("A100", GpuType(**GPU_PRESETS["A100"]), 4)
-    assert "× 0.667" in a100[2] and a100[1] == pytest.approx(tp_allreduce("H100", h800, 4)[1] * 600 / 900)
+    # a GPU without a shipped profile (a custom type): H100's fit scaled by its NVLink, as the shipped
+    # A100 profile scales it
+    custom = tp_allreduce("GX", GpuType(**GPU_PRESETS["A100"]), 4)
+    assert "× 0.667" in custom[2] and custom[1] == pytest.approx(tp_allreduce("H100", h800, 4)[1] * 600 / 900)
+    assert tp_allreduce("A100", GpuType(**GPU_PRESETS["A100"]), 4)[1] == pytest.approx(custom[1], rel=1e-5)
 
 
 def test_pipeline_stages_all_reduce_only_their_own_layers() -> None:

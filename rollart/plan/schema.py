@@ -76,7 +76,8 @@ class GpuPool(_Strict):
     count: Count
     cluster: str = Field("inference", description="physical cluster the pool sits in (links between clusters are slow)")
     profile: str | None = Field(None, description="cost profile YAML (from `rollart calibrate fit`), or 'datasheet' "
-                                                  "for the roofline; default: the shipped profile of the GPU type")
+                                                  "for the roofline; default: the shipped profile of the GPU type, "
+                                                  "else the H100's measured kernel efficiencies on its datasheet")
 
 
 class CpuPool(_Strict):
