@@ -29,17 +29,14 @@ def _load(path: str):  # noqa: ANN202 - cached profile objects
 
 
 @lru_cache(maxsize=32)
-def _transferred(gpu_name: str, tflops_bf16: float, hbm_tbps: float, nvlink_gbps: float) -> "KernelProfile":
+def _transferred(gpu_name: str, tflops_bf16: float, hbm_tbps: float, nvlink_gbps: float,
+                 tflops_fp8: float | None) -> "KernelProfile":
     from rollart.calibration.profiles import TRANSFER_REFERENCE, shipped_profile_path, transferred_profile
     from rollart.plan.presets import GPU_PRESETS
 
     reference = _load(str(shipped_profile_path(TRANSFER_REFERENCE).resolve()))
     return transferred_profile(reference, gpu_name, tflops_bf16, hbm_tbps, nvlink_gbps,
-                               GPU_PRESETS[TRANSFER_REFERENCE]["nvlink_gbps"], gpu_name.upper() in FP8_TENSOR_CORES)
-
-
-# GPU types with FP8 tensor cores (Hopper: FP8 peak = 2 × BF16); others only store FP8 weights
-FP8_TENSOR_CORES = {"H800", "H20", "H100", "H200"}
+                               GPU_PRESETS[TRANSFER_REFERENCE]["nvlink_gbps"], tflops_fp8)
 
 
 def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, profile: str | None = None,  # noqa: ANN201
@@ -53,14 +50,13 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
 
     def roofline() -> RooflineGeneration:
         return RooflineGeneration(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
-                                  fp8_peak_ratio=2.0 if gpu_name.upper() in FP8_TENSOR_CORES else 1.0,
                                   ep=ep, network=(network.bytes_per_s, network.latency_s) if network else None)
 
     if profile == "datasheet":
         return roofline()
     path = Path(profile) if profile else shipped_profile_path(gpu_name)
     if path is None:  # no timings of this GPU: the measured reference's efficiencies on its datasheet
-        moved = _transferred(gpu_name, gpu.tflops_bf16, gpu.hbm_tbps, gpu.nvlink_gbps)
+        moved = _transferred(gpu_name, gpu.tflops_bf16, gpu.hbm_tbps, gpu.nvlink_gbps, gpu.tflops_fp8)
         return KernelProfileGeneration(model, gpu, tp, moved, f"{gpu_name} datasheet", ep, network, memory_utilization)
     loaded = _load(str(path.resolve()))
     origin = path.name if profile is None else str(path)

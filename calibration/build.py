@@ -43,8 +43,6 @@ KEYS = {"h800": "H800", "h20": "H20", "h100": "H100", "h200": "H200", "a100": "A
 TIMINGS_OF = {"h100": "h800", "h200": "h800", "a100": "h800"}
 SIBLING = {"h100": "the same GH100 die", "h200": "the same GH100 die",
            "a100": "Hopper's efficiencies on an Ampere GA100, an estimate"}
-# GPUs whose tensor cores compute FP8 (Hopper); the others run FP8 weights in BF16 (weight-only)
-FP8_COMPUTE = {"h800", "h20", "h100", "h200"}
 PREFILL_TOKENS = 512  # GEMM rows with at least this many tokens count as prefill-like, the rest decode-like
 
 GEMM_FORMULA = "t0 + max(2·max(m+m_half, 64)·kn / (P·e_max), 2(mk+kn+mn) / (BW·e_mem))"
@@ -350,13 +348,13 @@ def build(gpu: str) -> KernelProfile:
         note += "; the GEMM rows are A100's own, the decode-attention rows the H800's"
     elif rescaled:
         note += f", all of them H100/H800 timings (none measured on an {key})"
-    if gpu not in FP8_COMPUTE:
+    fp8_peak = sheet.get("tflops_fp8")  # None: no FP8 tensor cores (the datasheet preset says)
+    if fp8_peak is None:
         assumptions.append(f"{key} has no FP8 tensor cores: FP8 weights are read as 1 byte and computed in BF16 "
                            "(weight-only); the FP8 GEMM fits stay for the MoE grouped ÷ dense factors")
     return KernelProfile(
         gpu=key, peak_tflops_bf16=sheet["tflops_bf16"], hbm_tbps=sheet["hbm_tbps"],
-        peak_tflops_fp8=FP8_PEAK_RATIO * sheet["tflops_bf16"] if gpu in FP8_COMPUTE else None,
-        fp8_tensor_cores=gpu in FP8_COMPUTE,
+        peak_tflops_fp8=fp8_peak, fp8_tensor_cores=fp8_peak is not None,
         iteration_overhead_s=ITERATION_OVERHEAD_S, gemm=gemm, gemm_fp8=gemm_fp8, gemm_grouped_fp8=gemm_grouped_fp8,
         attn_prefill=attn_prefill, attn_decode=attn_decode, attn_decode_fp8_kv=attn_decode_fp8_kv,
         stream=stream, allreduce=allreduce, allreduce_custom=allreduce_custom,

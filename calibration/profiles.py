@@ -260,14 +260,15 @@ TRANSFER_REFERENCE = "H100"
 
 
 def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: float, hbm_tbps: float,
-                        nvlink_gbps: float, reference_nvlink_gbps: float, fp8_tensor_cores: bool) -> KernelProfile:
+                        nvlink_gbps: float, reference_nvlink_gbps: float, tflops_fp8: float | None) -> KernelProfile:
     """``reference``'s measured kernel efficiencies on another GPU's datasheet, as the H200 profile is
     built from the H800's: every fit keeps its fraction of peak FLOP/s or HBM bandwidth (and its
     launch costs), compute-bound kernels scale with ``tflops_bf16``, memory-bound ones with
     ``hbm_tbps``, the all-reduces with NVLink. So a GPU type without kernel timings of its own is
     priced by the same composition as the measured ones, not by the datasheet roofline's assumed
     efficiencies, and a comparison across pools compares datasheets, not two cost models. Without FP8
-    tensor cores FP8 weights compute in BF16 (weight-only)."""
+    tensor cores (``tflops_fp8`` None) FP8 weights compute in BF16 (weight-only)."""
+    fp8_tensor_cores = tflops_fp8 is not None
     scale = nvlink_gbps / reference_nvlink_gbps
     how = (f"{reference.gpu}'s fitted efficiency on {gpu_name}'s datasheet ({tflops_bf16:g} TFLOP/s BF16, "
            f"{hbm_tbps:g} TB/s); no {gpu_name} timings")
@@ -283,7 +284,7 @@ def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: fl
 
     return reference.model_copy(update={
         "gpu": gpu_name, "peak_tflops_bf16": tflops_bf16, "hbm_tbps": hbm_tbps,
-        "peak_tflops_fp8": 2 * tflops_bf16 if fp8_tensor_cores else None, "fp8_tensor_cores": fp8_tensor_cores,
+        "peak_tflops_fp8": tflops_fp8, "fp8_tensor_cores": fp8_tensor_cores,
         "gemm": moved(reference.gemm), "gemm_fp8": moved(reference.gemm_fp8),
         "gemm_grouped_fp8": moved(reference.gemm_grouped_fp8), "attn_prefill": moved(reference.attn_prefill),
         "attn_decode": moved(reference.attn_decode), "attn_decode_fp8_kv": moved(reference.attn_decode_fp8_kv),

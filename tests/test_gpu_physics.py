@@ -594,7 +594,7 @@ def test_a_gpu_type_without_timings_is_priced_with_the_h100s_efficiencies_on_its
     """A custom GPU type (or any without a shipped profile) goes through the same composition as the
     measured GPUs, with the H100's fitted efficiencies on its own datasheet, as the shipped H200
     profile is built: a custom type with H200's datasheet prices every step as the H200 profile does.
-    Without FP8 tensor cores (a type not known to have them), FP8 weights compute in BF16."""
+    Without FP8 tensor cores (no `tflops_fp8` on its datasheet), FP8 weights compute in BF16."""
     m = ModelSpec.model_validate("Qwen3-32B")
     h200 = generation_cost(m, "H200", GpuType(**GPU_PRESETS["H200"]), 2)
     twin = generation_cost(m, "GX", _datasheet_of("H200"), 2)
@@ -603,7 +603,12 @@ def test_a_gpu_type_without_timings_is_priced_with_the_h100s_efficiencies_on_its
         assert twin.decode_line(batch).total(batch * CTX, batch, 1) == pytest.approx(
             h200.decode_line(batch).total(batch * CTX, batch, 1), rel=1e-6)
     assert twin.prefill_time(8192, 8192 ** 2 / 2) == pytest.approx(h200.prefill_time(8192, 8192 ** 2 / 2), rel=1e-6)
-    fp8 = generation_cost(_spec("Qwen3-32B", weight_dtype="fp8"), "GX", _datasheet_of("H200"), 1)
-    assert "no FP8 tensor cores" in fp8.source
+    # FP8 compute where the datasheet gives an FP8 peak; without one, FP8 weights compute in BF16
+    fp8 = _spec("Qwen3-32B", weight_dtype="fp8")
+    with_fp8 = generation_cost(fp8, "GX", _datasheet_of("H200"), 1)
+    sheet = {k: v for k, v in GPU_PRESETS["H200"].items() if k != "tflops_fp8"}
+    without = generation_cost(fp8, "GX", GpuType(**sheet), 1)
+    assert "FP8 GEMM compute" in with_fp8.source and "no FP8 tensor cores" in without.source
+    assert with_fp8.prefill_time(8192, 8192 ** 2 / 2) < 0.7 * without.prefill_time(8192, 8192 ** 2 / 2)
     # the datasheet roofline stays one pool setting away
     assert "roofline" in generation_cost(m, "GX", _datasheet_of("H200"), 1, "datasheet").source

@@ -63,12 +63,16 @@ class _Strict(BaseModel):
 class GpuType(_Strict):
     """Datasheet numbers of a GPU: dense BF16 TFLOP/s, HBM TB/s, memory in GB as datasheets
     write it (the simulator reads it as GiB, as vendors mean it), NVLink GB/s (bytes, both
-    directions together, as datasheets write it)."""
+    directions together, as datasheets write it), dense FP8 TFLOP/s where its tensor cores
+    compute FP8."""
 
     tflops_bf16: PosFloat
     hbm_tbps: PosFloat
     memory_gb: PosFloat
     nvlink_gbps: PosFloat = 400.0
+    tflops_fp8: PosFloat | None = Field(None, description=(
+        "dense FP8 tensor-core TFLOP/s (no sparsity); unset: no FP8 tensor cores, so FP8 weights are read as "
+        "1 byte and computed in BF16 (weight-only)"))
 
 
 class GpuPool(_Strict):

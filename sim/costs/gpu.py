@@ -162,17 +162,18 @@ class RooflineGeneration:
     step over N tokens reads: the layers and the lm_head (not the input embedding table) when
     dense; for a MoE model the non-expert weights plus the E·(1 − (1 − k/E)^N) experts the tokens touch
     (``sim.costs.moe``), so a one-token step reads k experts and a large batch all of them.
-    FP8 weights (``model.weight_dtype``) read 1 byte each and run the linear layers' FLOPs at
-    ``fp8_peak_ratio`` × the BF16 peak (2 on Hopper's FP8 tensor cores, 1 where weights are only
-    stored in FP8); embeddings, lm_head and attention stay BF16. An FP8 KV cache reads 1 byte
+    FP8 weights (``model.weight_dtype``) read 1 byte each and run the linear layers' FLOPs at the
+    GPU's FP8 peak (``gpu.tflops_fp8``: 2 × BF16 on Hopper; the BF16 peak where its tensor cores
+    have no FP8, weights only stored in FP8); embeddings, lm_head and attention stay BF16. An FP8 KV cache reads 1 byte
     per element. With ``ep`` expert-parallel ranks (``sim.costs.moe``) every term is the busiest
     rank's on its tp/ep GPUs: 1/ep of the tokens and context, all the non-expert weights, the
     experts and token-expert rows of its E/ep experts; plus the dispatch/combine all-to-all.
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency | None = None,
-                 fp8_peak_ratio: float = 2.0, ep: int = 1, network: tuple[float, float] | None = None):
+                 ep: int = 1, network: tuple[float, float] | None = None):
         self.model, self.gpu, self.tp, self.ep = model, gpu, tp, ep
+        fp8_peak_ratio = gpu.tflops_fp8 / gpu.tflops_bf16 if gpu.tflops_fp8 else 1.0
         self.eff = eff or RooflineEfficiency()
         self.source = self.eff.source + (f"; FP8 weights at {fp8_peak_ratio:g} × the BF16 peak"
                                           if model.weight_dtype == "fp8" else "") + (f"; ep {ep}" if ep > 1 else "")
