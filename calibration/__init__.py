@@ -2,11 +2,13 @@
 
 ``generation_cost`` is the one place the simulator asks for a GPU's generation cost model:
 
-1. the pool's own ``profile:`` (a YAML written by ``rollart calibrate fit``, or ``datasheet``);
-2. else the shipped kernel profile of the GPU type (``calibration/profiles/<gpu>.yaml``);
-3. else the H100's measured kernel efficiencies on the GPU type's datasheet (a GPU without timings
-   of its own, e.g. A100 or a ``cluster.custom_gpus`` entry), priced by the same composition;
-4. ``profile: datasheet``: the datasheet roofline with assumed efficiencies.
+1. the pool's own ``profile:``: a YAML written by ``rollart calibrate fit``, or ``datasheet`` for the
+   datasheet roofline with assumed efficiencies;
+2. else the shipped kernel profile of the GPU type (``calibration/profiles/<gpu>.yaml``), when the
+   type is that preset (a ``cluster.custom_gpus`` entry reusing a preset's name with other
+   numbers is not);
+3. else the H100's measured kernel efficiencies on the GPU type's datasheet (a type without
+   timings of its own, e.g. a ``cluster.custom_gpus`` entry), priced by the same composition.
 
 The returned model's ``source`` says which, and every report prints it."""
 
@@ -39,13 +41,26 @@ def _transferred(gpu_name: str, tflops_bf16: float, hbm_tbps: float, nvlink_gbps
                                GPU_PRESETS[TRANSFER_REFERENCE]["nvlink_gbps"], tflops_fp8)
 
 
+def _shipped_kernel_profile(gpu_name: str | None, gpu: "GpuType") -> "Path | None":
+    """The shipped kernel profile's path for the preset ``gpu_name`` names, if ``gpu`` is that preset's
+    datasheet (a custom type under a preset's name, with other numbers, is priced on its own)."""
+    from rollart.calibration.profiles import shipped_profile_path
+    from rollart.plan.presets import GPU_PRESETS, canonical_gpu
+    from rollart.plan.schema import GpuType
+
+    preset = canonical_gpu(gpu_name) if gpu_name else None
+    if preset is None or GpuType(**GPU_PRESETS[preset]) != gpu:
+        return None
+    return shipped_profile_path(preset)
+
+
 def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, profile: str | None = None,  # noqa: ANN201
                     ep: int = 1, network: "Link | None" = None, memory_utilization: float = 0.90):
     """The generation cost model for ``tp`` GPUs of type ``gpu_name`` serving ``model``, with ``ep``
     expert-parallel ranks (MoE) whose all-to-all crosses ``network`` (the cluster's link) when a
     worker is wider than a node; the engine may use ``memory_utilization`` of each GPU's memory."""
     from rollart.calibration.cost import EngineProfileGeneration, KernelProfileGeneration
-    from rollart.calibration.profiles import EngineProfile, TrainProfile, shipped_profile_path
+    from rollart.calibration.profiles import EngineProfile, TrainProfile
     from rollart.sim.costs.gpu import RooflineEfficiency, RooflineGeneration
 
     def roofline() -> RooflineGeneration:
@@ -54,7 +69,7 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
 
     if profile == "datasheet":
         return roofline()
-    path = Path(profile) if profile else shipped_profile_path(gpu_name)
+    path = Path(profile) if profile else _shipped_kernel_profile(gpu_name, gpu)
     if path is None:  # no timings of this GPU: the measured reference's efficiencies on its datasheet
         moved = _transferred(gpu_name, gpu.tflops_bf16, gpu.hbm_tbps, gpu.nvlink_gbps, gpu.tflops_fp8)
         return KernelProfileGeneration(model, gpu, tp, moved, f"{gpu_name} datasheet", ep, network, memory_utilization)
@@ -88,7 +103,7 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
         ib = calibrated_links().get("ib") or {"latency_us": 20.0, "bandwidth_gbps": 200.0}
         return (ib["latency_us"] * 1e-6, ib["bandwidth_gbps"] * 1e9 / 8,
                 f"InfiniBand (NCCL fit; tp > {NVLINK_DOMAIN} spans nodes)")
-    path = shipped_profile_path(gpu_name) if gpu_name else None
+    path = _shipped_kernel_profile(gpu_name, gpu)
     profile = _load(str(path.resolve())) if path is not None else None
     if isinstance(profile, KernelProfile):
         p = profile.allreduce.params

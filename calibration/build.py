@@ -273,6 +273,18 @@ def build(gpu: str) -> KernelProfile:
         held_fit = K.fit_gemm(X, y, peak, bw)
         gemm = _component(held_fit, GEMM_FORMULA, a100_files, dtype="bf16")
         gemm_predict = lambda x, p: K.gemm_time(x, p, peak, bw)  # noqa: E731
+        # no A100 kernel streams HBM faster than its measured GEMM weight reads: the H800's KV and
+        # long-stream efficiencies (~0.95-0.97 of the datasheet) are capped at A100's own e_mem
+        cap = gemm.params["e_mem"]
+        scale = min(1.0, cap / attn_decode.params["e_bw"])
+        for comp, factor in ((attn_decode, scale), (stream, min(1.0, cap / stream.params["e_bw"])),
+                             (attn_decode_fp8_kv, scale)):
+            if factor < 1.0:
+                was = comp.derived
+                comp.params["e_bw"] = float(f"{comp.params['e_bw'] * factor:.6g}")
+                comp.derived = (was or "") + (f"; e_bw × {factor:.3g}: capped at A100's measured GEMM weight-read "
+                                              f"efficiency {cap:.3g}")
+                assumptions = [comp.derived if a == was else a for a in assumptions]
     else:
         X, y, held_fit = hx, hy, h100
         if gpu == "h100":
@@ -283,11 +295,12 @@ def build(gpu: str) -> KernelProfile:
         else:
             derived = "H100 BF16 timings (same Hopper compute silicon and 3.35 TB/s HBM3 as H800)"
         gemm = _component(h100, GEMM_FORMULA, vidur_files, dtype="bf16", derived=derived)
-    assumptions.append(f"FP8 weights: the DeepGEMM FP8 fit as fitted, at {FP8_PEAK_RATIO:g} × the BF16 peak, 1 byte "
-                       f"per weight at e_mem {fp8.params['e_mem']:.3g}"
-                       + (" (pinned at the memory-system rate: its small-m time is the 64-row tile's compute)"
-                          if e_mem_pin else " (DeepGEMM's own small-m rate, below the BF16 GEMMs' "
-                          f"{gemm.params['e_mem']:.3g})"))
+    if sheet.get("tflops_fp8") is not None:  # else: weight-only FP8, said below
+        assumptions.append(f"FP8 weights: the DeepGEMM FP8 fit as fitted, at {FP8_PEAK_RATIO:g} × the BF16 peak, 1 "
+                           f"byte per weight at e_mem {fp8.params['e_mem']:.3g}"
+                           + (" (pinned at the memory-system rate: its small-m time is the 64-row tile's compute)"
+                              if e_mem_pin else " (DeepGEMM's own small-m rate, below the BF16 GEMMs' "
+                              f"{gemm.params['e_mem']:.3g})"))
     if gpu == "h20":
         assumptions.append("BF16 weights below 64 rows: the 64-row tile measured for DeepGEMM FP8 (tokens on the "
                            "MMA's 64-row side) is assumed for the BF16 GEMMs too (no H20 BF16 GEMM timings; a kernel "

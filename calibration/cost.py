@@ -111,9 +111,12 @@ class KernelProfileGeneration:
             per_token += 2.0 * (max(1, model.moe_active_experts) + 1) * h
         self._ew_bytes = (per_token, per_row)
         self._ew_rate = self._bw * stream_efficiency(profile)
+        kind = f"{dtype}, {model.kv_dtype.upper()} KV" + (f", ep {ep}" if ep > 1 else "")
+        ref = profile.transferred_from  # a GPU type without a profile (profiles.transferred_profile)
         borrowed = all(c.derived for _, c in profile.terms())  # nothing measured on this GPU (H200)
-        self.source = (f"calibrated kernel profile {profile.gpu} ({origin}); {dtype}, {model.kv_dtype.upper()} KV"
-                       + (f", ep {ep}" if ep > 1 else "") + f"; prefill MAPE "
+        self.source = (f"{ref} kernel profile on the {profile.gpu} datasheet (no {profile.gpu} timings: {ref}'s "
+                       f"fitted efficiencies); {kind}" if ref else
+                       f"calibrated kernel profile {profile.gpu} ({origin}); {kind}; prefill MAPE "
                        f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
                        f"{profile.fit_error.decode_mape_heldout:.1%} held-out"
                        + (f" on other GPUs' timings: no term measured on an {profile.gpu}, their fitted "

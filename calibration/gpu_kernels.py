@@ -30,7 +30,7 @@ read from HBM as in a real forward; on CPU, ``time.perf_counter`` and one copy.
 :func:`fit_profile` fits the folder with ``calibration/kernels.py`` into a kernel profile
 (``rollart calibrate fit DIR --gpu H200``) and :func:`compare_roofline` tabulates, per kernel
 family, the error of the simulator's datasheet roofline (``sim.costs.gpu.RooflineGeneration``
-with its default efficiencies, what a GPU without a profile gets) against the measurements.
+with its default efficiencies, what a pool with ``profile: datasheet`` gets) against the measurements.
 torch is imported lazily: reading, fitting and comparing need numpy and scipy only.
 """
 
@@ -772,8 +772,8 @@ def format_table(rows: Sequence[FamilyError], title: str = "") -> str:
         lines.append(f"| {r.family} | {r.rows} | {ape(r.roofline_mape)} | {pct(r.roofline_median_error)} | "
                      f"{pct(r.roofline_min_error)} … {pct(r.roofline_max_error)} | {ape(r.fitted_mape_heldout)} |")
     lines.append("")
-    lines.append("error = (predicted − measured) / measured; roofline = the simulator's datasheet model for a GPU "
-                 "without a profile (sim.costs.gpu.RooflineEfficiency defaults), kernel time only")
+    lines.append("error = (predicted − measured) / measured; roofline = the simulator's datasheet model (a pool's "
+                 "`profile: datasheet`; sim.costs.gpu.RooflineEfficiency defaults), kernel time only")
     return "\n".join(lines) + "\n"
 
 

@@ -38,14 +38,19 @@ def _panels(profile: Profile) -> list[tuple[str, np.ndarray, np.ndarray]]:
         y = y / D.FP8_TO_BF16
         panels = [("GEMM (DeepGEMM FP8)", y, K.gemm_time(X, profile.gemm_fp8.params, (profile.peak_tflops_fp8 or 0) * 1e12,
                                                          bw, K.FP8_BYTES))]
-    else:
-        X, y, _ = D.vidur_gemm()
-        panels = [("GEMM (H100 BF16)", y, K.gemm_time(X, profile.gemm.params, peak, bw))]
+    elif gpu == "a100" or profile.gemm.derived is None or gpu == "h800":
+        # the rows this profile's GEMM fit read: A100's own, else the H100's (the H800's datasheet)
+        X, y, _ = D.vidur_gemm("a100" if gpu == "a100" else "h100")
+        panels = [(f"GEMM ({'A100' if gpu == 'a100' else 'H100'} BF16)", y, K.gemm_time(X, profile.gemm.params, peak, bw))]
+    else:  # fitted efficiencies on another datasheet (H200): no rows of this GPU to plot
+        panels = []
     if profile.attn_prefill.derived is None:
         X, y, _ = D.infersim_prefill_attention(gpu)
         panels.append(("prefill attention", y, K.prefill_attention_time(X, profile.attn_prefill.params, peak)))
-    X, y, _ = D.infersim_decode_attention("h800" if gpu == "h100" else gpu)
-    panels.append(("decode attention", y, K.decode_attention_time(X, profile.attn_decode.params, peak, bw)))
+    rows = {"h800": "h800", "h100": "h800", "h20": "h20"}.get(gpu)  # decode-attention rows in this datasheet
+    if rows is not None:
+        X, y, _ = D.infersim_decode_attention(rows)
+        panels.append(("decode attention", y, K.decode_attention_time(X, profile.attn_decode.params, peak, bw)))
     X, y, _ = D.vidur_collective("all_reduce", intra_node=True)
     panels.append(("all-reduce (H100 NVLink data)", y, K.collective_time(X, profile.allreduce.params)))
     if profile.allreduce_custom is not None:

@@ -59,6 +59,9 @@ class KernelProfile(BaseModel):
     # False: the GPU's tensor cores do not compute FP8 (Ampere and older): FP8 weights are stored as
     # 1 byte and computed in BF16 (weight-only), whatever FP8 GEMM fits the profile carries
     fp8_tensor_cores: bool = True
+    # set on a profile built at run time for a GPU type without one: the GPU whose fitted efficiencies
+    # it carries to this datasheet (``transferred_profile``)
+    transferred_from: str | None = None
     iteration_overhead_s: float
     gemm: ComponentFit  # BF16 weights; params["e_mem"] is the GPU's weight-read (memory-system) efficiency
     # FP8 weights: the fit of measured FP8 GEMMs, composed as fitted (H20's with e_mem pinned at gemm's
@@ -134,15 +137,16 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
             how(profile.gemm) + f" → weight reads at e_mem {e_mem:.3g} × {profile.hbm_tbps:g} = {read:.3g} TB/s; a "
             f"few-row GEMM computes at least {rows:.0f} rows at e_max, {floor:.3g} TB/s of weights"
             + (", which binds first at small batch" if floor < read else ""))]
-    if profile.gemm_fp8 is not None:
+    if profile.gemm_fp8 is not None and profile.fp8_tensor_cores:
         out.append(("linear layers, FP8 weights", profile.gemm_fp8.dtype or "fp8",
                     f"{how(profile.gemm_fp8)}, composed as fitted: weight reads 1 byte each at e_mem "
                     f"{profile.gemm_fp8.params.get('e_mem', 0):.3g}"
                     + (" (pinned at the memory-system rate)" if profile.gemm_fp8.params.get("e_mem") == e_mem
                        else " (the kernel's, measured)")))
     else:
+        why = "no FP8 timings" if profile.fp8_tensor_cores else "no FP8 tensor cores"
         out.append(("linear layers, FP8 weights", "fp8 storage, bf16 compute",
-                    f"no FP8 timings: BF16 compute, weights read 1 byte each at e_mem {e_mem:.3g}"))
+                    f"{why}: BF16 compute, weights read 1 byte each at e_mem {e_mem:.3g}"))
     f = grouping_factors(profile)
     if f is not None:
         out.append(("MoE expert layers (grouped GEMM)", "as the linear layers",
@@ -165,7 +169,9 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
                     how(profile.stream) + f" → {e:.3g} × {profile.hbm_tbps:g} = {e * profile.hbm_tbps:.3g} TB/s"))
     ew = stream_efficiency(profile) * profile.hbm_tbps
     out.append(("element-wise kernels (norms, rotary, SiLU-and-mul)", "bf16 activations",
-                f"HBM traffic from the geometry (+ FP8 activation quantisation with FP8 weights) at the "
+                "HBM traffic from the geometry"
+                + (" (+ FP8 activation quantisation with FP8 weights)" if profile.fp8_tensor_cores else "")
+                + f" at the "
                 f"{'long-stream' if profile.stream is not None else 'decode-attention'} rate, {ew:.3g} TB/s; "
                 "no kernel timed"))
     out.append(("all-reduce / all-to-all", profile.allreduce.dtype or "bf16 activations", how(profile.allreduce)))
@@ -284,7 +290,7 @@ def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: fl
 
     return reference.model_copy(update={
         "gpu": gpu_name, "peak_tflops_bf16": tflops_bf16, "hbm_tbps": hbm_tbps,
-        "peak_tflops_fp8": tflops_fp8, "fp8_tensor_cores": fp8_tensor_cores,
+        "peak_tflops_fp8": tflops_fp8, "fp8_tensor_cores": fp8_tensor_cores, "transferred_from": reference.gpu,
         "gemm": moved(reference.gemm), "gemm_fp8": moved(reference.gemm_fp8),
         "gemm_grouped_fp8": moved(reference.gemm_grouped_fp8), "attn_prefill": moved(reference.attn_prefill),
         "attn_decode": moved(reference.attn_decode), "attn_decode_fp8_kv": moved(reference.attn_decode_fp8_kv),

@@ -164,7 +164,8 @@ def summary_table(result: RunResult) -> Table:
 def mixed_cost_models(calibration: dict[str, str]) -> str | None:
     """A warning when the generation pools mix calibrated profiles with the datasheet roofline: the
     roofline's efficiencies are assumed, so a comparison across those pools carries that assumption
-    (an A100 against calibrated H800s reads the A100's assumed 55 % prefill efficiency)."""
+    (a pool with ``profile: datasheet`` beside calibrated H800s reads the roofline's assumed 55 %
+    prefill efficiency)."""
     pools = {gpu: src for gpu, src in calibration.items() if gpu != "trainer"}
     roofline = sorted(g for g, src in pools.items() if "roofline" in src)
     if not roofline or len(roofline) == len(pools):

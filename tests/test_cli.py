@@ -344,7 +344,7 @@ def test_simulate_warns_when_pools_mix_a_calibrated_profile_with_the_datasheet_r
                      "cluster.gpu_pools.h20.gpu=GX", cwd=tmp_path)
     assert custom.returncode == 0, custom.stderr
     text = " ".join(custom.stdout.split())
-    assert "calibrated kernel profile GX" in text and "no term measured on an GX" in text, text
+    assert "H100 kernel profile on the GX datasheet (no GX timings" in text, text
     assert "datasheet roofline" not in text
     for gpu in ("H200", "A100"):  # shipped profiles (H200: the H800's efficiencies on its datasheet)
         same = rollart("simulate", "h800-vs-h20", "--steps", "1", "-q", "--set", f"cluster.gpu_pools.h20.gpu={gpu}",

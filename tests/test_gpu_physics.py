@@ -45,7 +45,7 @@ def _layer_flops_per_token(m: ModelSpec) -> float:
 
 
 @pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("gpu", [*GPUS, "H200", "A100"])
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("profile", [None, "datasheet"])
 def test_nothing_beats_the_datasheet_roofline(model: str, gpu: str, tp: int, profile: str | None) -> None:
@@ -177,12 +177,13 @@ def _spec(model: str, **dtypes: str) -> ModelSpec:
 
 
 @pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("gpu", [*GPUS, "H200", "A100"])
 @pytest.mark.parametrize("profile", [None, "datasheet"])
 def test_fp8_never_beats_the_fp8_roofline(model: str, gpu: str, profile: str | None) -> None:
     m, sheet = _spec(model, weight_dtype="fp8", kv_dtype="fp8"), GPU_PRESETS[gpu]
     cost = generation_cost(m, gpu, GpuType(**sheet), 1, profile)
-    peak, bw = 2 * sheet["tflops_bf16"] * 1e12, sheet["hbm_tbps"] * 1e12  # Hopper FP8 = 2 × BF16
+    # the FP8 tensor-core peak (Hopper: 2 × BF16); A100 has none and computes FP8 weights in BF16
+    peak, bw = sheet.get("tflops_fp8", sheet["tflops_bf16"]) * 1e12, sheet["hbm_tbps"] * 1e12
     emb = m.vocab * m.hidden * 2
     for batch in (1, 16, 256):
         ctx = batch * CTX
@@ -318,7 +319,7 @@ def test_appends_cost_the_same_per_pair_alone_or_sharing_a_step(gpu: str) -> Non
 
 @pytest.mark.parametrize("gpu", ["H200", "A100"])
 def test_the_roofline_runs_the_lm_head_per_sampled_row_and_never_the_embedding_lookup(gpu: str) -> None:
-    # GPUs without a profile (A100), or a pool with `profile: datasheet`, use the datasheet roofline.
+    # A pool with `profile: datasheet` uses the datasheet roofline (here on H200's and A100's datasheets).
     # A prefill of n tokens multiplies them through the layers' linear weights (2·(P − embeddings)·n
     # FLOPs) and computes logits for the row that samples the next token (2·V·h); the input embedding
     # is a row lookup. A decode step of B sequences computes B rows of logits and reads the lm_head
@@ -575,7 +576,7 @@ def test_a100_gemms_are_fitted_to_its_own_timings_and_fp8_computes_in_bf16() -> 
 def test_the_h100_efficiencies_carry_to_compute_bound_a100_gemms_but_not_to_small_ones() -> None:
     """Why A100 ships its own GEMM fit: the H100's fitted efficiencies on A100's datasheet predict
     Vidur's measured A100 GEMMs within ~8 % at ≥ 512 token rows (compute-bound: a fraction of peak
-    carries across architectures), but 1.2-1.35× too slow below (the H100's small-m compute ramp,
+    carries across architectures), but 1.29-1.35× too slow below (the H100's small-m compute ramp,
     m_half ≈ 185 rows, binds on A100's lower FLOP-per-byte balance; A100's own m_half is ~76)."""
     import numpy as np
     from rollart.calibration import datasets as D
@@ -598,7 +599,7 @@ def test_a_gpu_type_without_timings_is_priced_with_the_h100s_efficiencies_on_its
     m = ModelSpec.model_validate("Qwen3-32B")
     h200 = generation_cost(m, "H200", GpuType(**GPU_PRESETS["H200"]), 2)
     twin = generation_cost(m, "GX", _datasheet_of("H200"), 2)
-    assert isinstance(twin, KernelProfileGeneration) and "no term measured on an GX" in twin.source
+    assert isinstance(twin, KernelProfileGeneration) and twin.source.startswith("H100 kernel profile on the GX datasheet")
     for batch in (1, 32, 256):
         assert twin.decode_line(batch).total(batch * CTX, batch, 1) == pytest.approx(
             h200.decode_line(batch).total(batch * CTX, batch, 1), rel=1e-6)
@@ -612,3 +613,21 @@ def test_a_gpu_type_without_timings_is_priced_with_the_h100s_efficiencies_on_its
     assert with_fp8.prefill_time(8192, 8192 ** 2 / 2) < 0.7 * without.prefill_time(8192, 8192 ** 2 / 2)
     # the datasheet roofline stays one pool setting away
     assert "roofline" in generation_cost(m, "GX", _datasheet_of("H200"), 1, "datasheet").source
+
+
+def test_a_custom_type_under_a_presets_name_is_priced_on_its_own_datasheet() -> None:
+    """`cluster.custom_gpus` wins over a preset of the same name: a custom "A100" with other numbers is
+    not the A100 its shipped profile was fitted for, and a custom "H100" without an FP8 peak has no
+    FP8 tensor cores, whatever the shipped H100 profile says."""
+    m = ModelSpec.model_validate("Qwen3-8B")
+    fast = GpuType(tflops_bf16=2000, hbm_tbps=8, memory_gb=192, nvlink_gbps=1800)
+    a100 = _cost("Qwen3-8B", "A100")
+    custom = generation_cost(m, "A100", fast, 1)
+    assert custom.source.startswith("H100 kernel profile on the A100 datasheet")
+    assert custom.prefill_time(8192, 8192 ** 2 / 2) < 0.3 * a100.prefill_time(8192, 8192 ** 2 / 2)
+    no_fp8 = {k: v for k, v in GPU_PRESETS["H100"].items() if k != "tflops_fp8"}
+    h100 = generation_cost(_spec("Qwen3-8B", weight_dtype="fp8"), "h100", GpuType(**no_fp8), 1)
+    assert "no FP8 tensor cores" in h100.source
+    from rollart.calibration import tp_allreduce
+    slow_link = GpuType(**{**GPU_PRESETS["H800"], "nvlink_gbps": 100.0})
+    assert tp_allreduce("H800", slow_link, 4)[1] < tp_allreduce("H800", GpuType(**GPU_PRESETS["H800"]), 4)[1]

@@ -27,7 +27,7 @@ class RooflineEfficiency:
     allreduce_latency_s: float = 10e-6
     memory_utilization: float = 0.90
     activation_reserve_gb: float = 4.0
-    source: str = "datasheet roofline; efficiencies assumed (no calibrated profile)"
+    source: str = "datasheet roofline; efficiencies assumed (profile: datasheet)"
 
 
 @dataclass(frozen=True)
