@@ -295,7 +295,8 @@ def build(gpu: str) -> KernelProfile:
         else:
             derived = "H100 BF16 timings (same Hopper compute silicon and 3.35 TB/s HBM3 as H800)"
         gemm = _component(h100, GEMM_FORMULA, vidur_files, dtype="bf16", derived=derived)
-    if sheet.get("tflops_fp8") is not None:  # else: weight-only FP8, said below
+    fp8_peak = sheet.get("tflops_fp8")  # None: no FP8 tensor cores (the datasheet preset says)
+    if fp8_peak is not None:  # else: weight-only FP8, said below
         assumptions.append(f"FP8 weights: the DeepGEMM FP8 fit as fitted, at {FP8_PEAK_RATIO:g} × the BF16 peak, 1 "
                            f"byte per weight at e_mem {fp8.params['e_mem']:.3g}"
                            + (" (pinned at the memory-system rate: its small-m time is the 64-row tile's compute)"
@@ -361,13 +362,12 @@ def build(gpu: str) -> KernelProfile:
         note += "; the GEMM rows are A100's own, the decode-attention rows the H800's"
     elif rescaled:
         note += f", all of them H100/H800 timings (none measured on an {key})"
-    fp8_peak = sheet.get("tflops_fp8")  # None: no FP8 tensor cores (the datasheet preset says)
     if fp8_peak is None:
         assumptions.append(f"{key} has no FP8 tensor cores: FP8 weights are read as 1 byte and computed in BF16 "
                            "(weight-only); the FP8 GEMM fits stay for the MoE grouped ÷ dense factors")
     return KernelProfile(
         gpu=key, peak_tflops_bf16=sheet["tflops_bf16"], hbm_tbps=sheet["hbm_tbps"],
-        peak_tflops_fp8=fp8_peak, fp8_tensor_cores=fp8_peak is not None,
+        peak_tflops_fp8=fp8_peak,
         iteration_overhead_s=ITERATION_OVERHEAD_S, gemm=gemm, gemm_fp8=gemm_fp8, gemm_grouped_fp8=gemm_grouped_fp8,
         attn_prefill=attn_prefill, attn_decode=attn_decode, attn_decode_fp8_kv=attn_decode_fp8_kv,
         stream=stream, allreduce=allreduce, allreduce_custom=allreduce_custom,

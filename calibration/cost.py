@@ -75,8 +75,7 @@ class KernelProfileGeneration:
         if model.weight_dtype == "bf16":
             self._linear, dtype = self._bf16, "BF16 weights"
         elif profile.gemm_fp8 is not None and profile.fp8_tensor_cores:
-            fp8_peak = (profile.peak_tflops_fp8 or 2 * profile.peak_tflops_bf16) * 1e12
-            self._linear = (dict(profile.gemm_fp8.params), fp8_peak, FP8_BYTES)
+            self._linear = (dict(profile.gemm_fp8.params), profile.peak_tflops_fp8 * 1e12, FP8_BYTES)
             dtype = "FP8 weights (FP8 GEMM compute)"
         else:
             self._linear = (dict(profile.gemm.params), self._peak, (2.0, 1.0, 2.0))

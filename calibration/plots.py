@@ -38,7 +38,7 @@ def _panels(profile: Profile) -> list[tuple[str, np.ndarray, np.ndarray]]:
         y = y / D.FP8_TO_BF16
         panels = [("GEMM (DeepGEMM FP8)", y, K.gemm_time(X, profile.gemm_fp8.params, (profile.peak_tflops_fp8 or 0) * 1e12,
                                                          bw, K.FP8_BYTES))]
-    elif gpu == "a100" or profile.gemm.derived is None or gpu == "h800":
+    elif profile.gemm.derived is None or gpu == "h800":
         # the rows this profile's GEMM fit read: A100's own, else the H100's (the H800's datasheet)
         X, y, _ = D.vidur_gemm("a100" if gpu == "a100" else "h100")
         panels = [(f"GEMM ({'A100' if gpu == 'a100' else 'H100'} BF16)", y, K.gemm_time(X, profile.gemm.params, peak, bw))]

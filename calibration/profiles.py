@@ -54,11 +54,10 @@ class KernelProfile(BaseModel):
     kind: Literal["kernel"] = "kernel"
     gpu: str
     peak_tflops_bf16: float
+    # the dense FP8 tensor-core peak; None: the tensor cores do not compute FP8 (Ampere and older), so
+    # FP8 weights are stored as 1 byte and computed in BF16 (weight-only), whatever FP8 fits it carries
     peak_tflops_fp8: float | None = None
     hbm_tbps: float
-    # False: the GPU's tensor cores do not compute FP8 (Ampere and older): FP8 weights are stored as
-    # 1 byte and computed in BF16 (weight-only), whatever FP8 GEMM fits the profile carries
-    fp8_tensor_cores: bool = True
     # set on a profile built at run time for a GPU type without one: the GPU whose fitted efficiencies
     # it carries to this datasheet (``transferred_profile``)
     transferred_from: str | None = None
@@ -86,6 +85,10 @@ class KernelProfile(BaseModel):
     fit_error: PhaseError
     assumptions: list[str] = Field(default_factory=list)
     source: str = ""
+
+    @property
+    def fp8_tensor_cores(self) -> bool:
+        return self.peak_tflops_fp8 is not None
 
     def terms(self) -> list[tuple[str, ComponentFit]]:
         """(label, fit) of every fitted term the profile holds; a term with ``derived`` set was not
@@ -274,7 +277,6 @@ def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: fl
     priced by the same composition as the measured ones, not by the datasheet roofline's assumed
     efficiencies, and a comparison across pools compares datasheets, not two cost models. Without FP8
     tensor cores (``tflops_fp8`` None) FP8 weights compute in BF16 (weight-only)."""
-    fp8_tensor_cores = tflops_fp8 is not None
     scale = nvlink_gbps / reference_nvlink_gbps
     how = (f"{reference.gpu}'s fitted efficiency on {gpu_name}'s datasheet ({tflops_bf16:g} TFLOP/s BF16, "
            f"{hbm_tbps:g} TB/s); no {gpu_name} timings")
@@ -290,7 +292,7 @@ def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: fl
 
     return reference.model_copy(update={
         "gpu": gpu_name, "peak_tflops_bf16": tflops_bf16, "hbm_tbps": hbm_tbps,
-        "peak_tflops_fp8": tflops_fp8, "fp8_tensor_cores": fp8_tensor_cores, "transferred_from": reference.gpu,
+        "peak_tflops_fp8": tflops_fp8, "transferred_from": reference.gpu,
         "gemm": moved(reference.gemm), "gemm_fp8": moved(reference.gemm_fp8),
         "gemm_grouped_fp8": moved(reference.gemm_grouped_fp8), "attn_prefill": moved(reference.attn_prefill),
         "attn_decode": moved(reference.attn_decode), "attn_decode_fp8_kv": moved(reference.attn_decode_fp8_kv),
@@ -299,7 +301,7 @@ def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: fl
         "assumptions": [f"no {gpu_name} kernel timings: {reference.gpu}'s measured kernel efficiencies on {gpu_name}'s "
                         "datasheet (a GPU of another architecture may reach other fractions of its peak; measure it "
                         "with `rollart calibrate profile` + `fit`)"]
-        + ([] if fp8_tensor_cores else [f"{gpu_name} has no FP8 tensor cores: FP8 weights compute in BF16"])
+        + ([] if tflops_fp8 else [f"{gpu_name} has no FP8 tensor cores: FP8 weights compute in BF16"])
         + list(reference.assumptions),
         "source": f"transferred from {reference.gpu}: " + reference.source})
 
