@@ -20,7 +20,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollart.calibration.kernels import CUSTOM_ALLREDUCE_MAX_BYTES, M_TILE
+from rollart.calibration.kernels import CUSTOM_ALLREDUCE_MAX_BYTES, M_TILE, gemm_on_datasheet
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -273,28 +273,39 @@ def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: fl
     """``reference``'s measured kernel efficiencies on another GPU's datasheet, as the H200 profile is
     built from the H800's: every fit keeps its fraction of peak FLOP/s or HBM bandwidth (and its
     launch costs), compute-bound kernels scale with ``tflops_bf16``, memory-bound ones with
-    ``hbm_tbps``, the all-reduces with NVLink. So a GPU type without kernel timings of its own is
+    ``hbm_tbps``, the all-reduces with NVLink, and a GEMM's knee with the ridge (peak ÷ bandwidth: see
+    :func:`kernels.gemm_on_datasheet`). So a GPU type without kernel timings of its own is
     priced by the same composition as the measured ones, not by the datasheet roofline's assumed
     efficiencies, and a comparison across pools compares datasheets, not two cost models. Without FP8
     tensor cores (``tflops_fp8`` None) FP8 weights compute in BF16 (weight-only)."""
     scale = nvlink_gbps / reference_nvlink_gbps
     how = (f"{reference.gpu}'s fitted efficiency on {gpu_name}'s datasheet ({tflops_bf16:g} TFLOP/s BF16, "
            f"{hbm_tbps:g} TB/s); no {gpu_name} timings")
+    # a GEMM's knee moves with the ridge of the peak it computes at (kernels.gemm_on_datasheet); FP8 GEMMs
+    # are priced only where the type has FP8 tensor cores
+    knee_bf16 = (tflops_bf16 / hbm_tbps) / (reference.peak_tflops_bf16 / reference.hbm_tbps)
+    ref_fp8 = reference.peak_tflops_fp8 or reference.peak_tflops_bf16
+    knee_fp8 = ((tflops_fp8 or tflops_bf16) / hbm_tbps) / (ref_fp8 / reference.hbm_tbps)
 
-    def moved(c: ComponentFit | None, nvlink: bool = False) -> ComponentFit | None:
+    def moved(c: ComponentFit | None, nvlink: bool = False, knee: float | None = None) -> ComponentFit | None:
         if c is None:
             return None
         params = dict(c.params)
+        note = ""
         if nvlink:
             params["beta_gbps"] = float(f"{params['beta_gbps'] * scale:.6g}")
-        return c.model_copy(update={"params": params, "derived": how + (
-            f", NVLink bandwidth × {scale:.3g}" if nvlink and scale != 1.0 else "")})
+            note = f", NVLink bandwidth × {scale:.3g}" if scale != 1.0 else ""
+        if knee is not None:
+            params = gemm_on_datasheet(params, knee)
+            note = f", knee m_half × {knee:.3g} (the ridge's ratio)" if knee != 1.0 else ""
+        return c.model_copy(update={"params": params, "derived": how + note})
 
     return reference.model_copy(update={
         "gpu": gpu_name, "peak_tflops_bf16": tflops_bf16, "hbm_tbps": hbm_tbps,
         "peak_tflops_fp8": tflops_fp8, "transferred_from": reference.gpu,
-        "gemm": moved(reference.gemm), "gemm_fp8": moved(reference.gemm_fp8),
-        "gemm_grouped_fp8": moved(reference.gemm_grouped_fp8), "attn_prefill": moved(reference.attn_prefill),
+        "gemm": moved(reference.gemm, knee=knee_bf16), "gemm_fp8": moved(reference.gemm_fp8, knee=knee_fp8),
+        "gemm_grouped_fp8": moved(reference.gemm_grouped_fp8, knee=knee_fp8),
+        "attn_prefill": moved(reference.attn_prefill),
         "attn_decode": moved(reference.attn_decode), "attn_decode_fp8_kv": moved(reference.attn_decode_fp8_kv),
         "stream": moved(reference.stream), "allreduce": moved(reference.allreduce, nvlink=True),
         "allreduce_custom": moved(reference.allreduce_custom, nvlink=True),
