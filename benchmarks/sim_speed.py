@@ -127,7 +127,10 @@ def run_plan(overrides: list[str], steps: int, seed: int = 0, memory: bool = Fal
         tracemalloc.stop()
     assert out.error is None, out.error
     events = next(backend.env._eid)
+    proxy = backend.ctl.proxy  # every generation request is routed once (PD: twice)
+    requests = getattr(proxy, "routed_preferred", 0) + getattr(proxy, "routed_fallback", 0)
     res: dict[str, Any] = {"steps": steps, "cpu_s": cpu, "cpu_per_step_s": cpu / steps, "events": events,
+                           "requests": requests,
                            "effects": backend.effects_handled, "events_per_cpu_s": events / cpu,
                            "sim_step_s": out.elapsed_s / steps, "gc_s": sum(collector.seconds),
                            "gc_s_by_generation": collector.seconds, "gc_collections": collector.count}
@@ -161,6 +164,13 @@ def main(argv: list[str] | None = None) -> None:
           f"(steady {p.get('steady_cpu_per_step_s', float('nan')):.3f}); {p['events'] / args.steps:,.0f} events "
           f"and {p['effects'] / args.steps:,.0f} effects per step; {p['events_per_cpu_s']:,.0f} events/CPU-s = "
           f"floor / {floor / p['events_per_cpu_s']:.1f}; cyclic GC {p['gc_s'] / p['cpu_s']:.1%} of it", flush=True)
+    if p["requests"]:  # the workload's unit: one generation request = one turn of one trajectory
+        per = p["requests"]
+        out["paper_per_request"] = {"cpu_us": 1e6 * p["cpu_s"] / per, "events": p["events"] / per,
+                                    "floor_us": 1e6 * p["events"] / per / floor}
+        q = out["paper_per_request"]
+        print(f"  per generation request (a turn; {per / args.steps:,.0f} a step): {q['cpu_us']:.1f} CPU-µs, "
+              f"{q['events']:.2f} events, which raw SimPy alone spends {q['floor_us']:.1f} CPU-µs on", flush=True)
     if args.mem_steps:
         m = out["paper_memory"] = run_plan([], args.mem_steps, memory=True)
         print(f"memory (paper scale, {args.mem_steps} steps, tracemalloc): {m['bytes_per_step'] / 1e3:+,.0f} kB "

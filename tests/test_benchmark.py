@@ -34,11 +34,15 @@ def test_paper_scale_step(benchmark) -> None:
         cpu = time.process_time() - t0
         assert outcome.error is None and len(backend.ctl.stats.steps) == STEPS
         events = next(backend.env._eid)
+        requests = backend.ctl.proxy.routed_preferred + backend.ctl.proxy.routed_fallback  # one per turn
+        assert requests > 0
         stats.update(cpu_per_step_s=cpu / STEPS, effects_per_cpu_s=backend.effects_handled / cpu,
                      events_per_cpu_s=events / cpu, simpy_floor_events_per_cpu_s=floor,
-                     floor_over_sim=floor / (events / cpu))
+                     floor_over_sim=floor / (events / cpu), cpu_us_per_request=1e6 * cpu / requests,
+                     events_per_request=events / requests)
 
     benchmark.pedantic(run, rounds=3, iterations=1)
     benchmark.extra_info.update(stats)
     print(f"\nCPU-s per simulated step: {stats['cpu_per_step_s']:.3f}; {stats['events_per_cpu_s']:,.0f} events/CPU-s "
-          f"= raw SimPy ({floor:,.0f}) / {stats['floor_over_sim']:.1f}")
+          f"= raw SimPy ({floor:,.0f}) / {stats['floor_over_sim']:.1f}; per generation request "
+          f"{stats['cpu_us_per_request']:.1f} CPU-µs and {stats['events_per_request']:.2f} events")
