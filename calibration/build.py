@@ -192,10 +192,10 @@ def build(gpu: str) -> KernelProfile:
                            f"({SIBLING[gpu]}, {src_sheet['tflops_bf16']:g} TFLOP/s BF16) applies to {key}'s "
                            f"datasheet: KV reads and long streams run {sheet['hbm_tbps']:g} ÷ {src_sheet['hbm_tbps']:g} "
                            f"= {sheet['hbm_tbps'] / src_sheet['hbm_tbps']:.2f}× faster, compute-bound kernels as on "
-                           f"the {KEYS[source]}, and a GEMM's knee (m_half) moves with the ridge, "
-                           f"{(sheet['tflops_bf16'] / sheet['hbm_tbps']) / (src_sheet['tflops_bf16'] / src_sheet['hbm_tbps']):.2f}×: "
-                           "what a kernel loses near the knee is kept as a fraction of its weight read "
-                           "(kernels.gemm_on_datasheet); measure it with "
+                           f"the {KEYS[source]}; a GEMM keeps its fitted small-batch compute ramp "
+                           "(e_max·m/(m+m_half), from timings where HBM bound it first), which on the faster HBM "
+                           "binds first (weight reads at ~4.1 TB/s at one row), so weight-bound decode gains "
+                           f"1.1–1.25×, not {sheet['hbm_tbps'] / src_sheet['hbm_tbps']:.2f}×; measure it with "
                            f"`rollart calibrate fit` on an {key}")
     prefill_ape: list[np.ndarray] = []
     decode_ape: list[np.ndarray] = []
@@ -295,11 +295,11 @@ def build(gpu: str) -> KernelProfile:
         else:
             derived = "H100 BF16 timings (same Hopper compute silicon and 3.35 TB/s HBM3 as H800)"
         gemm = _component(h100, GEMM_FORMULA, vidur_files, dtype="bf16", derived=derived)
-    if rescaled:  # fitted on the sibling's datasheet: each GEMM's knee moves with the ridge (kernels.gemm_on_datasheet)
-        knee = (peak / bw) / (src_peak / src_bw)
+    if peak < src_peak:  # fitted on a faster sibling's datasheet: the knee moves with the peak (kernels.gemm_on_datasheet)
+        knee = peak / src_peak
         for comp in ((gemm_fp8, gemm_grouped_fp8) if gpu == "a100" else (gemm, gemm_fp8, gemm_grouped_fp8)):
             comp.params = K.gemm_on_datasheet(comp.params, knee)
-            comp.derived = (comp.derived or "") + f"; knee m_half × {knee:.3g} ({key}'s ridge ÷ the H800's)"
+            comp.derived = (comp.derived or "") + f"; knee m_half × {knee:.3g} ({key}'s peak ÷ the H800's)"
     fp8_peak = sheet.get("tflops_fp8")  # None: no FP8 tensor cores (the datasheet preset says)
     if fp8_peak is not None:  # else: weight-only FP8, said below
         assumptions.append(f"FP8 weights: the DeepGEMM FP8 fit as fitted, at {FP8_PEAK_RATIO:g} × the BF16 peak, 1 "

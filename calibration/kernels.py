@@ -111,19 +111,21 @@ def gemm_time(X: np.ndarray, p: dict[str, float], peak_flops: float, bw: float,
     return p["t0"] + np.maximum(compute, memory)
 
 
-def gemm_on_datasheet(params: dict[str, float], ridge_ratio: float) -> dict[str, float]:
-    """A GEMM fit carried to a GPU whose ridge (the dtype's peak FLOP/s ÷ HBM bytes/s) is ``ridge_ratio``
-    times that of the GPU it was fitted on: t0, e_max and e_mem as fitted, the knee m_half × ``ridge_ratio``.
+def gemm_on_datasheet(params: dict[str, float], peak_ratio: float) -> dict[str, float]:
+    """A GEMM fit carried to a GPU whose peak (of the dtype the GEMM computes in) is ``peak_ratio`` times
+    that of the GPU it was fitted on: t0, e_max and e_mem as fitted, the knee m_half × min(1, ``peak_ratio``).
 
-    m_half is where the fit puts the roofline's knee. Between memory- and compute-bound a kernel overlaps
-    its weight stream with its math imperfectly, and what it loses there, 2·m_half·kn / (P·e_max), is
-    m_half·2·BW·e_mem / (b_w·P·e_max) weight reads of time: a fraction of a read, a property of the kernel.
-    Kept as that fraction on another datasheet, the knee's rows move with P / BW. Carried as rows instead,
-    a fit from a GPU with a high ridge (H100: 295 FLOP per byte) prices a low-ridge GPU's decode GEMMs as
-    compute it does not do (H20: ridge 37). Checked where both GPUs were measured (calibration/CHANGES.md):
-    H100's BF16 fit on A100's datasheet, 34 % → 12 % off A100's own timings below 64 rows; H800's FP8
-    DeepGEMM fit on H20's, 105 % → 57 %."""
-    return {**params, "m_half": float(f"{params['m_half'] * ridge_ratio:.6g}")}
+    m_half is the fitted knee: what a kernel loses between memory- and compute-bound (few output tiles
+    for the SMs, a weight stream the math does not fully hide), 2·m_half·kn / (P·e_max) of time, which
+    the fit counts in rows at its own peak. On a GPU that computes slower that loss is kept as the same
+    time per weight element (m_half × the peak ratio): carried as rows instead, a fit from a fast GPU
+    prices a slow one's small GEMMs as compute it does not do — an H100 fit (knee 185 rows) made a type
+    with H20's datasheet decode 2.4-5× slower than H20's own kernels. Checked on the two GPUs measured on
+    both sides (calibration/CHANGES.md): H100's BF16 fit on A100's datasheet, 34 % → 15 % off A100's own
+    timings below 64 rows; H800's FP8 DeepGEMM fit on H20's, 105 % → 57 %. On a GPU that computes as
+    fast (H200: the H800's die) the knee stays as fitted, and on a faster one (no timings above the H100's
+    peak to check) it stays in rows: a fixed time there would outlast a faster GPU's whole weight read."""
+    return {**params, "m_half": float(f"{params['m_half'] * min(1.0, peak_ratio):.6g}")}
 
 
 def _fit_gemm_model(predict: Callable[[np.ndarray, dict[str, float]], np.ndarray], X: np.ndarray, y: np.ndarray,

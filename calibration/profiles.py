@@ -273,7 +273,7 @@ def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: fl
     """``reference``'s measured kernel efficiencies on another GPU's datasheet, as the H200 profile is
     built from the H800's: every fit keeps its fraction of peak FLOP/s or HBM bandwidth (and its
     launch costs), compute-bound kernels scale with ``tflops_bf16``, memory-bound ones with
-    ``hbm_tbps``, the all-reduces with NVLink, and a GEMM's knee with the ridge (peak ÷ bandwidth: see
+    ``hbm_tbps``, the all-reduces with NVLink, and a GEMM's knee with a lower peak (see
     :func:`kernels.gemm_on_datasheet`). So a GPU type without kernel timings of its own is
     priced by the same composition as the measured ones, not by the datasheet roofline's assumed
     efficiencies, and a comparison across pools compares datasheets, not two cost models. Without FP8
@@ -281,11 +281,10 @@ def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: fl
     scale = nvlink_gbps / reference_nvlink_gbps
     how = (f"{reference.gpu}'s fitted efficiency on {gpu_name}'s datasheet ({tflops_bf16:g} TFLOP/s BF16, "
            f"{hbm_tbps:g} TB/s); no {gpu_name} timings")
-    # a GEMM's knee moves with the ridge of the peak it computes at (kernels.gemm_on_datasheet); FP8 GEMMs
-    # are priced only where the type has FP8 tensor cores
-    knee_bf16 = (tflops_bf16 / hbm_tbps) / (reference.peak_tflops_bf16 / reference.hbm_tbps)
-    ref_fp8 = reference.peak_tflops_fp8 or reference.peak_tflops_bf16
-    knee_fp8 = ((tflops_fp8 or tflops_bf16) / hbm_tbps) / (ref_fp8 / reference.hbm_tbps)
+    # a GEMM's knee moves with the peak it computes at (kernels.gemm_on_datasheet); the FP8 fits are priced
+    # only where both GPUs have FP8 tensor cores, else they move with the BF16 peak (their ratios stay)
+    knee_bf16 = tflops_bf16 / reference.peak_tflops_bf16
+    knee_fp8 = (tflops_fp8 / reference.peak_tflops_fp8 if tflops_fp8 and reference.peak_tflops_fp8 else knee_bf16)
 
     def moved(c: ComponentFit | None, nvlink: bool = False, knee: float | None = None) -> ComponentFit | None:
         if c is None:
@@ -297,7 +296,7 @@ def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: fl
             note = f", NVLink bandwidth × {scale:.3g}" if scale != 1.0 else ""
         if knee is not None:
             params = gemm_on_datasheet(params, knee)
-            note = f", knee m_half × {knee:.3g} (the ridge's ratio)" if knee != 1.0 else ""
+            note = f", knee m_half × {min(1.0, knee):.3g} (the peaks' ratio)" if knee < 1.0 else ""
         return c.model_copy(update={"params": params, "derived": how + note})
 
     return reference.model_copy(update={

@@ -447,9 +447,8 @@ def test_custom_allreduce_fit_reproduces_its_published_timings() -> None:
 def test_h200_runs_the_h800s_kernels_no_slower_and_gains_at_most_its_bandwidth(model: str) -> None:
     """H200 is the GH100 die of the H800 and H100 (989 TFLOP/s dense BF16) with 4.8 instead of
     3.35 TB/s of HBM (and 900 instead of 400 GB/s of NVLink). Its shipped profile carries the fitted
-    efficiencies of their timings over to its datasheet, each GEMM's knee at the same share of its lower
-    ridge (kernels.gemm_on_datasheet): no step is slower than on an H800; at one GPU
-    none is faster by more than the bandwidth ratio (1.43×); weight-bound decode gains (> 15 %), and a
+    efficiencies of their timings over to its datasheet: no step is slower than on an H800; at one GPU
+    none is faster by more than the bandwidth ratio (1.43×); weight-bound decode gains (> 5 %), and a
     long prefill, bound by the same tensor cores, gains only in its element-wise kernels (< 3 %). Before it had a profile, an H200 ran on
     the datasheet roofline's assumed 55 % prefill efficiency and rolled out prefill-heavy work 26 %
     slower than a calibrated H800."""
@@ -466,7 +465,7 @@ def test_h200_runs_the_h800s_kernels_no_slower_and_gains_at_most_its_bandwidth(m
         assert p200 <= p800
         if tp == 1:  # only its element-wise kernels (HBM traffic, ~5 % of it on an H800) run faster
             assert p200 == pytest.approx(p800, rel=0.03)
-    assert _decode(model, "H800", 1) > 1.15 * _decode(model, "H200", 1)
+    assert _decode(model, "H800", 1) > 1.05 * _decode(model, "H200", 1)
 
 
 @pytest.mark.parametrize("gpu", ["H800", "H20", "H200"])
@@ -575,22 +574,21 @@ def test_a100_gemms_are_fitted_to_its_own_timings_and_fp8_computes_in_bf16() -> 
 
 
 def _carried(fit: dict, to: str, frm: str, fp8: bool = False) -> tuple[dict, float, float]:
-    """A GEMM fit moved from the datasheet of ``frm`` to that of ``to`` as the transfer moves it: the
-    knee with the ridge (kernels.gemm_on_datasheet); returns (params, peak FLOP/s, bytes/s) of ``to``."""
+    """A GEMM fit moved from the datasheet of ``frm`` to that of ``to`` as the transfer moves it (the knee
+    with a lower peak: kernels.gemm_on_datasheet); returns (params, peak FLOP/s, bytes/s) of ``to``."""
     from rollart.calibration.kernels import gemm_on_datasheet
     key = "tflops_fp8" if fp8 else "tflops_bf16"
     t, f = GPU_PRESETS[to], GPU_PRESETS[frm]
-    ridge = (t[key] / t["hbm_tbps"]) / (f[key] / f["hbm_tbps"])
-    return gemm_on_datasheet(fit, ridge), t[key] * 1e12, t["hbm_tbps"] * 1e12
+    return gemm_on_datasheet(fit, t[key] / f[key]), t[key] * 1e12, t["hbm_tbps"] * 1e12
 
 
-def test_a_gemm_fit_carries_to_another_datasheet_with_its_knee_at_the_same_share_of_the_ridge() -> None:
+def test_a_gemm_fit_carries_to_a_slower_gpu_with_its_knee_as_time() -> None:
     """Checked on the two GPUs whose own timings the transfer did not see. The H100's BF16 fit on A100's
-    datasheet predicts Vidur's measured A100 GEMMs within ~12 % below 64 token rows and ~7 % above 512
-    (carried as rows, its knee m_half ≈ 185 made them 1.2-1.4× too slow: A100's ridge is half the
-    H100's). The H800's DeepGEMM FP8 fit on H20's datasheet (ridge 8× lower) comes within 1.3-1.6× of
-    H20's measured rows instead of 1.6-2.2× (H20 also reaches a higher share of its lower peak, e_max
-    0.89 against 0.72, which no datasheet says): why H20 and A100 ship fits of their own."""
+    datasheet predicts Vidur's measured A100 GEMMs within ~15 % below 64 token rows and ~8 % from 512 up
+    (carried as rows, its knee m_half ≈ 185 made them 1.2-1.4× too slow: A100 computes at a third of the
+    H100's peak). The H800's DeepGEMM FP8 fit on H20's datasheet (a seventh of the peak) comes within
+    1.3-1.6× of H20's measured rows instead of 1.6-2.2× (H20 also reaches a higher share of its lower
+    peak, e_max 0.89 against 0.72, which no datasheet says): why H20 and A100 ship fits of their own."""
     import numpy as np
     from rollart.calibration import datasets as D
     from rollart.calibration.build import _fp8_rows
@@ -601,7 +599,7 @@ def test_a_gemm_fit_carries_to_another_datasheet_with_its_knee_at_the_same_share
     small, big = X[:, 0] < 64, X[:, 0] >= 512
     moved = gemm_time(X, *_carried(h100, "A100", "H100"))
     as_rows = gemm_time(X, h100, *_carried(h100, "A100", "H100")[1:])
-    assert float(np.mean(np.abs(moved[small] / y[small] - 1))) < 0.15
+    assert float(np.mean(np.abs(moved[small] / y[small] - 1))) < 0.2
     assert float(np.mean(np.abs(moved[big] / y[big] - 1))) < 0.10
     assert 1.2 < float(np.median(as_rows[small] / y[small])) < 1.4
     assert float(np.mean(np.abs(moved / y - 1))) < float(np.mean(np.abs(as_rows / y - 1)))
@@ -611,24 +609,42 @@ def test_a_gemm_fit_carries_to_another_datasheet_with_its_knee_at_the_same_share
     moved = gemm_time(X, *_carried(h800, "H20", "H800", fp8=True), FP8_BYTES)
     as_rows = gemm_time(X, h800, *_carried(h800, "H20", "H800", fp8=True)[1:], FP8_BYTES)
     below = X[:, 0] < 256
-    assert 1.2 < float(np.median(moved[below] / y[below])) < 1.6 < float(np.median(as_rows[below] / y[below]))
+    assert 1.2 < float(np.median(moved[below] / y[below])) < 1.7 < float(np.median(as_rows[below] / y[below]))
     assert float(np.mean(np.abs(moved / y - 1))) < 0.7 * float(np.mean(np.abs(as_rows / y - 1)))
+
+
+def test_the_knee_stays_as_fitted_on_a_gpu_as_fast_or_faster() -> None:
+    """The transfer moves a GEMM's knee only to a slower GPU (the direction the measured GPUs check). On the
+    same tensor cores (H200's datasheet) a compute-bound GEMM must take the H800's time, so the knee stays;
+    above the reference's peak (the README's custom B200) it stays in rows: moved with the peak, a fixed
+    time per weight element would outlast the faster GPU's weight read, and a B200 would decode a Qwen3-8B
+    at batch 1 only 1.10× faster than an H100 for 2.4× the bandwidth (`python scripts/gemm_transfer.py`)."""
+    from rollart.calibration.kernels import gemm_on_datasheet
+    fit = {"t0": 6e-6, "e_max": 0.77, "m_half": 185.0, "e_mem": 1.0}
+    assert gemm_on_datasheet(fit, 1.0) == fit and gemm_on_datasheet(fit, 2.27) == fit
+    assert gemm_on_datasheet(fit, 0.5)["m_half"] == pytest.approx(92.5)
+    b200 = GpuType(tflops_bf16=2250, hbm_tbps=8, memory_gb=180, nvlink_gbps=1800, tflops_fp8=4500)
+    m = ModelSpec.model_validate("Qwen3-8B")
+    fast = generation_cost(m, "B200", b200, 1)
+    assert _decode("Qwen3-8B", "H100", 1) > 1.3 * fast.decode_line(1).total(CTX, 1, 1)
 
 
 def test_a_type_like_h20_without_a_profile_is_priced_near_h20s_own_kernels() -> None:
     """A custom GPU type with H20's datasheet, priced by the H100's efficiencies (the transfer), decodes
-    and prefills within 1.35× of the shipped H20 profile (its own measured kernels). Carried as rows, the
-    H100's GEMM knee made it 2.4-5× slower: a buyer's custom low-ridge GPU looked unusable."""
-    for model in ("Qwen3-8B", "Qwen3-30B-A3B"):
-        m = ModelSpec.model_validate(model)
-        own, twin = _cost(model, "H20"), generation_cost(m, "GX", _datasheet_of("H20"), 1)
-        assert twin.source.startswith("H100 kernel profile on the GX datasheet")
-        for batch in (1, 16, 64, 256):
-            ratio = twin.decode_line(batch).total(batch * CTX, batch, 1) / own.decode_line(batch).total(batch * CTX, batch, 1)
-            assert 0.9 < ratio < 1.35, (model, batch, ratio)
-        for n in (128, 1024, 8192):
-            ratio = twin.prefill_time(n, n * n / 2) / own.prefill_time(n, n * n / 2)
-            assert 0.9 < ratio < 1.35, (model, n, ratio)
+    and prefills within 1.45× of the shipped H20 profile (its own measured kernels), BF16 or FP8 weights
+    (what is left: H20 computes at a higher share of its lower peak, e_max 0.95 against 0.77 in BF16).
+    Carried as rows, the H100's GEMM knees made it 2.4-5× slower: a buyer's custom low-peak GPU looked
+    unusable."""
+    for model in ("Qwen3-8B", "Qwen3-32B", "Qwen3-30B-A3B"):
+        for dtype in ("bf16", "fp8"):
+            m = _spec(model, weight_dtype=dtype)
+            own = generation_cost(m, "H20", GpuType(**GPU_PRESETS["H20"]), 1)
+            twin = generation_cost(m, "GX", _datasheet_of("H20"), 1)
+            assert twin.source.startswith("H100 kernel profile on the GX datasheet")
+            ratios = [twin.decode_line(b).total(b * CTX, b, 1) / own.decode_line(b).total(b * CTX, b, 1)
+                      for b in (1, 16, 64, 256)]
+            ratios += [twin.prefill_time(n, n * n / 2) / own.prefill_time(n, n * n / 2) for n in (128, 1024, 8192)]
+            assert all(0.9 < r < 1.45 for r in ratios), (model, dtype, [round(r, 2) for r in ratios])
 
 
 def test_a_gpu_type_without_timings_is_priced_with_the_h100s_efficiencies_on_its_datasheet() -> None:
