@@ -3,7 +3,9 @@
 Between two events (an arrival, a completion, an ABORT, a weight update) the running batch is
 fixed, so the engine computes in closed form when the next request finishes and schedules
 one timer for it. A command settles the plan in progress at the current iteration boundary
-(commands apply between engine steps, as in a real engine) and plans again. The engine is
+(commands apply between engine steps, as in a real engine) and plans again; a request that
+arrives at a busy engine leaves the plan alone and sets one wake-up at the end of the iteration
+in progress, where it joins with every request that arrived before it. The engine is
 a state machine driven by timer callbacks rather than a SimPy process: a command costs no
 event of its own, and a superseded timer is ignored when it fires.
 
@@ -109,18 +111,22 @@ class GenerationEngine:
         self.contention: Any = None  # a HostContention when engines share a host's cores
         self.busy = False
         self._on_timer_cb = self._on_timer  # one bound method for every timer
+        # A request that arrives at a busy engine joins at the end of the iteration in progress: the plan
+        # stays, and one wake-up at that boundary (its time, iterations done by then, its timer) admits
+        # every request that arrived before it (_arrive).
+        self._boundary: tuple[float, int, _Timer] | None = None
+        self._on_boundary_cb = self._on_boundary
 
     # ---- commands (applied between engine steps) ------------------------------------
 
     def add(self, traj_id: int, context: int, decode_tokens: int, prefilled: bool = False, remote: int = 0) -> Request:
         req = Request(traj_id, context, max(1, decode_tokens), self.env.event(), prefilled, remote)
         self.waiting.append(req)
-        if self._plan is not None:  # _note_calls and _command, inlined for the busy engine
+        if self._plan is not None:  # _note_calls, inlined for the busy engine
             if self.call_step_s and self.env._now >= self._charged_until:
                 self._calls_handled = True
-            if not (self._updating or self._replan_pending):
-                self._settle()
-                self._next()
+            if self._boundary is None and not (self._updating or self._replan_pending):
+                self._arrive()
             return req
         if self._updating:  # an idle engine loses nothing to the call
             self._note_calls()
@@ -272,6 +278,39 @@ class GenerationEngine:
             self._timer.callbacks.clear()  # stale: popped when due, calls nothing
         self._timer = _Timer(env, total, self._on_timer_cb)
 
+    def _arrive(self) -> None:
+        """A request arrived at the busy engine: it is admitted at the end of the iteration in progress
+        (with any that arrive before then). Where that end is the plan's own end, the plan's timer
+        already wakes the engine there; else one wake-up is set at it. The plan is not touched, so
+        nothing is re-planned per arrival (what :meth:`_command` would do: settle, then plan the rest
+        of the iteration alone)."""
+        t0, lead, x0, batch, line, k_next, total = self._plan  # type: ignore[misc]
+        now = self.env._now
+        elapsed = now - t0
+        eps = max(1e-12, 8 * math.ulp(now))
+        if elapsed >= total - eps:  # the plan ends now: its timer is due at this instant
+            return
+        if elapsed < lead:
+            k, carry = 0, lead - elapsed
+        else:
+            k = line.iterations_within(x0, batch, k_next, elapsed - lead)
+            carry = lead + line.total(x0, batch, k) - elapsed
+        if k >= k_next:  # the iteration in progress is the plan's last: its timer is the boundary
+            return
+        if carry < eps:  # exactly at a boundary: admit now
+            self._settle()
+            self._next()
+            return
+        self._boundary = (now + carry, k, _Timer(self.env, carry, self._on_boundary_cb))
+
+    def _on_boundary(self, _: object) -> None:
+        """The iteration in progress when a request arrived has ended: account the plan up to it
+        (exactly its iterations, nothing carried) and plan again, admitting what waits."""
+        k = self._boundary[1]  # type: ignore[index]
+        self._boundary = None
+        self._settle(k)
+        self._next()
+
     def _on_timer(self, _: object) -> None:
         self._timer = None
         if self._plan is None:
@@ -279,10 +318,17 @@ class GenerationEngine:
         self._settle()
         self._next()
 
-    def _settle(self) -> None:
-        """Account for the plan in progress up to now, stopping at an iteration boundary."""
+    def _settle(self, at_boundary: int | None = None) -> None:
+        """Account for the plan in progress up to now, stopping at an iteration boundary
+        (``at_boundary``: now is the end of the plan's iteration of that number, nothing carried)."""
         if self._plan is None:
             return
+        if self._boundary is not None:  # a command before the arrivals' boundary: it is planned anew
+            t_b, k_b, timer = self._boundary
+            self._boundary = None
+            timer.callbacks.clear()
+            if self.env._now >= t_b - max(1e-12, 8 * math.ulp(t_b)):  # at the boundary itself
+                at_boundary = k_b
         t0, lead, x0, batch, line, k_next, total = self._plan
         self._plan = None
         if self._timer is not None:  # _cancel_timer, inlined: the pending timer is now stale
@@ -293,7 +339,9 @@ class GenerationEngine:
         # Remainders below the clock's resolution at this time can never elapse: treat them as
         # done, or the engine would re-schedule them forever without time advancing.
         eps = max(1e-12, 8 * math.ulp(now))
-        if elapsed >= total - eps:
+        if at_boundary is not None:
+            k = at_boundary
+        elif elapsed >= total - eps:
             k = k_next
         elif elapsed < lead:
             k, self._carry = 0, lead - elapsed

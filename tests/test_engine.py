@@ -109,6 +109,39 @@ def test_engine_matches_per_iteration_reference(arrivals, max_num_seqs) -> None:
         assert abs(g - w) <= 1e-6 * max(1.0, w), (got, want)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 0.03), st.integers(10, 2000), st.integers(1, 300)), min_size=2, max_size=12),
+       st.integers(1, 6))
+def test_requests_arriving_within_one_iteration_join_at_its_end_as_the_reference(arrivals, max_num_seqs) -> None:
+    """Bursts: several requests land inside one iteration of a busy engine (a few ms), which joins
+    them all at that iteration's end (one wake-up, the plan in progress untouched)."""
+    cost = ToyCost()
+    got = simulate(cost, arrivals, max_num_seqs)
+    want = reference(cost, arrivals, max_num_seqs)
+    for g, w in zip(got, want):
+        assert abs(g - w) <= 1e-6 * max(1.0, w), (got, want)
+
+
+def test_a_busy_engine_wakes_once_per_iteration_however_many_requests_arrive() -> None:
+    """Five requests arriving during one decode iteration of a running request cost one wake-up at its
+    end, not a re-plan and a timer each."""
+    cost = ToyCost()
+    env = simpy.Environment()
+    engine = GenerationEngine(env, 0, "p", cost, 8, prefix_cache=False)
+    engine.add(0, 100, 200)
+    env.run(until=0.05)  # the first request is decoding; its iterations last ~4 ms
+    t_in, plan = env.now, engine._plan
+    wakeups = set()
+    for i in range(1, 6):
+        env.run(until=t_in + 0.0002 * i)  # all inside the iteration in progress
+        engine.add(i, 50, 10)
+        wakeups.add(id(engine._boundary[2]))
+        assert engine._plan is plan  # not re-planned
+    assert len(wakeups) == 1 and len(engine.waiting) == 5
+    env.run(until=engine._boundary[0] + 1e-9)
+    assert len(engine.running) == 6 and not engine.waiting
+
+
 def test_single_request_time_is_prefill_plus_decode() -> None:
     model = ModelSpec.model_validate("Qwen3-8B")
     cost = RooflineGeneration(model, GpuType(**GPU_PRESETS["H800"]), tp=1)
