@@ -589,7 +589,8 @@ class SimOutcome:
             "steps_done": len(steps),
             "simulated_s": self.elapsed_s,
             "effects": b.effects_handled,
-            "engine_steps": [{"worker": e.id, "pool": e.pool, "steps": e.it, "busy_s": min(e.busy_until(elapsed), elapsed)}
+            "engine_steps": [{"worker": e.id, "pool": e.pool, "steps": e.iterations_until(elapsed),
+                              "busy_s": min(e.busy_until(elapsed), elapsed)}
                              for e in b.engines],
         })
         # Cost (placed GPUs + env cores for the wall time + billed serverless GPU·s); None when a

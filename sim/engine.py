@@ -162,6 +162,19 @@ class GenerationEngine:
             busy += max(0.0, min(t, self.env.now) - self._update_started)
         return busy
 
+    def iterations_until(self, t: float) -> int:
+        """Engine steps finished by ``t`` (at most now): those settled and the plan in progress's
+        decode iterations done by then (its mixed prefill step is counted when it is planned)."""
+        plan = self._plan
+        if plan is None:
+            return self.it
+        t0, lead, x0, batch, line, k_next, _total = plan
+        elapsed = min(t, self.env.now) - t0 - lead
+        if line is None or k_next <= 0 or elapsed <= 0:
+            return self.it
+        k = line.iterations_within(x0, batch, k_next, elapsed)  # the one in progress included ...
+        return self.it + (k - 1 if k and line.total(x0, batch, k) > elapsed else k)  # ... unless done
+
     def forget(self, traj_id: int) -> None:
         self.cache_tokens -= self.cache.pop(traj_id, 0)
 

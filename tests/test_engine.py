@@ -142,6 +142,30 @@ def test_a_busy_engine_wakes_once_per_iteration_however_many_requests_arrive() -
     assert len(engine.running) == 6 and not engine.waiting
 
 
+def test_engine_steps_are_counted_up_to_any_time_however_requests_arrived() -> None:
+    """The engine-step count a summary reports is the steps finished by then: settled ones and the
+    plan in progress's, the same whether or not a request arrived mid-plan."""
+    cost = ToyCost()
+    counts = []
+    for burst in (False, True):
+        env = simpy.Environment()
+        engine = GenerationEngine(env, 0, "p", cost, 8, prefix_cache=False)
+        engine.add(0, 100, 300)
+        if burst:
+            env.run(until=0.2)
+            engine.add(1, 50, 1000)  # joins at the end of the iteration in progress
+        env.run(until=0.4)
+        counts.append(engine.iterations_until(env.now))
+        assert engine.iterations_until(env.now) >= engine.it
+        assert engine.iterations_until(0.1) <= engine.iterations_until(env.now)
+    # one request alone: its mixed step plus every decode iteration finished by 0.4 s
+    it, t = 1, cost.mixed_step_time(100, 100 * 50, 0, 0)
+    while t + cost.decode_line(1).total(101 + it - 1, 1, 1) <= 0.4:
+        t += cost.decode_line(1).total(101 + it - 1, 1, 1)
+        it += 1
+    assert counts[0] == it
+
+
 def test_single_request_time_is_prefill_plus_decode() -> None:
     model = ModelSpec.model_validate("Qwen3-8B")
     cost = RooflineGeneration(model, GpuType(**GPU_PRESETS["H800"]), tp=1)
