@@ -303,11 +303,7 @@ class GenerationEngine:
         eps = max(1e-12, 8 * math.ulp(now))
         if elapsed >= total - eps:  # the plan ends now: its timer is due at this instant
             return
-        if elapsed < lead:
-            k, carry = 0, lead - elapsed
-        else:
-            k = line.iterations_within(x0, batch, k_next, elapsed - lead)
-            carry = lead + line.total(x0, batch, k) - elapsed
+        k, carry = self._in_progress(lead, x0, batch, line, k_next, elapsed)
         if k >= k_next:  # the iteration in progress is the plan's last: its timer is the boundary
             return
         if carry < eps:  # exactly at a boundary: admit now
@@ -315,6 +311,16 @@ class GenerationEngine:
             self._next()
             return
         self._boundary = (now + carry, k, _Timer(self.env, carry, self._on_boundary_cb))
+
+    @staticmethod
+    def _in_progress(lead: float, x0: float, batch: int, line: Any, k_next: int, elapsed: float) -> tuple[int, float]:
+        """``elapsed`` seconds into a plan (``lead`` of prefill work, then ``k_next`` decode iterations)
+        that has not ended: its decode iterations done once the one in progress ends, and the seconds
+        left of that one."""
+        if elapsed < lead:
+            return 0, lead - elapsed
+        k = line.iterations_within(x0, batch, k_next, elapsed - lead)
+        return k, lead + line.total(x0, batch, k) - elapsed
 
     def _on_boundary(self, _: object) -> None:
         """The iteration in progress when a request arrived has ended: account the plan up to it
@@ -356,11 +362,9 @@ class GenerationEngine:
             k = at_boundary
         elif elapsed >= total - eps:
             k = k_next
-        elif elapsed < lead:
-            k, self._carry = 0, lead - elapsed
         else:
-            k = line.iterations_within(x0, batch, k_next, elapsed - lead)
-            self._carry = max(0.0, lead + line.total(x0, batch, k) - elapsed)
+            k, carry = self._in_progress(lead, x0, batch, line, k_next, elapsed)
+            self._carry = max(0.0, carry)
         if self._carry < eps:
             self._carry = 0.0
         self.busy_s += now - t0  # only elapsed time counts as busy (see _busy)
