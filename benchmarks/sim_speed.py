@@ -94,6 +94,13 @@ class GcClock:
         gc.callbacks.remove(self)
 
 
+def requests_routed(backend: Any) -> int:
+    """Generation requests the run routed: one per trajectory turn (PD: two); 0 for trees whose proxy
+    does not count them."""
+    proxy = backend.ctl.proxy
+    return getattr(proxy, "routed_preferred", 0) + getattr(proxy, "routed_fallback", 0)
+
+
 def run_plan(overrides: list[str], steps: int, seed: int = 0, memory: bool = False,
              extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Simulate; CPU-s per step (all steps, and steady: after the first), events, effects,
@@ -127,8 +134,7 @@ def run_plan(overrides: list[str], steps: int, seed: int = 0, memory: bool = Fal
         tracemalloc.stop()
     assert out.error is None, out.error
     events = next(backend.env._eid)
-    proxy = backend.ctl.proxy  # every generation request is routed once (PD: twice)
-    requests = getattr(proxy, "routed_preferred", 0) + getattr(proxy, "routed_fallback", 0)
+    requests = requests_routed(backend)
     res: dict[str, Any] = {"steps": steps, "cpu_s": cpu, "cpu_per_step_s": cpu / steps, "events": events,
                            "requests": requests,
                            "effects": backend.effects_handled, "events_per_cpu_s": events / cpu,

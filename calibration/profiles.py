@@ -296,7 +296,7 @@ def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: fl
             note = f", NVLink bandwidth × {scale:.3g}" if scale != 1.0 else ""
         if knee is not None:
             params = gemm_on_datasheet(params, knee)
-            note = f", knee m_half × {min(1.0, knee):.3g} (the peaks' ratio)" if knee < 1.0 else ""
+            note = f", knee m_half × {knee:.3g} (the peaks' ratio)" if knee < 1.0 else ""
         return c.model_copy(update={"params": params, "derived": how + note})
 
     return reference.model_copy(update={

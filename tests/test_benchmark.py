@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from benchmarks.sim_speed import raw_simpy_events_per_cpu_s
+from benchmarks.sim_speed import raw_simpy_events_per_cpu_s, requests_routed
 from rollart.core import mode_config
 from rollart.plan import load_plan
 from rollart.scenarios_catalog import resolve
@@ -34,7 +34,7 @@ def test_paper_scale_step(benchmark) -> None:
         cpu = time.process_time() - t0
         assert outcome.error is None and len(backend.ctl.stats.steps) == STEPS
         events = next(backend.env._eid)
-        requests = backend.ctl.proxy.routed_preferred + backend.ctl.proxy.routed_fallback  # one per turn
+        requests = requests_routed(backend)  # one per turn
         assert requests > 0
         stats.update(cpu_per_step_s=cpu / STEPS, effects_per_cpu_s=backend.effects_handled / cpu,
                      events_per_cpu_s=events / cpu, simpy_floor_events_per_cpu_s=floor,
