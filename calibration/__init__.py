@@ -60,12 +60,13 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     expert-parallel ranks (MoE) whose all-to-all crosses ``network`` (the cluster's link) when a
     worker is wider than a node; the engine may use ``memory_utilization`` of each GPU's memory."""
     from rollart.calibration.cost import EngineProfileGeneration, KernelProfileGeneration
+    from rollart.calibration.links import default_network
     from rollart.calibration.profiles import EngineProfile, TrainProfile
     from rollart.sim.costs.gpu import RooflineEfficiency, RooflineGeneration
 
     def roofline() -> RooflineGeneration:
         return RooflineGeneration(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
-                                  ep=ep, network=(network.bytes_per_s, network.latency_s) if network else None)
+                                  ep=ep, network=(network.bytes_per_s, network.latency_s) if network else default_network())
 
     if profile == "datasheet":
         return roofline()
@@ -83,26 +84,22 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network, memory_utilization)
 
 
-# GPUs a tensor-parallel group reaches over NVLink (an HGX node); a wider group crosses the network
-NVLINK_DOMAIN = 8
-
-
 def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link | None" = None) -> tuple[float, float, str]:
     """(latency s, bus bytes/s, where from) of a training tensor-parallel all-reduce (large messages:
     NCCL, not the serving engines' custom kernel). Within a node (tp ≤ 8): the NCCL fit of the GPU's
     shipped kernel profile (NVLink-scaled from 8×H100 timings), else H100's scaled by the GPU's
     NVLink ÷ H100's; a group wider than a node: the cluster's ``network`` (the plan's intra-cluster
     link), else the InfiniBand fit of the link table."""
-    from rollart.calibration.links import calibrated_links
+    from rollart.calibration.links import default_network
     from rollart.calibration.profiles import KernelProfile, shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS
+    from rollart.sim.costs.moe import GPUS_PER_NODE  # an HGX node: NVLink inside, the network across
 
-    if tp > NVLINK_DOMAIN:
+    if tp > GPUS_PER_NODE:
         if network is not None:
-            return network.latency_s, network.bytes_per_s, f"the intra-cluster link (tp > {NVLINK_DOMAIN} spans nodes)"
-        ib = calibrated_links().get("ib") or {"latency_us": 20.0, "bandwidth_gbps": 200.0}
-        return (ib["latency_us"] * 1e-6, ib["bandwidth_gbps"] * 1e9 / 8,
-                f"InfiniBand (NCCL fit; tp > {NVLINK_DOMAIN} spans nodes)")
+            return network.latency_s, network.bytes_per_s, f"the intra-cluster link (tp > {GPUS_PER_NODE} spans nodes)"
+        rate, latency = default_network()
+        return latency, rate, f"InfiniBand (NCCL fit; tp > {GPUS_PER_NODE} spans nodes)"
     path = _shipped_kernel_profile(gpu_name, gpu)
     profile = _load(str(path.resolve())) if path is not None else None
     if isinstance(profile, KernelProfile):
@@ -114,18 +111,29 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
             f"NVLink (H100 NCCL all-reduce fit × {scale:.3g}, {gpu.nvlink_gbps:g} GB/s)")
 
 
+def ep_all_to_all(gpu_name: str | None, gpu: "GpuType", network: "Link | None" = None
+                  ) -> tuple[tuple[float, float, str], tuple[float, float, str]]:
+    """The (latency s, bytes/s, where from) an expert-parallel all-to-all moves at inside a node and
+    across nodes: the links :func:`tp_allreduce` prices a group of one node and a wider one on."""
+    from rollart.sim.costs.moe import GPUS_PER_NODE
+
+    return tp_allreduce(gpu_name, gpu, GPUS_PER_NODE), tp_allreduce(gpu_name, gpu, GPUS_PER_NODE + 1, network)
+
+
 def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement",  # noqa: ANN201
                gpu_name: str | None = None, network: "Link | None" = None):
     """The training cost model: the trainer placement's ``profile:`` (a measured train
-    profile) when set, else the FLOPs/MFU model with the tensor-parallel all-reduces of the
-    trainer's GPU type ``gpu_name`` (across nodes: ``network``)."""
+    profile) when set, else the FLOPs/MFU model with the tensor-parallel all-reduces and a MoE's
+    expert-parallel all-to-alls on the links of the trainer's GPU type ``gpu_name`` (across nodes:
+    ``network``)."""
     from rollart.calibration.cost import ProfiledTrainCost
     from rollart.calibration.profiles import TrainProfile
-    from rollart.sim.costs.train import TrainCost
+    from rollart.sim.costs.train import TrainCost, trainer_ep
 
     if not trainer.profile:
         return TrainCost(model, gpu, trainer,
-                         tp_allreduce(gpu_name, gpu, trainer.tp, network) if trainer.tp > 1 else None)
+                         tp_allreduce(gpu_name, gpu, trainer.tp, network) if trainer.tp > 1 else None,
+                         ep_all_to_all(gpu_name, gpu, network) if trainer_ep(model, trainer) > 1 else None)
     loaded = _load(str(Path(trainer.profile).resolve()))
     if not isinstance(loaded, TrainProfile):
         raise ValueError(f"placement.trainer.profile: {trainer.profile} is a {loaded.kind} profile, not a train "

@@ -14,8 +14,8 @@ An all-reduce smaller than ``allreduce_custom.max_bytes`` (8 MiB in vLLM 0.8: a 
 prefill's) runs the engine's own peer-to-peer kernel (``profile.allreduce_custom``, priced at most the NCCL
 term), a larger one NCCL (``profile.allreduce``).
 
-MoE expert layers use the GEMM terms scaled by the profile's measured grouped ÷ dense factors
-(``profiles.grouping_factors``: one launch over many small expert weights).
+MoE expert layers use the GEMM terms with the profile's measured grouped ÷ dense departures
+(``profiles.expert_gemm_params``: one launch over many small expert weights; the knee moves as time).
 
 Dtypes (``model.weight_dtype`` / ``kv_dtype``): FP8 linear layers compose the profile's measured FP8
 GEMM fit as fitted (its compute terms at the FP8 peak, 1 byte per weight at its own e_mem: what the
@@ -30,11 +30,13 @@ from __future__ import annotations
 
 from rollart.calibration.kernels import (BF16_BYTES, CUSTOM_ALLREDUCE_MAX_BYTES, CUSTOM_ALLREDUCE_WORLD_SIZES,
                                          FP8_BYTES, M_TILE, unsplit_key)
-from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainProfile, grouping_factors,
+from rollart.calibration.links import default_network
+from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainProfile, expert_gemm_params,
                                           stream_efficiency)
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, kv_heads_per_gpu
-from rollart.sim.costs.moe import all_to_all_s, rank_expert_rows, rank_experts_touched
+from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, rank_expert_rows, rank_experts_touched,
+                                   ring_link)
 
 _TOKEN_MEMO = 1 << 14  # entries of KernelProfileGeneration._token_terms' memo (≈ 2.5 MB at most)
 
@@ -83,13 +85,11 @@ class KernelProfileGeneration:
                      else "FP8 weights (no FP8 tensor cores: BF16 compute)")
         # MoE expert layers: the linear layers' terms times the measured grouped ÷ dense GEMM factors
         # (one grouped launch over many small expert weights); e_max and e_mem stay ≤ 1
-        factors = grouping_factors(profile)
         self._experts = self._linear
-        if factors is not None and model.moe_experts:
+        if model.moe_experts:
             base, peak_, nbytes = self._linear
-            params = {**base, **{k: base[k] * f for k, f in factors.items()}}
-            params["e_max"], params["e_mem"] = min(1.0, params["e_max"]), min(1.0, params["e_mem"])
-            self._experts = (params, peak_, nbytes)
+            grouped = expert_gemm_params(profile, base, peak_)
+            self._experts = ({**base, **grouped}, peak_, nbytes) if grouped is not None else self._linear
         p = profile.allreduce.params
         self._nvlink = (p["beta_gbps"] * 1e9 / 8, p["alpha_s"])
         # (alpha_s, bytes/s, max bytes) of the engine's own kernel for small tensor-parallel
@@ -98,7 +98,7 @@ class KernelProfileGeneration:
         self._ar_custom = ((c.params["alpha_s"], c.params["beta_gbps"] * 1e9 / 8,
                             c.params.get("max_bytes", CUSTOM_ALLREDUCE_MAX_BYTES))
                            if c is not None and rank_tp in CUSTOM_ALLREDUCE_WORLD_SIZES else None)
-        self._network = (network.bytes_per_s, network.latency_s) if network is not None else self._nvlink
+        self._network = (network.bytes_per_s, network.latency_s) if network is not None else default_network()
         # element-wise kernels: bytes per token (attention side, per rank) and per expert row (MLP);
         # activations are quantised only where the linear layers compute in FP8
         i_rank, fp8 = inter / rank_tp, self._linear[2] == FP8_BYTES
@@ -138,7 +138,7 @@ class KernelProfileGeneration:
         the busiest rank's tokens touch (``sim.costs.moe``; all ranks when ep = 1): its token-expert
         rows, rows per expert (which sets the efficiency), and those experts' weights read — k
         experts for one token, all of the rank's for a large batch — at the grouped-GEMM terms
-        (``profiles.grouping_factors``), the formula of ``kernels.grouped_gemm_time``."""
+        (``profiles.expert_gemm_params``), the formula of ``kernels.grouped_gemm_time``."""
         if not self.model.moe_experts:
             return self._gemms(m, self._mlp_shapes)
         p, peak, (ba, bw_, bo) = self._experts
@@ -189,9 +189,9 @@ class KernelProfileGeneration:
         n = self._rank_tp
         nbytes = tokens / self.ep * self.model.hidden * 2.0
         moved = 2 * (n - 1) / n * nbytes
-        rate, alpha = self._nvlink
+        rate, alpha = ring_link(n, self._nvlink, self._network)
         each = alpha + moved / rate  # NCCL
-        custom = self._ar_custom
+        custom = self._ar_custom  # within a node only (CUSTOM_ALLREDUCE_WORLD_SIZES)
         if custom is not None and nbytes < custom[2]:
             # the engine's peer-to-peer kernel takes the message; its fitted bandwidth (eager-mode timings,
             # a copy into its buffer included) falls below NCCL's past a few MiB, where an engine picks the
@@ -215,9 +215,11 @@ class KernelProfileGeneration:
 
     def _per_cached_token(self, batch: float) -> tuple[float, float]:
         """Decode-attention seconds per cached token of the worker, (compute, memory), one layer:
-        each rank holds 1/ep of the batch's context."""
+        the busiest rank holds ⌈batch/ep⌉ whole sequences, that share of the batch's context (1/ep
+        when ep divides the batch; all of it for one sequence)."""
         d = self._attn_decode
-        slow = self._decode_slowdown(batch / self.ep) / self.ep
+        seqs = busiest_rank_sequences(batch, self.ep)
+        slow = self._decode_slowdown(seqs) * (seqs / batch if batch > 0 else 1.0 / self.ep)
         return (4 * self._heads * self.model.head_dim * slow / (self._peak * d["e_c"]),
                 2 * self._kv * self.model.head_dim * self._kv_elem * slow / (self._bw * d["e_bw"]))
 
@@ -266,9 +268,10 @@ class KernelProfileGeneration:
         """(decode attention's fixed time, its seconds per cached token, the lm_head GEMM) for a
         mixed step whose decode batch is ``decode_batch``."""
         d = self._attn_decode
-        fixed = d["t0"] + d["t_seq"] * decode_batch / self.ep
+        seqs = busiest_rank_sequences(decode_batch, self.ep)
+        fixed = d["t0"] + d["t_seq"] * seqs
         per_context = max(*self._per_cached_token(decode_batch)) if decode_batch else 0.0
-        return fixed, per_context, self._gemms(max(1.0, decode_batch / self.ep), self._lm_head, self._bf16)
+        return fixed, per_context, self._gemms(max(1.0, seqs), self._lm_head, self._bf16)
 
     def decode_line(self, batch: int) -> DecodeLine:
         line = self._lines.get(batch)
@@ -277,9 +280,10 @@ class KernelProfileGeneration:
             m = self.model
             # fixed for the batch (its occupancy term), so the line stays linear in x
             per_token_compute, per_token_memory = self._per_cached_token(batch)
+            seqs = busiest_rank_sequences(batch, self.ep)
             fixed = self.profile.iteration_overhead_s + m.layers * (self._layer_tokens(batch) + p["t0"]
-                                                                     + p["t_seq"] * batch / self.ep) \
-                + self._gemms(batch / self.ep, self._lm_head, self._bf16) + self._allreduce(batch)
+                                                                     + p["t_seq"] * seqs) \
+                + self._gemms(seqs, self._lm_head, self._bf16) + self._allreduce(batch)
             # attention is compute- or bandwidth-bound per cached token: the larger slope wins
             line = DecodeLine(a=fixed, c0=0.0, c1=m.layers * per_token_compute, m0=0.0,
                               m1=m.layers * per_token_memory)

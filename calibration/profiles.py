@@ -121,6 +121,30 @@ def grouping_factors(profile: KernelProfile) -> dict[str, float] | None:
     return {k: g[k] / d[k] for k in GROUPED_PARAMS}
 
 
+def expert_gemm_params(profile: KernelProfile, linear: dict[str, float], linear_peak: float) -> dict[str, float] | None:
+    """The grouped-GEMM terms of a MoE layer's experts in the served dtype, from the dense
+    linear-layer terms ``linear`` (fitted at ``linear_peak`` FLOP/s) and the measured FP8 grouped ÷
+    dense fits (``grouping_factors``). t0, e_max and e_mem take the factors. The knee is carried as
+    time, not rows: grouping adds (m_g/e_g − m_d/e_d) / P8 seconds of tile compute per weight
+    element (P8 the FP8 fits' peak), so
+
+        m_half' = e_max' · [m_half / e_max + (linear_peak / P8) · (m_g/e_g − m_d/e_d)]
+
+    which is the grouped fit itself when the linear layers are the FP8 fit. Scaling the rows instead
+    would charge a BF16 GEMM, whose fitted knee already sits at its own (half) peak, twice the
+    grouping's extra compute. None without both FP8 fits."""
+    factors = grouping_factors(profile)
+    if factors is None:
+        return None
+    g, d = profile.gemm_grouped_fp8.params, profile.gemm_fp8.params
+    fp8_peak = (profile.peak_tflops_fp8 or 2 * profile.peak_tflops_bf16) * 1e12
+    out = {k: linear[k] * factors[k] for k in ("t0", "e_max", "e_mem")}
+    out["e_max"], out["e_mem"] = min(1.0, out["e_max"]), min(1.0, out["e_mem"])
+    extra = g["m_half"] / g["e_max"] - d["m_half"] / d["e_max"]
+    out["m_half"] = max(0.0, out["e_max"] * (linear["m_half"] / linear["e_max"] + linear_peak / fp8_peak * extra))
+    return out
+
+
 def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
     """(term, dtype, derivation) for every term a kernel profile composes: what ``rollart
     calibrate show`` prints, one line each."""
@@ -153,8 +177,9 @@ def term_lines(profile: KernelProfile) -> list[tuple[str, str, str]]:
     f = grouping_factors(profile)
     if f is not None:
         out.append(("MoE expert layers (grouped GEMM)", "as the linear layers",
-                    f"the linear-layer terms × the grouping factors {', '.join(f'{k} ×{v:.3g}' for k, v in f.items())}: "
-                    f"the FP8 grouped fit, {how(profile.gemm_grouped_fp8)}, ÷ the FP8 dense fit"))
+                    f"the linear-layer terms × the grouping factors t0 ×{f['t0']:.3g}, e_max ×{f['e_max']:.3g}, "
+                    f"e_mem ×{f['e_mem']:.3g} (the FP8 grouped fit, {how(profile.gemm_grouped_fp8)}, ÷ the FP8 dense "
+                    "fit), and the grouped fit's extra knee carried as tile time per weight element"))
     else:
         out.append(("MoE expert layers (grouped GEMM)", "as the linear layers",
                     "no grouped-GEMM timings: priced as dense GEMMs of the experts' shapes"))

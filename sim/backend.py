@@ -32,7 +32,8 @@ from rollart.sim.costs.link import WeightTransferCost
 from rollart.sim.costs.train import ColocationSwitch, trainer_memory_problems
 from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
-from rollart.sim.reward import RULE_REWARD_S, BatchingServerlessPlatform, ServerlessPlatform, judge_input_tokens
+from rollart.sim.reward import (RULE_REWARD_S, BatchingServerlessPlatform, ServerlessPlatform, judge_input_tokens,
+                                judge_window)
 from rollart.trace import NullTracer, Tracer
 
 SimGen = Generator[Any, Any, Any]
@@ -148,12 +149,16 @@ class SimBackend:
         except (OSError, ValueError) as exc:
             raise PlanError([f"cluster.gpu_pools.{g.pool}.profile: {exc}"]) from None
         longest = max(t.max_context_tokens for t in plan.tasks)
-        if cost.kv_capacity_tokens < longest:  # as a real engine, refuse a context it cannot hold
+        # with expert parallelism a sequence's KV lives on one rank: each holds 1/ep of the worker's
+        per_rank = cost.kv_capacity_tokens // g.ep
+        if per_rank < longest:  # as a real engine, refuse a context it cannot hold
+            where = (f"{cost.kv_capacity_tokens} KV tokens on {g.tp} × {gpu_name}" if g.ep == 1 else
+                     f"{per_rank} KV tokens on each of {g.ep} expert-parallel ranks of {g.tp // g.ep} × {gpu_name}")
             raise PlanError([f"placement.generation.{gi}.tp: {plan.model.name} "
-                             f"({plan.model.weight_bytes / 1e9:.1f} GB of weights) leaves "
-                             f"{cost.kv_capacity_tokens} KV tokens on {g.tp} × {gpu_name}, less than one "
+                             f"({plan.model.weight_bytes / 1e9:.1f} GB of weights) leaves {where}, less than one "
                              f"{longest}-token context (tasks' max_context_tokens) at gpu_memory_utilization "
-                             f"{g.gpu_memory_utilization:g}; raise tp or gpu_memory_utilization"])
+                             f"{g.gpu_memory_utilization:g}; raise tp or gpu_memory_utilization"
+                             + ("" if g.ep == 1 else ", or lower ep")])
         return cost
 
     def _colocation(self) -> tuple[ColocationSwitch | None, list[GenerationEngine]]:
@@ -162,8 +167,10 @@ class SimBackend:
         if not pl.colocated:
             return None, []
         shared = [e for e in self.engines if pl.shares_trainer_gpus(e.pool)]
-        gen_tp = max(g.tp for g in pl.generation if pl.shares_trainer_gpus(g.pool))
-        return ColocationSwitch(self.plan.model, pl.trainer, gen_tp, self.transfer.h2d_bytes_per_s), shared
+        # the switch ends when the GPU loading the most weight bytes does (the narrowest worker)
+        switch = max((ColocationSwitch(self.plan.model, pl.trainer, g.tp, self.transfer.h2d_bytes_per_s, g.ep)
+                      for g in pl.generation if pl.shares_trainer_gpus(g.pool)), key=lambda s: s.after_s)
+        return switch, shared
 
     def _host_contention(self) -> HostContention | None:
         """Engines measured on virtual devices of one host (their profiles say how many actors
@@ -194,6 +201,7 @@ class SimBackend:
         plan, mode = self.plan, self.mode
         self.serverless: ServerlessPlatform | BatchingServerlessPlatform | None = None
         self.judges: list[GenerationEngine] = []
+        self.judge_window = judge_window(plan.reward_model)
         if not any(t.reward == "llm_judge" for t in plan.tasks):
             return
         if mode.serverless_reward:
@@ -201,7 +209,7 @@ class SimBackend:
                 raise PlanError([f"cluster.serverless: mode '{mode.name}' sends LLM-judge rewards to a serverless "
                                  "platform; define one"])
             s = plan.cluster.serverless
-            cost = generation_cost(plan.reward_model, s.gpu, plan.cluster.gpu_type(s.gpu), 1)
+            cost = self._judge_cost("cluster.serverless.tp", s.gpu, s.tp)
             platform = ServerlessPlatform if s.instance_concurrency == 1 else BatchingServerlessPlatform
             self.serverless = platform(self.env, s, cost, plan.placement.reward.output_tokens)
             return
@@ -210,9 +218,24 @@ class SimBackend:
             raise PlanError([f"placement.reward.gpus: mode '{mode.name}' runs the LLM judge on dedicated GPUs; "
                              "set placement.reward.pool and gpus"])
         pool = plan.cluster.gpu_pools[r.pool]
-        cost = generation_cost(plan.reward_model, pool.gpu, plan.cluster.gpu_type(pool.gpu), r.tp, pool.profile)
-        for i in range(max(1, r.gpus // r.tp)):
+        cost = self._judge_cost("placement.reward.tp", pool.gpu, r.tp, pool.profile)
+        for i in range(r.gpus // r.tp):  # the plan checks that tp divides gpus
             self.judges.append(GenerationEngine(self.env, 10_000 + i, r.pool, cost, r.max_num_seqs, False, None))
+
+    def _judge_cost(self, field: str, gpu_name: str, tp: int, profile: str | None = None) -> Any:
+        """The LLM judge's cost model on ``tp`` × ``gpu_name``; a plan error naming ``field`` when it
+        cannot hold the longest judge call (as a generation worker must hold the longest context)."""
+        plan = self.plan
+        cost = generation_cost(plan.reward_model, gpu_name, plan.cluster.gpu_type(gpu_name), tp, profile)
+        judged = max(t.max_context_tokens for t in plan.tasks if t.reward == "llm_judge")
+        longest = judge_input_tokens(judged, self.judge_window) + plan.placement.reward.output_tokens
+        if cost.kv_capacity_tokens < longest:
+            m = plan.reward_model
+            raise PlanError([f"{field}: the reward model {m.name} ({m.weight_bytes / 1e9:.1f} GB of weights) leaves "
+                             f"{cost.kv_capacity_tokens} KV tokens on {tp} × {gpu_name}, less than one {longest}-token "
+                             "judge call (the longest judged context, up to the judge's window, plus "
+                             f"placement.reward.output_tokens); raise {field}"])
+        return cost
 
     # ---- driving core processes --------------------------------------------------------------
 
@@ -379,7 +402,7 @@ class SimBackend:
         if self.plan.task(traj.task).reward == "rule":
             yield self.env.timeout(RULE_REWARD_S)
             return 0.0  # the simulator models time, not scores (None would mean a failed call)
-        n_in = judge_input_tokens(traj.context_tokens)
+        n_in = judge_input_tokens(traj.context_tokens, self.judge_window)
         if self.serverless is not None:
             yield from self.serverless.call(n_in)
         else:
@@ -574,9 +597,9 @@ class SimOutcome:
             "serverless_cold_starts": b.serverless.cold_starts if b.serverless else 0,
             # of the billed GPU·s, those serving calls (the rest: cold starts, and idle warm time when
             # the platform bills instance time)
-            "serverless_serving_s": b.serverless.busy_s if b.serverless else 0.0,
-            # every instance's life from cold start to scale-down, whatever the billing
-            "serverless_instance_s": b.serverless.reserved_s if b.serverless else 0.0,
+            "serverless_serving_s": b.serverless.gpu_seconds(b.serverless.busy_s) if b.serverless else 0.0,
+            # every instance's life from cold start to scale-down (× its GPUs), whatever the billing
+            "serverless_instance_s": b.serverless.gpu_seconds(b.serverless.reserved_s) if b.serverless else 0.0,
             "serverless_billing": b.plan.cluster.serverless.billing if b.serverless else None,
             "aborted_stale": counts["aborted_stale"],
             "aborted_redundant": counts["aborted_redundant"],

@@ -8,18 +8,23 @@ from typing import Any, Generator
 
 import simpy
 
-from rollart.plan.schema import Serverless
+from rollart.plan.schema import ModelSpec, Serverless
 from rollart.sim.costs.gpu import GenerationCost
 from rollart.sim.engine import GenerationEngine
 
 RULE_REWARD_S = 0.005           # a regex / unit-test style check on the CPU
-JUDGE_MAX_INPUT_TOKENS = 32768  # the judge reads the whole trajectory, up to its 32K context (Qwen2.5-7B)
+JUDGE_MAX_INPUT_TOKENS = 32768  # a judge's window when its model names none (every preset's native 32K)
 
 
-def judge_input_tokens(context_tokens: int) -> int:
+def judge_window(model: ModelSpec) -> int:
+    """The reward model's context window: its ``max_context_tokens``, else 32K."""
+    return model.max_context_tokens or JUDGE_MAX_INPUT_TOKENS
+
+
+def judge_input_tokens(context_tokens: int, window: int = JUDGE_MAX_INPUT_TOKENS) -> int:
     """An LLM judge scores the whole trajectory (prompt, every turn, the answer), so its prompt is
-    the trajectory's context, cut only at the judge's own context window."""
-    return min(context_tokens, JUDGE_MAX_INPUT_TOKENS)
+    the trajectory's context, cut only at the judge's own context ``window``."""
+    return min(context_tokens, window)
 
 
 class _Platform:
@@ -39,10 +44,14 @@ class _Platform:
         self.request_s = 0.0    # per request: call time + cold starts
         self.reserved_s = 0.0   # instance lifetimes: cold start until scale-down (idle tails included)
 
+    def gpu_seconds(self, instance_s: float) -> float:
+        """GPU-seconds of ``instance_s`` instance-seconds: an instance spans ``spec.tp`` GPUs."""
+        return instance_s * self.spec.tp
+
     @property
     def billed_s(self) -> float:
         """GPU-seconds billed, as ``spec.billing`` counts them."""
-        return self.reserved_s if self.spec.billing == "instance_time" else self.request_s
+        return self.gpu_seconds(self.reserved_s if self.spec.billing == "instance_time" else self.request_s)
 
 
 class ServerlessPlatform(_Platform):
@@ -57,14 +66,18 @@ class ServerlessPlatform(_Platform):
 
     def __init__(self, env: simpy.Environment, spec: Serverless, judge: GenerationCost, output_tokens: int):
         super().__init__(env, spec, judge, output_tokens, spec.max_concurrency)
-        self._idle: list[float] = []   # idle-since times of warm instances
+        # idle-since times of warm instances; a time ahead of now: one still cold-starting (its call
+        # was aborted), free once ready
+        self._idle: list[float] = []
 
     def call_time(self, input_tokens: int) -> float:
         prefill = self.judge.prefill_time(input_tokens, input_tokens * input_tokens / 2)
         decode = self.judge.decode_line(1).total(input_tokens, 1, self.output_tokens)
         return self.spec.per_call_overhead_s + prefill + decode
 
-    def _take_warm(self) -> bool:
+    def _take_warm(self) -> float | None:
+        """An instance for a call: when it is ready (now, or ahead for one still cold-starting);
+        None when none is up."""
         now = self.env.now
         # Instances idle longer than the scale-down delay are gone; bill their idle tail.
         alive = []
@@ -74,36 +87,47 @@ class ServerlessPlatform(_Platform):
             else:
                 self.reserved_s += self.spec.scale_down_idle_s
         self._idle = alive
-        if self._idle:
-            t = self._idle.pop()  # most recently used: warmest
-            self.reserved_s += now - t
-            return True
-        return False
+        if not alive:
+            return None
+        ready = [t for t in alive if t <= now]
+        t = max(ready) if ready else min(alive)  # most recently used (warmest), else the first to boot
+        self._idle.remove(t)
+        self.reserved_s += max(0.0, now - t)
+        return t
 
     def call(self, input_tokens: int) -> Generator[Any, Any, None]:
         with self.slots.request() as slot:
             yield slot
             self.calls += 1
             start, t0 = self.env.now, None
+            ready = self._take_warm()
+            cold = ready is None
+            if ready is None:
+                self.cold_starts += 1
+                ready = start + self.spec.cold_start_s
             try:
-                if not self._take_warm():
-                    self.cold_starts += 1
+                if cold:
                     yield self.env.timeout(self.spec.cold_start_s)
+                elif ready > start:  # still cold-starting for a call that was aborted
+                    yield self.env.timeout(ready - start)
                 t0 = self.env.now
                 yield self.env.timeout(self.call_time(input_tokens))
             finally:
-                # Also when the caller is aborted: the instance worked (and is billed) until now
-                # and stays warm for the next call.
-                self.request_s += self.env.now - start
-                self.reserved_s += self.env.now - start
+                # Also when the caller is aborted: a cold start runs to its end and is billed whole
+                # to the call that caused it; a later call on that instance is billed from when it
+                # is ready, and the instance is free from then (or from when the call left).
+                end = max(self.env.now, ready)
+                billed = end - (start if cold else max(start, ready))
+                self.request_s += billed
+                self.reserved_s += billed
                 if t0 is not None:
                     self.busy_s += self.env.now - t0
-                self._idle.append(self.env.now)
+                self._idle.append(end)
 
     def close(self) -> None:
         """Bill the idle tails of instances still warm when the run ends."""
         for t in self._idle:
-            self.reserved_s += min(self.spec.scale_down_idle_s, self.env.now - t)
+            self.reserved_s += max(0.0, min(self.spec.scale_down_idle_s, self.env.now - t))
         self._idle = []
 
 
@@ -112,6 +136,7 @@ class _Instance:
     engine: GenerationEngine
     born: float                       # its cold start began
     ready: simpy.Event                # its cold start is over
+    ready_at: float                   # when it is
     calls: int = 0                    # calls on it now (admitted, cold-starting or served)
     active_since: float | None = None  # start of the current stretch with calls being served
     idle_since: float | None = None    # the last call left (None while it has calls)
@@ -147,14 +172,15 @@ class BatchingServerlessPlatform(_Platform):
     def _pick(self) -> _Instance:
         self._expire()
         free = [i for i in self.instances if i.calls < self.per_instance]
-        warm = [i for i in free if i.ready.triggered]
+        warm = [i for i in free if i.ready_at <= self.env.now]  # (a Timeout is "triggered" from creation)
         if warm or free:
             return min(warm or free, key=lambda i: i.calls)
         self.cold_starts += 1
         self.request_s += self.spec.cold_start_s  # the cold start a call caused is billed to it
         engine = GenerationEngine(self.env, 20_000 + self.cold_starts, "serverless", self.judge,
                                   self.per_instance, False, None)
-        inst = _Instance(engine, self.env.now, self.env.timeout(self.spec.cold_start_s))
+        inst = _Instance(engine, self.env.now, self.env.timeout(self.spec.cold_start_s),
+                         self.env.now + self.spec.cold_start_s)
         self.instances.append(inst)
         return inst
 
@@ -185,7 +211,7 @@ class BatchingServerlessPlatform(_Platform):
                         self.busy_s += now - inst.active_since
                         self.request_s += now - inst.active_since
                         inst.active_since = None
-                    inst.idle_since = now
+                    inst.idle_since = max(now, inst.ready_at)  # aborted while booting: idle once ready
 
     def close(self) -> None:
         """Bill the lives of the instances still up when the run ends (idle tails cut at the end)."""

@@ -4,7 +4,7 @@ Workers of a generation group are exchangeable under least-loaded routing, env m
 task are exchangeable, and the α window, redundancy and group sizes are per group, so a plan
 with m times fewer workers in every generation group, m times fewer GRPO groups per batch, env
 managers (an explicit ``algorithm.env_managers``; the default is a batch's), env cores,
-serverless concurrency and reward GPUs sees the same per-worker load, the same step time and
+serverless instances and reward GPUs sees the same per-worker load, the same step time and
 1/m of the throughput. What does not shrink is the trainer: its step (and the weight
 transfer) is priced on the *full* plan with the simulated batch replicated m times. The result
 scales the extensive figures (trajectories, tokens, counts, serverless GPU·s, cost) back by m
@@ -116,8 +116,10 @@ def shrink_plan(plan: Plan, m: int) -> Plan:
     for p in d["cluster"]["cpu_pools"].values():
         p["cores"] = max(1, -(-p["cores"] // m))
     if d["cluster"].get("serverless"):
+        # 1/m of the platform's instances, each serving as many calls at once as before
         s = d["cluster"]["serverless"]
-        s["max_concurrency"] = max(1, -(-s["max_concurrency"] // m))
+        per_instance = s["instance_concurrency"]
+        s["max_concurrency"] = max(1, -(-(s["max_concurrency"] // per_instance) // m)) * per_instance
     d["placement"]["trainer"]["gpus"] //= m
     if d["placement"]["reward"].get("gpus"):
         d["placement"]["reward"]["gpus"] //= m

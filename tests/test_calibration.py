@@ -289,13 +289,16 @@ def test_calibrate_show_unknown_profile_exits_2(tmp_path: Path) -> None:
 
 def _mixed_step_unmemoised(c, new_tokens: int, pairs: float, batch: int, context: float) -> float:
     """The kernel-profile mixed step as one expression (what the memoised method must equal bit for bit)."""
+    from rollart.sim.costs.moe import busiest_rank_sequences
+
+    seqs = busiest_rank_sequences(batch, c.ep)  # the busiest attention rank's whole sequences
     attn = c._prefill_attention(new_tokens / c.ep, pairs)
     if batch:
         d = c._attn_decode
-        attn += d["t0"] + d["t_seq"] * batch / c.ep + context * max(*c._per_cached_token(batch))
+        attn += d["t0"] + d["t_seq"] * seqs + context * max(*c._per_cached_token(batch))
     tokens = new_tokens + batch
     return (c.profile.iteration_overhead_s + c.model.layers * (c._layer_tokens(tokens) + attn)
-            + c._gemms(max(1.0, batch / c.ep), c._lm_head, c._bf16) + c._allreduce(tokens))
+            + c._gemms(max(1.0, seqs), c._lm_head, c._bf16) + c._allreduce(tokens))
 
 
 MOE_30B = {"name": "Qwen3-30B-A3B", "layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128,

@@ -351,3 +351,10 @@ def test_simulate_warns_when_pools_mix_a_calibrated_profile_with_the_datasheet_r
                        cwd=tmp_path)
         assert same.returncode == 0, same.stderr
         assert f"calibrated kernel profile {gpu}" in same.stdout and "datasheet roofline" not in same.stdout
+
+
+def test_a_judge_too_big_for_its_gpus_is_a_usage_error(tmp_path: Path):
+    judge = ("reward_model={name: judge-70b, layers: 80, hidden: 8192, heads: 64, kv_heads: 8, head_dim: 128, "
+             "intermediate: 28672, vocab: 128256}")
+    proc = rollart("simulate", "--quiet", "--steps", "1", "--set", judge, cwd=tmp_path)
+    assert_clean_usage_error(proc, "cluster.serverless.tp:", "judge-70b", "0 KV tokens on 1 × H800")

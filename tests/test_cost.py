@@ -132,3 +132,31 @@ def test_colocated_trainer_and_engines_are_billed_for_their_gpus_once():
     assert gpus_placed(apart) == {"h800": 64}
     gpu = plan.prices.gpu_price("H800")
     assert hourly_fixed_usd(apart) - hourly_fixed_usd(plan) == pytest.approx(32 * gpu)
+
+
+def test_serverless_gpu_seconds_are_priced_by_the_platforms_gpu_type():
+    """A serverless GPU-second costs the GPU type's hourly price × the serverless premium, so a
+    cheaper serverless GPU costs less (one flat H100 rate made an A100 or H20 platform, slower and
+    billing more seconds, the dearer one); the default H800 rate stays $0.0011."""
+    prices = Prices()
+    assert prices.serverless_gpu_second_price("H800") == 0.0011  # exactly: 2.50 × 1.584 / 3600
+    assert prices.serverless_gpu_second_price("H100") == 0.0011
+    rate = {gpu: prices.serverless_gpu_second_price(gpu) for gpu in ("H800", "H200", "A100", "H20")}
+    assert rate["H20"] < rate["A100"] < rate["H800"] < rate["H200"]
+    # the per-type rate reaches the bill
+    for gpu in ("H800", "H20"):
+        plan = small_plan([f"cluster.serverless.gpu={gpu}"])
+        cost = run_cost(plan, 3600.0, 1, 1, 1000.0)
+        assert cost.serverless_usd == pytest.approx(1000.0 * rate[gpu])
+    # an explicit flat rate still overrides the premium, whatever the GPU type
+    flat = small_plan(["cluster.serverless.gpu=H20", "prices.serverless_usd_per_gpu_second=0.002"])
+    assert run_cost(flat, 3600.0, 1, 1, 1000.0).serverless_usd == pytest.approx(2.0)
+
+
+def test_a_serverless_gpu_type_without_a_price_is_named_when_a_cost_is_asked_for():
+    plan = small_plan(["cluster.custom_gpus.X9={tflops_bf16: 500, hbm_tbps: 3, memory_gb: 80}",
+                       "cluster.serverless.gpu=X9"])
+    with pytest.raises(PlanError) as err:
+        require_prices(plan)
+    assert len(err.value.problems) == 1 and err.value.problems[0].startswith("prices.gpu_usd_per_hour.X9:")
+    assert "cluster.serverless.gpu" in err.value.problems[0]

@@ -45,6 +45,30 @@ def test_switch_moves_trainer_state_and_engine_weights_over_the_host_link() -> N
     assert wider.before_s < sw.before_s and wider.after_s < sw.after_s
 
 
+def test_switch_moves_the_trainers_expert_shard_and_waits_for_the_gpu_loading_the_most() -> None:
+    """A MoE trainer holds its experts over ep GPUs (as ``trainer_memory_gib`` counts them), so
+    it moves 2·(dense/(tp·pp) + experts/(ep·pp)), not 2P/(tp·pp); and with colocated groups of
+    tp 1 and tp 2 the switch ends when a tp-1 GPU has loaded the whole model, the most bytes.
+    FP8-served engines load their FP8 weights."""
+    from rollart.core import mode_config
+    from rollart.sim.backend import SimBackend
+    from rollart.sim.costs.moe import expert_params, served_weight_bytes
+
+    plan = small_plan([*COLOCATED, "model=Qwen3-30B-A3B"])
+    m, tr = plan.model, plan.placement.trainer  # 8 GPUs, tp 2: ep 8
+    sw = ColocationSwitch(m, tr, 1, 25e9)
+    shard = (m.params - expert_params(m)) / 2 + expert_params(m) / 8
+    assert sw.trainer_bytes == pytest.approx(2 * shard + ADAM_STATE_BYTES_PER_PARAM * m.params / 8)
+    assert 2 * shard < 0.3 * (2 * m.params / 2)  # the experts spread over 8 GPUs, not 2
+    fp8 = small_plan([*COLOCATED, "model.weight_dtype=fp8"]).model
+    assert ColocationSwitch(fp8, tr, 2, 25e9).engine_bytes == pytest.approx(served_weight_bytes(fp8) / 2)
+    assert served_weight_bytes(fp8) < 0.6 * fp8.weight_bytes
+    mixed = small_plan([*COLOCATED, "placement.generation=[{pool: h800, workers: 2, tp: 2}, "
+                                    "{pool: h800, workers: 4, tp: 1}]"])
+    b = SimBackend(mixed, mode_config(mixed, "sync"), 0)
+    assert b.switch.engine_bytes == pytest.approx(mixed.model.weight_bytes)  # a tp-1 GPU's whole model
+
+
 def test_colocated_rollout_stops_while_the_trainer_holds_the_gpus() -> None:
     """Time-sharing: an asynchronous mode cannot overlap rollout with training on one pool, so
     colocated AReaL-style is slower than the same GPUs split between trainer and rollout would
@@ -327,6 +351,26 @@ def test_gather_grows_with_tp_and_vanishes_at_tp1() -> None:
     """TP shards are all-gathered over NVLink before publishing: (W/pp)·(tp−1)/tp / nvlink."""
     assert _transfer(["placement.trainer.tp=1"]).gather_s == 0
     assert _transfer(["placement.trainer.tp=8"]).gather_s > _transfer(["placement.trainer.tp=2"]).gather_s > 0
+
+
+def test_gather_runs_at_the_trainers_all_reduce_bus_rate_and_gathers_experts_over_ep() -> None:
+    """A ring all-gather moves each GPU's missing (n−1)/n one way round the ring: at the bus rate of
+    the trainer's NCCL all-reduce fit (H800: under NVLink's one-way 200 GB/s), not at the datasheet's
+    both-directions 400 GB/s. A MoE trainer also all-gathers its experts over its ep GPUs, so at
+    tp 1 it still gathers."""
+    from rollart.calibration import tp_allreduce
+    from rollart.plan.presets import GPU_PRESETS
+    from rollart.plan.schema import GpuType
+    from rollart.sim.costs.moe import expert_params
+
+    h800 = GpuType(**GPU_PRESETS["H800"])
+    t = _transfer(["placement.trainer.tp=2"])
+    _, bus, _ = tp_allreduce("H800", h800, 2)
+    assert t.gather_s == pytest.approx(t.weight_bytes / 2 / bus)
+    assert bus < h800.nvlink_gbps * 1e9 / 2
+    moe = _transfer(["model=Qwen3-30B-A3B", "placement.trainer.tp=1", "placement.trainer.gpus=8"])  # ep 8
+    experts = 2 * expert_params(load_plan(resolve("paper/qwen3-32b-128gpu"), ["model=Qwen3-30B-A3B"]).model)
+    assert moe.gather_s == pytest.approx(experts * 7 / 8 / tp_allreduce("H800", h800, 8)[1])
 
 
 def test_store_pays_a_measured_overhead_per_bucket() -> None:

@@ -118,15 +118,39 @@ def test_ep_pays_off_where_kv_reads_dominate() -> None:
     assert decode(8, 1, 1024) > decode(1, 1, 1024)
 
 
+@pytest.mark.parametrize("profile", ["datasheet", None])
+def test_a_lone_sequence_attends_on_one_rank(profile: str | None) -> None:
+    # data-parallel attention: a sequence and its KV live on one rank. One sequence puts its whole
+    # context on one rank (8× an even eighth); eight sequences one each; nine put two on the busiest
+    cost = generation_cost(MOE, "H800", H800, 8, profile, 8)
+    one, eight, nine = (cost.decode_line(b) for b in (1, 8, 9))
+    assert one.m1 == pytest.approx(8 * eight.m1) and one.c1 == pytest.approx(8 * eight.c1)
+    assert nine.m1 == pytest.approx(eight.m1 * 2 * 8 / 9, rel=0.02)
+    # so EP loses to plain TP for one 128K-token sequence, and wins for a batch of them
+    tp_only = generation_cost(MOE, "H800", H800, 8, profile, 1)
+    assert cost.decode_line(1).total(131072, 1, 1) > tp_only.decode_line(1).total(131072, 1, 1)
+    assert cost.decode_line(64).total(64 * 131072, 64, 1) < tp_only.decode_line(64).total(64 * 131072, 64, 1)
+
+
 def test_all_to_all_moves_every_tokens_hidden_state_to_its_experts_and_back() -> None:
     nv = (400e9, 10e-6)
     t = all_to_all_s(MOE, 64, 8, 8, *nv, 1.0, 1.0)  # one node: the network does not matter
     per_gpu = 64 / 8 * 8 * 2048 * 2 * 7 / 8  # a rank's tokens × k × hidden × BF16 × off-rank share
     assert t == pytest.approx(2 * 48 * (10e-6 + per_gpu / 400e9))
     assert all_to_all_s(MOE, 64, 1, 8, *nv, 1.0, 1.0) == 0.0
-    # a worker wider than a node sends half its traffic over the cluster's network
+    # a worker wider than a node sends its off-node share over the cluster's network
     slow = all_to_all_s(MOE, 64, 16, 16, *nv, 25e9 / 8, 20e-6)
     assert slow > all_to_all_s(MOE, 64, 16, 16, *nv, 400e9, 10e-6)
+
+
+@pytest.mark.parametrize(("tp", "ep", "off"), [(16, 16, 8 / 15), (16, 2, 1.0), (16, 4, 2 / 3), (32, 4, 1.0)])
+def test_the_off_node_share_counts_the_ranks_a_token_can_leave_for(tp: int, ep: int, off: float) -> None:
+    # of the ep − 1 other ranks, those outside this node (8 GPUs) take the off-node share; ranks of
+    # tp/ep GPUs, so tp 16 · ep 2 has no other rank on its node and everything crosses the network
+    slow_net = (1e9, 0.0)
+    t = all_to_all_s(MOE, 4096, ep, tp, 1e15, 0.0, *slow_net)  # NVLink ~free: the network's share is the time
+    per_gpu = 4096 / ep * 8 * 2048 * 2 * (ep - 1) / ep / (tp // ep)
+    assert t == pytest.approx(2 * 48 * per_gpu * off / slow_net[0], rel=1e-9)
 
 
 @pytest.mark.parametrize("profile", ["datasheet", None])

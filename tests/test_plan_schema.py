@@ -577,3 +577,20 @@ def test_serverless_instance_concurrency_is_bounded_by_the_platform() -> None:
     line = only_line(problems_of(["cluster.serverless.instance_concurrency=100"]), "cluster.serverless:")
     assert "instance_concurrency (100)" in line and "max_concurrency" in line
     assert "cluster.serverless.billing" in " ".join(problems_of(["cluster.serverless.billing=monthly"]))
+
+
+@pytest.mark.parametrize("gpus, tp", [(1, 2), (3, 2)])
+def test_reward_gpus_must_be_whole_judge_engines(gpus: int, tp: int) -> None:
+    """gpus 1 at tp 2 built a tp-2 judge billed as one GPU; gpus 3 at tp 2 billed an idle GPU."""
+    reward = f"placement.reward={{where: dedicated, pool: h800, gpus: {gpus}, tp: {tp}}}"
+    line = only_line(problems_of(["cluster.gpu_pools.h800.count=12", reward]), "placement.reward:")
+    assert f"gpus ({gpus}) is not a multiple of tp ({tp})" in line
+
+
+def test_the_judges_tp_must_divide_the_reward_models_heads() -> None:
+    """As a generation worker's tp must split the policy's heads (Qwen2.5-7B has 28)."""
+    dedicated = ["cluster.gpu_pools.h800.count=16", "placement.reward={where: dedicated, pool: h800, gpus: 8, tp: 8}"]
+    line = only_line(problems_of(dedicated), "placement.reward.tp:")
+    assert "8 does not divide the reward model's 28 heads" in line
+    line = only_line(problems_of(["cluster.serverless.tp=3"]), "cluster.serverless.tp:")
+    assert "3 does not divide the reward model's 28 heads" in line

@@ -127,15 +127,16 @@ def test_rung_schedule():
 
 
 def test_successive_halving_finds_one_of_the_grids_best_plans():
-    # 4 steps, so that the rungs (2 steps, then 4) halve. The grid's top three of 192 plans: the
-    # H800 + H20 mix, all-H800 rollout 3.1 % behind, an 8-GPU trainer 6.6 % behind (after the 64-row
-    # tile slowed H20's small-batch decode; before it the runner-up was 2.7 % behind). Over four search
-    # seeds every answer is one of the top three, and at least half one of the top two: near-ties
-    # that two-step rungs cannot always order (the step-to-step spread is a few %).
+    # 4 steps, so that the rungs (2 steps, then 4) halve. The grid's best of 192 plans is an H800 + H20
+    # mix (0.546 traj/s); the next five lie 7–11 % behind it and within 4 % of each other (an 8-GPU
+    # trainer, all-H800 rollout, other mixes, a dedicated judge). Since a rank's pipeline bubble and
+    # all-reduce latency count only the micro-batches its sequences fill, two-step rungs rank that
+    # cluster in another order than four steps do. Over four search seeds every answer is one of the
+    # grid's top six (3 %), and at least half one of its top two.
     space, base = small_space(extra=["algorithm.steps=4"])
     ranked, n_grid = grid_ranked(space, base, SerialPool())
     assert n_grid == 192
-    top = [e.candidate.label() for e in ranked[:3]]
+    top = [e.candidate.label() for e in ranked[:6]]
     found = [search(space, base, SerialPool(), candidates=24, finalists=4, seed=seed) for seed in range(4)]
     assert all(r.best.candidate.label() in top for r in found)
     assert sum(r.best.candidate.label() in top[:2] for r in found) >= 2

@@ -48,6 +48,19 @@ def test_refuses_what_is_not_symmetric_or_not_divisible() -> None:
         shrink_plan(_paper(1), 3)
 
 
+def test_batching_serverless_instances_shrink_by_count_not_by_their_concurrency() -> None:
+    """--scale-approx keeps 1/m of the serverless instances, each taking instance_concurrency calls
+    (shrinking max_concurrency alone left it below instance_concurrency: 'the 1/16 plan is not valid')."""
+    def shrunk(*serverless: str) -> tuple[int, int]:
+        plan = load_plan(resolve(PAPER), [*scaled_overrides(8), f"algorithm.steps={STEPS}", *serverless])
+        sub = shrink_plan(plan, 16).cluster.serverless
+        return sub.instance_concurrency, sub.max_concurrency
+
+    assert shrunk("cluster.serverless.instance_concurrency=8") == (8, 32)  # 64 instances of 8 → 4
+    assert shrunk("cluster.serverless.instance_concurrency=8", "cluster.serverless.max_concurrency=64") == (8, 8)
+    assert shrunk() == (1, 32)  # one call per instance: as before, ⌈512 / 16⌉
+
+
 def test_result_says_so_and_scales_counts_back() -> None:
     plan = _paper(4, steps=2)
     sim = simulate_plan(plan, mode_config(plan), 0, scale_approx=8)

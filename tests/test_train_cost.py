@@ -93,12 +93,12 @@ def test_a_trainer_that_cannot_hold_its_state_is_refused_in_seconds_naming_the_f
 # ---------------------------------------------------------------- tensor-parallel communication
 
 
-def _planned(gpu: str, tp: int, gpus: int = 64, model: str = "Qwen3-8B", pp: int = 1):
+def _planned(gpu: str, tp: int, gpus: int = 64, model: str = "Qwen3-8B", pp: int = 1, **placement):
     from rollart.calibration import train_cost
 
     m = ModelSpec.model_validate(model)
-    return train_cost(m, GpuType(**GPU_PRESETS[gpu]), TrainerPlacement(pool="p", gpus=gpus, tp=tp, pp=pp, mfu=0.35),
-                      gpu)
+    trainer = TrainerPlacement(pool="p", gpus=gpus, tp=tp, pp=pp, mfu=0.35, **placement)
+    return train_cost(m, GpuType(**GPU_PRESETS[gpu]), trainer, gpu)
 
 
 def test_tensor_parallel_all_reduces_are_priced_on_the_trainer_gpus_nvlink() -> None:
@@ -155,11 +155,122 @@ def test_pipeline_stages_all_reduce_only_their_own_layers() -> None:
     # factor applies to both compute and communication)
     lens = [8_000] * 64
     one, two = _planned("H800", 4, gpus=32), _planned("H800", 4, gpus=64, pp=2)  # dp 8 both
-    assert two._comm[0] == pytest.approx(one._comm[0] / 2) and two._comm[1] == pytest.approx(one._comm[1] / 2)
+    for tokens, micro_batches in ((64_000, 8), (64_000, 1), (1, 16)):
+        assert two._comm_s(tokens, micro_batches) == pytest.approx(one._comm_s(tokens, micro_batches) / 2)
     m = one.model
 
     def optimizer(c) -> float:
         return 2 * 16 * m.params / (c.trainer.gpus * c.gpu.hbm_tbps * 1e12)
 
-    bubble = 1 / (two.trainer.micro_batches + 1)
+    bubble = 1 / (8 + 1)  # 8 sequences a rank: 8 micro-batches, not the plan's 16
     assert two.step_time(lens) - optimizer(two) == pytest.approx((one.step_time(lens) - optimizer(one)) / 2 / (1 - bubble))
+
+
+# ---------------------------------------------------------------- micro-batches and the pipeline bubble
+
+
+def _lens(n: int = 128) -> list[int]:
+    return [1500 + (i * 997) % 1500 for i in range(n)]  # deterministic, 1500..2999 tokens
+
+
+def test_a_rank_runs_no_more_micro_batches_than_it_has_sequences() -> None:
+    """A micro-batch holds at least one whole sequence, so a rank of n sequences runs
+    m = min(micro_batches, n) micro-batches and its pipeline idles (pp − 1) / (m + pp − 1) of the
+    step. With one sequence a rank (128 sequences, dp 128) a 4-stage pipeline passes its one
+    micro-batch through the stages one after the other (bubble 3/4): no faster than the same dp
+    without pipelining, whatever micro_batches the plan asks for."""
+    lens = _lens()
+    piped = _planned("H800", 2, gpus=1024, model="Qwen3-32B", pp=4)  # dp 128: one sequence a rank
+    flat = _planned("H800", 2, gpus=256, model="Qwen3-32B")  # dp 128, pp 1
+    assert piped.micro_batches(1) == 1 and piped.bubble(1) == 0.75
+
+    def optimizer(c) -> float:
+        return 2 * 16 * c.model.params / (c.trainer.gpus * c.gpu.hbm_tbps * 1e12)
+
+    assert piped.step_time(lens) - optimizer(piped) == pytest.approx(flat.step_time(lens) - optimizer(flat))
+    one_micro_batch = _planned("H800", 2, gpus=1024, model="Qwen3-32B", pp=4, micro_batches=1)
+    assert piped.step_time(lens) == one_micro_batch.step_time(lens)
+
+
+def test_pipelining_does_not_beat_more_data_parallel_ranks_at_few_sequences_a_rank() -> None:
+    """256 GPUs, 128 sequences: pp 4 (dp 32, 4 sequences a rank) runs 4 micro-batches with a 3/7
+    bubble, so it is slower than pp 1 (dp 128, one sequence a rank, no bubble); the plan's 16
+    micro-batches would have hidden the bubble."""
+    lens = _lens()
+    pp4, pp1 = _planned("H800", 2, gpus=256, model="Qwen3-32B", pp=4), _planned("H800", 2, gpus=256, model="Qwen3-32B")
+    assert pp4.step_time(lens) > pp1.step_time(lens)
+    assert pp4.bubble(pp4.micro_batches(4)) == pytest.approx(3 / 7)
+
+
+# ---------------------------------------------------------------- expert parallelism
+
+
+def test_a_moe_trainer_pays_its_expert_parallel_all_to_all() -> None:
+    """Each MoE layer sends every token's hidden state (BF16) to its k experts' GPUs and back
+    (dispatch + combine), in the forward, backward, recompute and two log-prob passes. 8 GPUs at
+    tp 1 shard the 128 experts over ep 8 (one node, NVLink): a GPU of the busiest rank (16
+    sequences, 16 micro-batches) moves 2 · L · T · k · hidden · 2 B · 7/8 a pass and pays the link's
+    latency twice a layer each micro-batch. At equal compute an H800 (NVLink 400 GB/s) is slower
+    than an H100 (900 GB/s) by exactly the difference; a dense model pays nothing of it."""
+    from rollart.calibration import tp_allreduce
+    from rollart.sim.costs.train import TP_COMM_PASSES
+
+    lens = [2000] * 128
+    h800, h100 = (_planned(g, 1, gpus=8, model="Qwen3-30B-A3B") for g in ("H800", "H100"))
+    m = h800.model
+    assert h800.ep == 8 and "ep 8 all-to-alls on NVLink (H800 NCCL all-reduce fit)" in h800.source
+
+    def all_to_all(gpu: str) -> float:
+        alpha, beta, _ = tp_allreduce(gpu, GpuType(**GPU_PRESETS[gpu]), 8)
+        sent = 16 * 2000 * m.moe_active_experts * m.hidden * 2 * 7 / 8  # bytes a GPU sends a layer, one way
+        return TP_COMM_PASSES * 2 * m.layers * (16 * alpha + sent / beta)
+
+    no_links = TrainCost(m, H800, h800.trainer)
+    assert h800.step_time(lens) - no_links.step_time(lens) == pytest.approx(all_to_all("H800"))
+    assert h800.step_time(lens) - h100.step_time(lens) == pytest.approx(all_to_all("H800") - all_to_all("H100"))
+    assert all_to_all("H800") > 2 * all_to_all("H100")
+    dense = _planned("H800", 1, gpus=8)
+    assert dense.ep == 1 and "all-to-all" not in dense.source
+    assert dense.step_time(lens) == TrainCost(dense.model, H800, dense.trainer).step_time(lens)
+
+
+def test_an_explicit_trainer_ep_sets_the_expert_shard_and_the_all_to_all() -> None:
+    """placement.trainer.ep: unset, the experts spread over the widest group inside a node (the
+    largest ep ≤ 8 dividing the experts and a pipeline stage's GPUs); ep 1 keeps every expert on
+    every GPU (more memory, no all-to-all); ep 2 half of them on each."""
+    from rollart.sim.costs.moe import expert_params
+    from rollart.sim.costs.train import trainer_ep, trainer_memory_gib
+
+    moe = ModelSpec.model_validate("Qwen3-30B-A3B")
+    widest = TrainerPlacement(pool="p", gpus=16, tp=2)
+    assert trainer_ep(moe, widest) == 8  # one node, not all 16 GPUs
+    assert trainer_ep(moe, widest.model_copy(update={"pp": 4})) == 4
+    assert trainer_ep(moe, widest.model_copy(update={"gpus": 12})) == 4  # 8 and 6 do not divide 12 and 128
+    assert trainer_ep(ModelSpec.model_validate("Qwen3-8B"), widest) == 1
+    mem = {ep: trainer_memory_gib(moe, widest.model_copy(update={"ep": ep})) for ep in (1, 2, 8, 16)}
+    assert mem[8] == trainer_memory_gib(moe, widest) and mem[16] < mem[8]
+    # each halving of ep adds half the experts' bf16 weights and fp32 gradients to a GPU
+    assert mem[1] - mem[2] == pytest.approx(6 * expert_params(moe) / 2 / 2**30)
+    lens = [2000] * 128
+    one, no_ep = (_planned("H800", 1, gpus=8, model="Qwen3-30B-A3B", ep=ep) for ep in (None, 1))
+    assert no_ep.ep == 1 and "all-to-all" not in no_ep.source and no_ep.step_time(lens) < one.step_time(lens)
+
+
+def test_trainer_ep_is_validated_against_its_gpus_and_the_experts() -> None:
+    from rollart.plan import PlanError
+    from tests.conftest import small_plan
+
+    moe = ("model={name: moe, layers: 4, hidden: 256, heads: 8, kv_heads: 2, head_dim: 32, intermediate: 64, "
+           "vocab: 1000, moe_experts: 8, moe_active_experts: 2}")  # the default trainer: 4 GPUs, tp 2
+    assert small_plan([moe, "placement.trainer.ep=4"]).placement.trainer.ep == 4
+    assert small_plan(["placement.trainer.ep=1"]).placement.trainer.ep == 1  # ep 1 is no expert parallelism
+    for overrides, words in (([moe, "placement.trainer.ep=8"], "does not divide the trainer's 4 GPUs"),
+                             ([moe.replace("moe_experts: 8", "moe_experts: 2"), "placement.trainer.ep=4"],
+                              "does not divide the model's 2 experts"),
+                             ([moe.replace("moe_experts: 8", "moe_experts: 6"), "placement.trainer.ep=4"],
+                              "does not divide the model's 6 experts"),
+                             (["placement.trainer.ep=2"], "is dense")):
+        with pytest.raises(PlanError) as err:
+            small_plan(overrides)
+        assert [p for p in err.value.problems if p.startswith("placement.trainer.ep: ") and words in p], \
+            err.value.problems

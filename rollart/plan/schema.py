@@ -108,6 +108,8 @@ class Serverless(_Strict):
         "per_request", description="what the platform bills: each call's time plus the cold starts it causes "
         "(pay per request, e.g. on-demand GPU functions billed per execution) or every instance's time from its cold "
         "start until it scales down, idle included (e.g. Modal, RunPod)")
+    tp: Count = Field(1, description="GPUs one instance spans (the judge's tensor parallelism); every instance-second "
+                      "is billed as tp GPU-seconds")
 
     @model_validator(mode="after")
     def _instances(self) -> "Serverless":
@@ -195,6 +197,9 @@ class ModelSpec(_Strict):
     # and lm_head stay BF16). The trainer's weights are BF16 either way (``weight_bytes``).
     weight_dtype: Literal["bf16", "fp8"] = "bf16"
     kv_dtype: Literal["bf16", "fp8"] = "bf16"
+    max_context_tokens: Annotated[int, Field(gt=0, le=10_000_000)] | None = Field(None, description=(
+        "the model's context window in tokens; read for reward_model: the LLM judge cuts the trajectory it scores "
+        "at it. Unset: 32768, the native window of every preset (Qwen2.5-7B, Qwen3)"))
 
     @model_validator(mode="before")
     @classmethod
@@ -309,8 +314,28 @@ class TrainerPlacement(_Strict):
         "(on the GPUs' NVLink, across nodes the intra-cluster link), so an end-to-end MFU measured at tp > 1 "
         "counts them twice"))
     micro_batches: Count = 16
+    ep: Count | None = Field(None, description=(
+        "expert-parallel ranks a MoE trainer shards its experts over (each GPU holds 1/ep of them and every MoE "
+        "layer sends its tokens to their experts' GPUs and back); default the widest inside one node: the largest "
+        "ep ≤ 8 dividing the experts and gpus / pp"))
     profile: str | None = Field(None, description="measured train profile YAML (written by `rollart validate`): "
                                                   "step time and weight hand-off instead of the FLOPs/MFU model")
+
+    def ep_problems(self, model: ModelSpec) -> list[str]:
+        """One-line plan errors for an explicit ``ep`` the model or the placement cannot take."""
+        if self.ep is None or self.ep == 1:
+            return []
+        if not model.moe_experts:
+            return [f"placement.trainer.ep: {self.ep} expert-parallel ranks, but {model.name} is dense (no experts "
+                    "to shard); leave it unset"]
+        stage = self.gpus // self.pp  # expert-parallel ranks are carved out of one pipeline stage's GPUs
+        out = []
+        if stage % self.ep:
+            out.append(f"placement.trainer.ep: {self.ep} does not divide the trainer's {stage} GPUs a pipeline "
+                       "stage (gpus / pp)")
+        if model.moe_experts % self.ep:
+            out.append(f"placement.trainer.ep: {self.ep} does not divide the model's {model.moe_experts} experts")
+        return out
 
 
 class GenerationGroup(_Strict):
@@ -338,6 +363,15 @@ class RewardPlacement(_Strict):
     output_tokens: Annotated[int, Field(gt=0, le=32_768)] = Field(64, description=(
         "tokens the LLM judge writes per call, dedicated or serverless (assumed: a short verdict; ROLL's Qwen2.5-7B "
         "RLVR judge prompt asks for a bare YES or NO, about 2)"))
+
+    @model_validator(mode="after")
+    def _whole_engines(self) -> "RewardPlacement":
+        # the judge runs gpus / tp engines of tp GPUs each: a remainder would be billed idle (or a
+        # tp-GPU engine billed as fewer GPUs)
+        if self.gpus % self.tp:
+            raise ValueError(f"gpus ({self.gpus}) is not a multiple of tp ({self.tp}), the GPUs one judge engine "
+                             "spans")
+        return self
 
 
 class Placement(_Strict):
@@ -434,8 +468,14 @@ class Prices(_Strict):
     cpu_core_usd_per_hour: NonNegFloat = Field(0.04, description="US$ per CPU core-hour of the env pools")
     # Modal's H100 list price is $0.001097 per GPU-second (≈ $3.95/h): serverless GPU time costs
     # a premium over a reserved GPU-hour, paid only for billed seconds (which seconds are billed:
-    # cluster.serverless.billing; Modal itself bills container time, "instance_time").
-    serverless_usd_per_gpu_second: NonNegFloat = Field(0.0011, description="US$ per billed serverless GPU-second")
+    # cluster.serverless.billing; Modal itself bills container time, "instance_time"). The premium
+    # scales each GPU type's hourly price, so a cheaper serverless GPU costs less per second.
+    serverless_premium: NonNegFloat = Field(1.584, description=(
+        "serverless GPU time's price over the GPU type's gpu_usd_per_hour: a billed GPU-second costs "
+        "gpu_usd_per_hour × serverless_premium / 3600. 1.584 = 0.0011 × 3600 / 2.50: $0.0011 per GPU-second "
+        "(Modal's H100 list price, $0.001097) over the table's $2.50/h for H100 and H800"))
+    serverless_usd_per_gpu_second: NonNegFloat | None = Field(None, description=(
+        "US$ per billed serverless GPU-second whatever the GPU type; set, it overrides serverless_premium"))
 
     @field_validator("gpu_usd_per_hour", mode="before")
     @classmethod
@@ -454,6 +494,14 @@ class Prices(_Strict):
             return self.gpu_usd_per_hour[gpu]
         key = canonical_gpu(gpu)
         return self.gpu_usd_per_hour.get(key) if key else None
+
+    def serverless_gpu_second_price(self, gpu: str) -> float | None:
+        """US$ per billed serverless GPU-second on ``gpu``: the explicit flat rate if set, else the
+        type's hourly price × the premium; None when the table has no price for the type."""
+        if self.serverless_usd_per_gpu_second is not None:
+            return self.serverless_usd_per_gpu_second
+        hourly = self.gpu_price(gpu)
+        return None if hourly is None else hourly * self.serverless_premium / 3600
 
 
 # ---------------------------------------------------------------- the real runtime
@@ -573,6 +621,8 @@ def _cross_problems(plan: Plan) -> list[str]:
     needs_judge = any(t.reward == "llm_judge" for t in plan.tasks)
     if needs_judge and p.reward.where == "serverless" and c.serverless is None:
         out.append("placement.reward.where: 'serverless' but cluster.serverless is not defined")
+    if needs_judge:
+        out.extend(judge_tp_problems(plan))
 
     # GPU budget per pool (pools the placement names but the cluster lacks are reported above).
     used = {name: n for name, n in p.gpus_by_pool().items() if name in pools}
@@ -586,6 +636,7 @@ def _cross_problems(plan: Plan) -> list[str]:
 
     if p.trainer.gpus % (p.trainer.tp * p.trainer.pp):
         out.append(f"placement.trainer.gpus: {p.trainer.gpus} is not a multiple of tp × pp = {p.trainer.tp * p.trainer.pp}")
+    out.extend(p.trainer.ep_problems(plan.model))
     for i, g in enumerate(p.generation):
         if plan.model.heads % g.tp:
             out.append(f"placement.generation.{i}.tp: {g.tp} does not divide the model's {plan.model.heads} heads")
@@ -636,6 +687,19 @@ def _cross_problems(plan: Plan) -> list[str]:
                            f"({t.max_context_tokens})")
     if not out:
         out.extend(work_problems(plan))
+    return out
+
+
+def judge_tp_problems(plan: Plan) -> list[str]:
+    """The LLM judge's tensor parallelism must split its heads, as a generation worker's must
+    (dedicated: placement.reward.tp; serverless: cluster.serverless.tp)."""
+    heads, out = plan.reward_model.heads, []
+    tps = [("placement.reward.tp", plan.placement.reward.tp)] if plan.placement.reward.gpus else []
+    if plan.cluster.serverless is not None:
+        tps.append(("cluster.serverless.tp", plan.cluster.serverless.tp))
+    for field, tp in tps:
+        if heads % tp:
+            out.append(f"{field}: {tp} does not divide the reward model's {heads} heads")
     return out
 
 

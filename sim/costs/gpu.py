@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rollart.plan.schema import GpuType, ModelSpec
-from rollart.sim.costs.moe import (all_to_all_s, embedding_params, expert_weight_bytes, input_embedding_params,
-                                   rank_expert_rows, rank_experts_touched, served_weight_bytes, worker_weight_bytes)
+from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, embedding_params, expert_weight_bytes, input_embedding_params,
+                                   rank_expert_rows, rank_experts_touched, ring_link, served_weight_bytes,
+                                   worker_weight_bytes)
 
 
 @dataclass(frozen=True)
@@ -223,12 +224,18 @@ class RooflineGeneration:
         if n == 1:
             return comm
         nbytes = tokens / self.ep * self.model.hidden * 2
-        per = self.eff.allreduce_latency_s + 2 * (n - 1) / n * nbytes / self._nvlink
+        rate, latency = ring_link(n, (self._nvlink, self.eff.allreduce_latency_s), self._network)
+        per = latency + 2 * (n - 1) / n * nbytes / rate
         return comm + 2 * self.model.layers * per
 
     def _lm_head(self, rows: float) -> float:
         """lm_head FLOPs of the busiest rank for ``rows`` sampling rows (1/ep of them, vocab over tp)."""
-        return self._lm_head_flops_per_row * max(1.0, rows / self.ep)
+        return self._lm_head_flops_per_row * max(1.0, busiest_rank_sequences(rows, self.ep))
+
+    def _context_share(self, batch: float) -> float:
+        """The busiest rank's context over an even 1/ep share: it holds ⌈batch/ep⌉ whole sequences
+        (1 when ep divides the batch; ep for one sequence alone)."""
+        return self.ep * busiest_rank_sequences(batch, self.ep) / batch if batch > 0 else 1.0
 
     def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
         if new_tokens <= 0:
@@ -243,10 +250,11 @@ class RooflineGeneration:
         if new_tokens <= 0:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
         tokens = new_tokens + decode_batch
+        context = decode_context * self._context_share(decode_batch)
         flops = self._flops(tokens) + self._lm_head(decode_batch) \
-            + self._attn_flops_per_pair * (attention_pairs + decode_context)
+            + self._attn_flops_per_pair * (attention_pairs + context)
         compute = flops / (self._peak * self.eff.prefill_compute)
-        memory = (self._weights(tokens) + self._kv_bytes_per_token * decode_context) \
+        memory = (self._weights(tokens) + self._kv_bytes_per_token * context) \
             / (self._bw * self.eff.decode_bandwidth)
         return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(tokens)
 
@@ -258,9 +266,9 @@ class RooflineGeneration:
             line = DecodeLine(
                 a=self.eff.iteration_overhead_s + self._allreduce(batch),
                 c0=(self._flops(batch) + self._lm_head(batch)) / pc,
-                c1=self._attn_flops_per_pair / pc,
+                c1=self._attn_flops_per_pair * self._context_share(batch) / pc,
                 m0=self._weights(batch) / bw,
-                m1=self._kv_bytes_per_token / bw,
+                m1=self._kv_bytes_per_token * self._context_share(batch) / bw,
             )
             self._lines[batch] = line
         return line

@@ -9,7 +9,10 @@ from typing import Any
 
 import yaml
 
-from rollart.plan.schema import Link, Plan
+from rollart.calibration import tp_allreduce
+from rollart.plan.schema import GpuType, Link, Plan
+from rollart.sim.costs.moe import expert_params
+from rollart.sim.costs.train import trainer_ep
 
 # Share of a link's line rate a bulk weight transfer reaches. ASSUMED (not measurable here:
 # loopback TCP says nothing about 200 Gbps Ethernet): TCP pays per-flow congestion control and
@@ -17,6 +20,16 @@ from rollart.plan.schema import Link, Plan
 LINK_EFFICIENCY = {"tcp": 0.6, "rdma": 0.9, "ib": 0.9}
 HBM_COPY_EFFICIENCY = 0.7  # a strided layout conversion on the GPU reads and writes every byte
 MEASURED = Path(__file__).resolve().parents[2] / "calibration" / "data" / "weight_transfer" / "measured.yaml"
+
+
+def all_gather_s(nbytes: float, n: int, gpu_name: str, gpu: GpuType, network: Link | None) -> float:
+    """A ring all-gather of ``nbytes`` sharded over ``n`` trainer GPUs: each receives the (n−1)/n it
+    lacks at the bus rate of the trainer's all-reduce fit (:func:`~rollart.calibration.tp_allreduce`:
+    NVLink's one-way rate inside a node, the cluster's network beyond); 0 for one GPU."""
+    if n <= 1:
+        return 0.0
+    _, bus_bytes_per_s, _ = tp_allreduce(gpu_name, gpu, n, network)
+    return nbytes * (n - 1) / n / bus_bytes_per_s
 
 
 @lru_cache(maxsize=1)
@@ -33,8 +46,10 @@ def measured_store() -> dict[str, float]:
 class WeightTransferCost:
     """What moving W bytes of weights from the trainer to the engines costs, per term:
 
-    1. **gather**: each pipeline stage's TP ranks all-gather their shards into whole tensors over
-       NVLink, ``(W/pp)·(tp−1)/tp / nvlink``; the stages work in parallel;
+    1. **gather**: each pipeline stage's TP ranks all-gather their shards of the dense weights, and
+       a MoE's ep expert-parallel ranks their experts, into whole tensors (:func:`all_gather_s`),
+       ``(W_dense/pp)·(tp−1)/tp / β_tp + (W_experts/pp)·(ep−1)/ep / β_ep``, β the trainer's
+       all-reduce bus rate of a group that size; the stages work in parallel;
     2. **convert**: layout and dtype from the trainer's format to the engine's (fused QKV per KV
        group and fused gate/up split, contiguous copies) on the trainer GPUs: every byte read and
        written at HBM rate, ``2·(W/pp) / (hbm·0.7)``;
@@ -73,7 +88,10 @@ class WeightTransferCost:
         self.h2d_bytes_per_s = ws.h2d_gbps * 1e9 / 8
         gpu = plan.gpu_of_pool(tr.pool)
         stage = self.weight_bytes / tr.pp
-        self.gather_s = stage * (tr.tp - 1) / tr.tp / (gpu.nvlink_gbps * 1e9)
+        experts = 2.0 * expert_params(plan.model) / tr.pp  # a stage's experts in BF16, as weight_bytes
+        gpu_name, intra = pools[tr.pool].gpu, links.get("intra_cluster")
+        self.gather_s = all_gather_s(stage - experts, tr.tp, gpu_name, gpu, intra) \
+            + all_gather_s(experts, trainer_ep(plan.model, tr), gpu_name, gpu, intra)
         self.convert_s = 2 * stage / (gpu.hbm_tbps * 1e12 * HBM_COPY_EFFICIENCY)
         self.stage_s = stage / self.h2d_bytes_per_s
         from rollart.calibration.links import STORE_BUCKET_OVERHEAD_S

@@ -95,6 +95,12 @@ def weight_bytes_read(model: ModelSpec, tokens: float) -> float:
 GPUS_PER_NODE = 8  # HGX boards: NVLink inside a node, the cluster's network across nodes
 
 
+def busiest_rank_sequences(batch: float, ep: int) -> float:
+    """Sequences the busiest of ``ep`` data-parallel attention ranks holds for a decode batch of
+    ``batch``: a sequence lives on one rank, so ⌈batch/ep⌉ (one sequence alone is all on one rank)."""
+    return float(math.ceil(batch / ep)) if ep > 1 and batch > 0 else float(batch)
+
+
 def _busiest(mean: float, var: float, ep: int) -> float:
     """Expected maximum over ``ep`` ranks of a count with this mean and variance (Gaussian
     extreme: mean + σ·√(2 ln ep)); the mean itself for one rank."""
@@ -134,6 +140,15 @@ def worker_weight_bytes(model: ModelSpec, ep: int = 1) -> float:
     return served + (max(1, ep) - 1) * (served - expert_weight_bytes(model))
 
 
+def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, float]) -> tuple[float, float]:
+    """(bytes/s, latency s) that pace a ring collective (a tensor-parallel all-reduce) over ``gpus``
+    GPUs: NVLink within a node; a ring wider than a node crosses the cluster's network at every
+    node boundary, and its slowest hop sets the pace (the lower rate, the higher latency)."""
+    if gpus <= GPUS_PER_NODE:
+        return nvlink
+    return min(nvlink[0], network[0]), max(nvlink[1], network[1])
+
+
 def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes_per_s: float, nvlink_latency_s: float,
                  net_bytes_per_s: float, net_latency_s: float) -> float:
     """Dispatch + combine of every MoE layer for a step over ``tokens`` tokens on a worker of
@@ -144,8 +159,12 @@ def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes
     if ep <= 1 or not model.moe_experts:
         return 0.0
     k = max(1, model.moe_active_experts)
-    per_gpu = tokens / ep * k * model.hidden * 2.0 * (ep - 1) / ep / (tp // ep)
-    off_node = max(0.0, 1.0 - GPUS_PER_NODE / tp)  # share of the peers in other nodes
+    rank_tp = tp // ep
+    per_gpu = tokens / ep * k * model.hidden * 2.0 * (ep - 1) / ep / rank_tp
+    # of the ep − 1 ranks a token may leave for, those outside this node (a rank wider than a node
+    # has none beside it)
+    ranks_per_node = max(1, GPUS_PER_NODE // rank_tp)
+    off_node = (ep - min(ep, ranks_per_node)) / (ep - 1)
     t = nvlink_latency_s + per_gpu * (1 - off_node) / nvlink_bytes_per_s
     if off_node:
         t = max(t, net_latency_s + per_gpu * off_node / net_bytes_per_s)

@@ -6,7 +6,8 @@ serverless GPU-seconds, priced with the plan's ``prices`` table.
   that the placement leaves unused are not charged (a planner's plan buys only what it places).
 * CPU cores: every core of the plan's CPU pools, for the whole run (env pools are provisioned,
   not billed per call).
-* Serverless reward: the GPU-seconds the platform billed, at ``serverless_usd_per_gpu_second``.
+* Serverless reward: the GPU-seconds the platform billed, at its GPU type's hourly price × the
+  serverless premium (``Prices.serverless_gpu_second_price``).
 
 ``cost_usd_per_hour`` is the run's total cost over its wall time, so it includes the serverless
 spend averaged over the run; ``hourly_fixed_usd`` (GPUs + CPUs only) is what a budget in
@@ -47,7 +48,18 @@ def missing_prices(plan: Plan) -> list[str]:
         if n and plan.prices.gpu_price(gpu) is None:
             out.append(f"prices.gpu_usd_per_hour.{gpu}: no price for GPU type '{gpu}' (pool '{pool}'); "
                        f"add one, e.g. --set prices.gpu_usd_per_hour.{gpu}=2.0")
+    s = plan.cluster.serverless
+    if s is not None and any(t.reward == "llm_judge" for t in plan.tasks) and serverless_price(plan) is None:
+        out.append(f"prices.gpu_usd_per_hour.{s.gpu}: no price for GPU type '{s.gpu}' (cluster.serverless.gpu), "
+                   "which serverless GPU-seconds are priced from; add one, or set prices.serverless_usd_per_gpu_second")
     return out
+
+
+def serverless_price(plan: Plan) -> float | None:
+    """US$ per billed GPU-second of the plan's serverless platform; None without one, or without a
+    price for its GPU type."""
+    s = plan.cluster.serverless
+    return None if s is None else plan.prices.serverless_gpu_second_price(s.gpu)
 
 
 def require_prices(plan: Plan) -> None:
@@ -82,7 +94,7 @@ def run_cost(plan: Plan, wall_s: float, steps: int, trajectories: int, serverles
     hours = max(wall_s, 0.0) / 3600.0
     gpu = sum(n * (plan.prices.gpu_price(t) or 0.0) for t, n in gpus_placed_by_type(plan).items()) * hours
     cpu = cpu_cores(plan) * plan.prices.cpu_core_usd_per_hour * hours
-    serverless = serverless_gpu_s * plan.prices.serverless_usd_per_gpu_second
+    serverless = serverless_gpu_s * (serverless_price(plan) or 0.0)  # no price only where nothing is billed
     total = gpu + cpu + serverless
     return RunCost(
         total_usd=total,
@@ -94,4 +106,4 @@ def run_cost(plan: Plan, wall_s: float, steps: int, trajectories: int, serverles
 
 
 __all__ = ["RunCost", "cpu_cores", "gpus_placed", "gpus_placed_by_type", "hourly_fixed_usd", "missing_prices",
-           "require_prices", "run_cost"]
+           "require_prices", "run_cost", "serverless_price"]

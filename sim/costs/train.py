@@ -5,7 +5,8 @@ from __future__ import annotations
 import heapq
 
 from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
-from rollart.sim.costs.moe import expert_params, input_embedding_params
+from rollart.sim.costs.moe import (GPUS_PER_NODE, all_to_all_s, expert_params, input_embedding_params,
+                                  worker_weight_bytes)
 
 # GRPO step: forward + backward (6·P per token) plus two extra forwards for the
 # old-policy and reference log-probs (2·2·P per token).
@@ -21,70 +22,112 @@ TP_COMM_PASSES = 5
 
 
 class TrainCost:
-    """step = [dp · max_rank(10·P'·T_r + 5·2·L·H·d·Σ_r s²) / (gpus · peak · MFU) + comm] / (1 − bubble) + optimizer
+    """step = max_r [dp · (10·P'·T_r + 5·2·L·H·d·Σ_r s²) / (gpus · peak · MFU) + comm_r] / (1 − bubble_r)
+           + optimizer
 
     P' the parameters whose matmuls every token runs: the active parameters less the input embedding
     (a lookup, no FLOPs; the lm_head is a GEMM and counts), as Megatron counts model FLOPs. Each of
     the dp = gpus / (tp·pp) data-parallel ranks trains whole sequences, handed out longest first to
-    the least-loaded rank, so the step waits for the busiest rank: T_r its tokens, s its sequences'
+    the least-loaded rank, so the step waits for the slowest rank r: T_r its tokens, s its sequences'
     lengths. A batch of fewer sequences than ranks leaves ranks idle instead of shrinking the step.
-    The pipeline bubble is (pp − 1) / (micro_batches + pp − 1). The optimizer step streams fp32 Adam
-    state (16 bytes per parameter, read and written) at HBM bandwidth, sharded over the GPUs.
+    A micro-batch holds at least one whole sequence, so rank r runs m_r = min(micro_batches, its
+    sequences) micro-batches and its pipeline bubble is (pp − 1) / (m_r + pp − 1). The optimizer step
+    streams fp32 Adam state (16 bytes per parameter, read and written) at HBM bandwidth, sharded over
+    the GPUs.
 
-    comm is the tensor-parallel all-reduces a GPU waits for (tp > 1, given ``allreduce`` = (α s,
-    bus bytes/s) of the trainer GPUs' link):
-    5 passes · 2 · (L / pp) · (micro_batches · α + T_r · hidden · 2 B · 2(tp − 1)/tp / β),
-    T_r a rank's tokens; the step then waits for the rank whose compute and comm together are the
-    most. MFU is the compute's alone: an MFU fitted to a measured step at some tp keeps that step's
-    time only with the comm term beside it."""
+    comm_r is the communication a GPU of rank r waits for, each pass (forward, backward, recompute,
+    two log-prob forwards) over its stage's L / pp layers, each micro-batch paying its latency:
+
+    * tp > 1, given ``allreduce`` = (α s, bus bytes/s, where) of the trainer GPUs' link, the
+      tensor-parallel all-reduces: 5 · 2 · (L / pp) · (m_r · α + T_r · hidden · 2 B · 2(tp − 1)/tp / β);
+    * a MoE with ep > 1 (:func:`trainer_ep`), given ``all_to_all`` = the (α, β, where) of a group
+      inside a node and of one across nodes, the expert-parallel dispatch + combine of every MoE
+      layer: 5 · (m_r / pp) · :func:`~rollart.sim.costs.moe.all_to_all_s` over a group of ep GPUs
+      each sending its T_r / (m_r · tp) tokens of a micro-batch (sequence parallel splits a rank's
+      tokens over its tp GPUs) to their k experts' GPUs and back, NVLink within a node, the
+      cluster's network across nodes.
+
+    MFU is the compute's alone: an MFU fitted to a measured step at some tp keeps that step's time
+    only with the comm term beside it."""
 
     def __init__(self, model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement,
-                 allreduce: tuple[float, float, str] | None = None):
+                 allreduce: tuple[float, float, str] | None = None,
+                 all_to_all: tuple[tuple[float, float, str], tuple[float, float, str]] | None = None):
         self.model, self.gpu, self.trainer = model, gpu, trainer
         m = model
         self._linear_per_token = LINEAR_FLOPS_PER_PARAM_TOKEN * (m.active_params - input_embedding_params(m))
         self._attention_per_sq = ATTENTION_PASSES * 2 * m.layers * m.heads * m.head_dim
         self.dp = max(1, trainer.gpus // (trainer.tp * trainer.pp))
+        self._peak = trainer.gpus * gpu.tflops_bf16 * 1e12 * trainer.mfu
         tp = trainer.tp
-        self._comm: tuple[float, float] | None = None  # (seconds per rank token, fixed seconds)
+        self._allreduce: tuple[float, float] | None = None  # (seconds a micro-batch, seconds a rank token)
         self.source = f"FLOPs model, MFU {trainer.mfu:.3g} (placement.trainer.mfu)"
         if tp > 1 and allreduce is not None:
             alpha, beta, where = allreduce
             calls = TP_COMM_PASSES * TP_ALLREDUCES_PER_LAYER * m.layers / trainer.pp
-            self._comm = (calls * m.hidden * 2.0 * 2 * (tp - 1) / tp / beta, calls * trainer.micro_batches * alpha)
+            self._allreduce = (calls * alpha, calls * m.hidden * 2.0 * 2 * (tp - 1) / tp / beta)
             self.source += f"; tp {tp} all-reduces on {where}"
+        self.ep = trainer_ep(m, trainer)
+        self._all_to_all: tuple[float, float, float, float] | None = None  # all_to_all_s's link arguments
+        if self.ep > 1 and all_to_all is not None:
+            (nv_alpha, nv_beta, nv_where), (net_alpha, net_beta, net_where) = all_to_all
+            self._all_to_all = (nv_beta, nv_alpha, net_beta, net_alpha)
+            where = nv_where if self.ep <= GPUS_PER_NODE else f"{nv_where} and {net_where}"
+            self.source += f"; ep {self.ep} all-to-alls on {where}"
 
     def _flops(self, s: int) -> float:
         return self._linear_per_token * s + self._attention_per_sq * s * s
 
-    def _ranks(self, seq_lens: list[int]) -> list[tuple[float, int]]:
-        """(FLOPs, tokens) of each data-parallel rank with work, sequences dealt longest first to the
-        least-loaded rank (longest-processing-time packing: the busiest rank exceeds an even share by
-        less than its last sequence's work); one sequence a rank when there are no more than ranks."""
+    def _ranks(self, seq_lens: list[int]) -> list[tuple[float, int, int]]:
+        """(FLOPs, tokens, sequences) of each data-parallel rank with work, sequences dealt longest
+        first to the least-loaded rank (longest-processing-time packing: the busiest rank exceeds an
+        even share by less than its last sequence's work); one sequence a rank when there are no more
+        than ranks."""
         if len(seq_lens) <= self.dp:
-            return [(self._flops(s), s) for s in seq_lens]
-        ranks = [(0.0, 0)] * self.dp
+            return [(self._flops(s), s, 1) for s in seq_lens]
+        ranks = [(0.0, 0, 0)] * self.dp
         for s in sorted(seq_lens, reverse=True):
-            flops, tokens = ranks[0]
-            heapq.heapreplace(ranks, (flops + self._flops(s), tokens + s))
+            flops, tokens, seqs = ranks[0]
+            heapq.heapreplace(ranks, (flops + self._flops(s), tokens + s, seqs + 1))
         return ranks
 
     def busiest_rank_flops(self, seq_lens: list[int]) -> float:
         """FLOPs of the data-parallel rank with the most work."""
-        return max((flops for flops, _ in self._ranks(seq_lens)), default=0.0)
+        return max((flops for flops, _, _ in self._ranks(seq_lens)), default=0.0)
+
+    def micro_batches(self, seqs: int) -> int:
+        """Micro-batches a rank of ``seqs`` sequences runs: each holds at least one whole sequence."""
+        return max(1, min(self.trainer.micro_batches, seqs))
+
+    def bubble(self, micro_batches: int) -> float:
+        """Share of a pipeline's time its stages idle filling and draining: (pp − 1) / (m + pp − 1)."""
+        pp = self.trainer.pp
+        return (pp - 1) / (micro_batches + pp - 1)
+
+    def _comm_s(self, tokens: int, micro_batches: int) -> float:
+        """Seconds a GPU of a rank training ``tokens`` in ``micro_batches`` waits for its tensor-parallel
+        all-reduces and expert-parallel all-to-alls (not overlapped with compute)."""
+        t = 0.0
+        if self._allreduce is not None:
+            per_micro_batch, per_token = self._allreduce
+            t += micro_batches * per_micro_batch + tokens * per_token
+        if self._all_to_all is not None:
+            # all_to_all_s takes a whole group's tokens (a "worker" of ep GPUs in ep ranks): each GPU's
+            # share of one micro-batch (sequence parallel splits the rank's over its tp GPUs) × ep
+            gpu_tokens = tokens / (micro_batches * self.trainer.tp)
+            one = all_to_all_s(self.model, gpu_tokens * self.ep, self.ep, self.ep, *self._all_to_all)
+            t += TP_COMM_PASSES * micro_batches / self.trainer.pp * one
+        return t
+
+    def _rank_s(self, flops: float, tokens: int, seqs: int) -> float:
+        """One rank's compute and communication, stretched by its pipeline bubble."""
+        m = self.micro_batches(seqs)
+        return (self.dp * flops / self._peak + self._comm_s(tokens, m)) / (1 - self.bubble(m))
 
     def step_time(self, seq_lens: list[int]) -> float:
         m, t = self.model, self.trainer
-        peak = t.gpus * self.gpu.tflops_bf16 * 1e12 * t.mfu
-        bubble = (t.pp - 1) / (t.micro_batches + t.pp - 1)
         optimizer = 2 * 16 * m.params / (t.gpus * self.gpu.hbm_tbps * 1e12)
-        ranks = self._ranks(seq_lens)
-        if self._comm is None or not ranks:
-            work = self.dp * max((flops for flops, _ in ranks), default=0.0) / peak
-        else:  # the step waits for the rank with the most compute and communication together
-            per_token, fixed = self._comm
-            work = max(self.dp * flops / peak + per_token * tokens for flops, tokens in ranks) + fixed
-        return work / (1 - bubble) + optimizer
+        return max((self._rank_s(*rank) for rank in self._ranks(seq_lens)), default=0.0) + optimizer
 
 
 # What one trainer GPU holds (Megatron with bf16 weights and the distributed optimizer, as ROLL's
@@ -94,15 +137,33 @@ TRAIN_WEIGHT_GRAD_BYTES = 2 + 4   # bf16 weights + fp32 gradient buffer (bf16 tr
 TRAIN_ACTIVATION_RESERVE_GIB = 4.0  # ASSUMED: activations under full recompute, workspace, CUDA context
 
 
-def trainer_memory_gib(model: ModelSpec, trainer: TrainerPlacement) -> float:
-    """GiB one trainer GPU needs at least: its shard of the weights and gradients (dense layers
-    split over tp·pp; a MoE's experts over as many ranks as there are experts, up to gpus / pp:
-    the widest expert parallelism), its 1/gpus of the fp32 master weights and Adam moments
-    (sharded over every rank by the distributed optimizer), and the activation reserve."""
+def trainer_ep(model: ModelSpec, trainer: TrainerPlacement) -> int:
+    """Expert-parallel ranks a MoE trainer shards its experts over: ``placement.trainer.ep``; by
+    default the widest group inside one node, the largest ep ≤ 8 that divides both the experts and a
+    pipeline stage's GPUs (gpus / pp), as public Megatron MoE recipes run (Qwen3-30B-A3B at ep 8 in
+    slime's and NeMo-RL's examples): across nodes the all-to-all would leave NVLink for the NIC.
+    1 for a dense model."""
+    if not model.moe_experts:
+        return 1
+    if trainer.ep:
+        return trainer.ep
+    stage = trainer.gpus // trainer.pp
+    return max(d for d in range(1, min(GPUS_PER_NODE, model.moe_experts, stage) + 1)
+               if stage % d == 0 and model.moe_experts % d == 0)
+
+
+def trainer_weight_shard_params(model: ModelSpec, trainer: TrainerPlacement) -> float:
+    """Parameters of the weights one trainer GPU holds: dense / (tp·pp) + experts / (ep·pp)."""
     experts = expert_params(model)
-    dense = model.params - experts
-    ep = max(1, min(model.moe_experts, trainer.gpus // trainer.pp)) if experts else 1
-    shard = dense / (trainer.tp * trainer.pp) + experts / (ep * trainer.pp)
+    return (model.params - experts) / (trainer.tp * trainer.pp) + experts / (trainer_ep(model, trainer) * trainer.pp)
+
+
+def trainer_memory_gib(model: ModelSpec, trainer: TrainerPlacement) -> float:
+    """GiB one trainer GPU needs at least: its shard of the weights and gradients
+    (:func:`trainer_weight_shard_params`: dense layers split over tp·pp, a MoE's experts over
+    ep·pp), its 1/gpus of the fp32 master weights and Adam moments (sharded over every rank by the
+    distributed optimizer), and the activation reserve."""
+    shard = trainer_weight_shard_params(model, trainer)
     optimizer = ADAM_STATE_BYTES_PER_PARAM * model.params / trainer.gpus
     return (TRAIN_WEIGHT_GRAD_BYTES * shard + optimizer) / 2**30 + TRAIN_ACTIVATION_RESERVE_GIB
 
@@ -135,18 +196,22 @@ class ColocationSwitch:
     offload), per GPU, everything over the host link at ``h2d`` bytes/s:
 
     * before a train step: the engines free their KV cache and drop their weights (they are
-      replaced anyway); the trainer onloads its bf16 weight shard ``2·P / (tp·pp)`` and its
-      optimizer shard ``12·P / gpus`` from pinned host memory;
-    * after it: the trainer offloads the same bytes, the engines load the new weights
-      ``2·P / tp_gen`` (resharded from the trainer's layout) and re-allocate the KV cache.
+      replaced anyway); the trainer onloads its bf16 weight shard ``2·shard`` (the
+      :func:`trainer_weight_shard_params`: dense / (tp·pp) + experts / (ep·pp)) and its optimizer
+      shard ``12·P / gpus`` from pinned host memory;
+    * after it: the trainer offloads the same bytes, the engines load the new weights as they
+      serve them (:func:`~rollart.sim.costs.moe.worker_weight_bytes` of a worker of ``gen_tp`` GPUs
+      in ``gen_ep`` ranks, over its tp: ``served / tp_gen`` without expert parallelism; resharded
+      from the trainer's layout) and re-allocate the KV cache.
 
     Each direction also pays ``SWITCH_FIXED_S``. The KV of requests cut off by the switch is
     recomputed by the engine when it resumes (as after a weight update)."""
 
-    def __init__(self, model: ModelSpec, trainer: TrainerPlacement, gen_tp: int, h2d_bytes_per_s: float):
-        p = model.params
-        self.trainer_bytes = 2 * p / (trainer.tp * trainer.pp) + ADAM_STATE_BYTES_PER_PARAM * p / trainer.gpus
-        self.engine_bytes = 2 * p / gen_tp
+    def __init__(self, model: ModelSpec, trainer: TrainerPlacement, gen_tp: int, h2d_bytes_per_s: float,
+                 gen_ep: int = 1):
+        self.trainer_bytes = 2 * trainer_weight_shard_params(model, trainer) \
+            + ADAM_STATE_BYTES_PER_PARAM * model.params / trainer.gpus
+        self.engine_bytes = worker_weight_bytes(model, gen_ep) / gen_tp
         self.h2d = h2d_bytes_per_s
 
     @property
