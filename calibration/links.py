@@ -43,7 +43,6 @@ def fit_links() -> dict[str, Any]:
     return out
 
 
-@lru_cache(maxsize=1)
 def default_network() -> tuple[float, float]:
     """(bytes/s, latency s) between nodes of a cluster whose plan names no intra-cluster link: the
     InfiniBand fit of the link table (NCCL across 8×H100 DGX nodes)."""
@@ -51,6 +50,7 @@ def default_network() -> tuple[float, float]:
     return ib["bandwidth_gbps"] * 1e9 / 8, ib["latency_us"] * 1e-6
 
 
+@lru_cache(maxsize=1)
 def calibrated_links() -> dict[str, Any]:
     """The shipped link table (empty when the file is missing)."""
     if not LINKS_FILE.is_file():

@@ -226,7 +226,8 @@ class SimBackend:
         """The LLM judge's cost model on ``tp`` × ``gpu_name``; a plan error naming ``field`` when it
         cannot hold the longest judge call (as a generation worker must hold the longest context)."""
         plan = self.plan
-        cost = generation_cost(plan.reward_model, gpu_name, plan.cluster.gpu_type(gpu_name), tp, profile)
+        cost = generation_cost(plan.reward_model, gpu_name, plan.cluster.gpu_type(gpu_name), tp, profile,
+                               network=plan.cluster.links.get("intra_cluster"))
         judged = max(t.max_context_tokens for t in plan.tasks if t.reward == "llm_judge")
         longest = judge_input_tokens(judged, self.judge_window) + plan.placement.reward.output_tokens
         if cost.kv_capacity_tokens < longest:

@@ -583,8 +583,14 @@ def test_serverless_instance_concurrency_is_bounded_by_the_platform() -> None:
 def test_reward_gpus_must_be_whole_judge_engines(gpus: int, tp: int) -> None:
     """gpus 1 at tp 2 built a tp-2 judge billed as one GPU; gpus 3 at tp 2 billed an idle GPU."""
     reward = f"placement.reward={{where: dedicated, pool: h800, gpus: {gpus}, tp: {tp}}}"
-    line = only_line(problems_of(["cluster.gpu_pools.h800.count=12", reward]), "placement.reward:")
-    assert f"gpus ({gpus}) is not a multiple of tp ({tp})" in line
+    line = only_line(problems_of(["cluster.gpu_pools.h800.count=12", reward]), "placement.reward.gpus:")
+    assert f"{gpus} is not a multiple of placement.reward.tp ({tp})" in line
+
+
+def test_the_policy_models_context_window_field_is_refused() -> None:
+    # max_context_tokens is the judge's window; the policy's context is set per task
+    line = only_line(problems_of(["model.max_context_tokens=8192"]), "model.max_context_tokens:")
+    assert "each task's max_context_tokens" in line
 
 
 def test_the_judges_tp_must_divide_the_reward_models_heads() -> None:

@@ -127,19 +127,21 @@ def test_rung_schedule():
 
 
 def test_successive_halving_finds_one_of_the_grids_best_plans():
-    # 4 steps, so that the rungs (2 steps, then 4) halve. The grid's best of 192 plans is an H800 + H20
-    # mix (0.546 traj/s); the next five lie 7–11 % behind it and within 4 % of each other (an 8-GPU
-    # trainer, all-H800 rollout, other mixes, a dedicated judge). Since a rank's pipeline bubble and
-    # all-reduce latency count only the micro-batches its sequences fill, two-step rungs rank that
-    # cluster in another order than four steps do. Over four search seeds every answer is one of the
-    # grid's top six (3 %), and at least half one of its top two.
+    # 4 steps, so that the rungs (2 steps, then 4) halve. The grid's best of 192 plans is an α 2 H800
+    # + H20 mix (0.546 traj/s); the next five lie 7–11 % behind it (an α 1 8-GPU trainer, all-H800
+    # rollout, other mixes, a dedicated judge). A two-step rung sees an α 2 plan only filling its
+    # pipeline (1 + α steps), so the search misses that best plan at every seed: its answers are the
+    # runner-up (7 % behind) or near it. Every answer is within 11 % of the grid's best in throughput,
+    # and at least half within 7.5 %.
     space, base = small_space(extra=["algorithm.steps=4"])
     ranked, n_grid = grid_ranked(space, base, SerialPool())
     assert n_grid == 192
-    top = [e.candidate.label() for e in ranked[:6]]
+    best = ranked[0].summary["trajectories_per_s"]
     found = [search(space, base, SerialPool(), candidates=24, finalists=4, seed=seed) for seed in range(4)]
-    assert all(r.best.candidate.label() in top for r in found)
-    assert sum(r.best.candidate.label() in top[:2] for r in found) >= 2
+    assert all(r.best.steps == 4 for r in found)  # the answers ran as long as the grid's plans
+    shortfall = [1 - r.best.summary["trajectories_per_s"] / best for r in found]
+    assert all(s < 0.11 for s in shortfall), shortfall
+    assert sum(s < 0.075 for s in shortfall) >= 2, shortfall
     result = found[0]
     assert not result.exhaustive
     # ... with fewer simulated steps than the grid, and far fewer full-length simulations

@@ -364,15 +364,6 @@ class RewardPlacement(_Strict):
         "tokens the LLM judge writes per call, dedicated or serverless (assumed: a short verdict; ROLL's Qwen2.5-7B "
         "RLVR judge prompt asks for a bare YES or NO, about 2)"))
 
-    @model_validator(mode="after")
-    def _whole_engines(self) -> "RewardPlacement":
-        # the judge runs gpus / tp engines of tp GPUs each: a remainder would be billed idle (or a
-        # tp-GPU engine billed as fewer GPUs)
-        if self.gpus % self.tp:
-            raise ValueError(f"gpus ({self.gpus}) is not a multiple of tp ({self.tp}), the GPUs one judge engine "
-                             "spans")
-        return self
-
 
 class Placement(_Strict):
     trainer: TrainerPlacement
@@ -634,6 +625,12 @@ def _cross_problems(plan: Plan) -> list[str]:
             out.append(f"cluster.gpu_pools.{name}.count: placement uses {n} GPUs of this pool but it has "
                        f"{c.gpu_pools[name].count} (trainer + generation workers × tp + reward gpus)")
 
+    if p.reward.gpus % p.reward.tp:  # gpus / tp judge engines: a remainder would be billed idle
+        out.append(f"placement.reward.gpus: {p.reward.gpus} is not a multiple of placement.reward.tp "
+                   f"({p.reward.tp}), the GPUs one judge engine spans")
+    if plan.model.max_context_tokens is not None:
+        out.append("model.max_context_tokens: read for reward_model only (the judge's window); the policy's "
+                   "context is each task's max_context_tokens")
     if p.trainer.gpus % (p.trainer.tp * p.trainer.pp):
         out.append(f"placement.trainer.gpus: {p.trainer.gpus} is not a multiple of tp × pp = {p.trainer.tp * p.trainer.pp}")
     out.extend(p.trainer.ep_problems(plan.model))

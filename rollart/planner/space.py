@@ -235,9 +235,9 @@ class Space:
                     # MoE: one rank per GPU (ep = tp) besides ep 1, when tp divides the experts and the
                     # context still fits (each rank replicates the dense weights). Intermediate ep
                     # (ranks of several GPUs) would multiply the space for a finer trade-off; not searched.
-                    eps = [tp] if (experts and tp > 1 and experts % tp == 0
+                    eps = [tp] if (experts and tp > 1 and experts % tp == 0  # a context on one rank's KV
                                    and generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp,
-                                                       c.gpu_pools[p].profile, tp).kv_capacity_tokens >= longest) else []
+                                                       c.gpu_pools[p].profile, tp).kv_capacity_tokens // tp >= longest) else []
                     if eps:
                         gen_ep.setdefault(p, {})[tp] = eps
             gen_tp[p] = ok
@@ -249,8 +249,12 @@ class Space:
         if any(t.reward == "llm_judge" for t in plan.tasks):
             if c.serverless is not None:
                 rewards.append(SERVERLESS)
+            # whole judge engines: the base plan's dedicated judge tp carries over to the candidates
+            judge_tp = plan.placement.reward.tp if plan.placement.reward.where == "dedicated" else 1
+            sizes = sorted({max(judge_tp, g // judge_tp * judge_tp)
+                            for g in (reward_gpus or [max(1, step // 2), step])})
             for p in pools:
-                for g in (reward_gpus or sorted({max(1, step // 2), step})):
+                for g in sizes:
                     rewards.append(("dedicated", p, g))
         else:
             rewards.append(SERVERLESS)

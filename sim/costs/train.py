@@ -182,8 +182,18 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
                 if trainer_fits(model, gpu, trainer.model_copy(update={"gpus": g * trainer.tp * trainer.pp}))), None)
     hint = (f"at tp {trainer.tp} · pp {trainer.pp} it fits from {fit * trainer.tp * trainer.pp} GPUs; or raise tp/pp"
             if fit is not None else "raise tp or pp")
+    spread = "dense weights over tp·pp"
+    if model.moe_experts:
+        ep = trainer_ep(model, trainer)
+        spread += f", experts over ep·pp (ep {ep})"
+        stage = trainer.gpus // trainer.pp  # a wider expert-parallel group on these GPUs, if one fits
+        wider = next((e for e in range(ep + 1, min(stage, model.moe_experts) + 1)
+                      if stage % e == 0 and model.moe_experts % e == 0
+                      and trainer_fits(model, gpu, trainer.model_copy(update={"ep": e}))), None)
+        if wider is not None:
+            hint = f"set placement.trainer.ep={wider} (experts over more GPUs, all-to-all across nodes); or {hint}"
     return [f"placement.trainer.gpus: training {model.name} needs {need:.0f} GiB a GPU on {trainer.gpus} × {gpu_name} "
-            f"(bf16 weights + fp32 gradients over tp·pp, Adam state over all GPUs, activations), more than its "
+            f"(bf16 weights + fp32 gradients, {spread}; Adam state over all GPUs; activations), more than its "
             f"{gpu.memory_gb:g} GB; {hint}"]
 
 
