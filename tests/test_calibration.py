@@ -335,3 +335,33 @@ def test_token_memo_stays_bounded(monkeypatch):
     for n in range(1, 50):
         assert c.mixed_step_time(n, n * n / 2, 4, 4000.0) == _mixed_step_unmemoised(c, n, n * n / 2, 4, 4000.0)
         assert len(c._per_tokens) <= 8
+
+
+def test_a_pd_run_reads_the_link_table_once(monkeypatch):
+    """Links read their unset figures from links.yaml, and a PD run asks a link's latency for every KV
+    transfer: the table must be parsed once per process, not per call (a lost cache once stalled
+    `rollart reproduce`'s PD variants at its watchdog)."""
+    import yaml
+
+    from rollart.calibration import links
+    from tests.conftest import small_plan
+
+    from rollart.core import mode_config
+    from rollart.sim import simulate_plan
+
+    plan = small_plan(["placement.pd_disaggregation=true", "algorithm.steps=2",
+                       "placement.generation=[{pool: h800, workers: 1, tp: 1, role: prefill}, "
+                       "{pool: h20, workers: 2, tp: 1, role: decode}]"])
+    links.calibrated_links.cache_clear()
+    parsed = []
+
+    class CountingYaml:  # links.py's yaml, counting the parses of the link table
+        @staticmethod
+        def safe_load(*a, **k):
+            parsed.append(1)
+            return yaml.safe_load(*a, **k)
+
+    monkeypatch.setattr(links, "yaml", CountingYaml)
+    simulate_plan(plan, mode_config(plan, None), 0)
+    links.calibrated_links()
+    assert len(parsed) == 1
