@@ -88,18 +88,18 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
     """(latency s, bus bytes/s, where from) of a training tensor-parallel all-reduce (large messages:
     NCCL, not the serving engines' custom kernel). Within a node (tp ≤ 8): the NCCL fit of the GPU's
     shipped kernel profile (NVLink-scaled from 8×H100 timings), else H100's scaled by the GPU's
-    NVLink ÷ H100's; a group wider than a node: the cluster's ``network`` (the plan's intra-cluster
-    link), else the InfiniBand fit of the link table."""
-    from rollart.calibration.links import default_network
+    NVLink ÷ H100's; a group wider than a node: a ring through the node's NVLink and
+    :func:`cluster_network`, at its slowest hop's pace (``moe.ring_link``, the engines' rule)."""
     from rollart.calibration.profiles import KernelProfile, shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS
-    from rollart.sim.costs.moe import GPUS_PER_NODE  # an HGX node: NVLink inside, the network across
+    from rollart.sim.costs.moe import GPUS_PER_NODE, ring_link  # an HGX node: NVLink inside, the network across
 
     if tp > GPUS_PER_NODE:
-        if network is not None:
-            return network.latency_s, network.bytes_per_s, f"the intra-cluster link (tp > {GPUS_PER_NODE} spans nodes)"
-        rate, latency = default_network()
-        return latency, rate, f"InfiniBand (NCCL fit; tp > {GPUS_PER_NODE} spans nodes)"
+        # the generation engines' rule (moe.ring_link): the ring's slowest hop sets its pace
+        node_latency, node_rate, _ = tp_allreduce(gpu_name, gpu, GPUS_PER_NODE)
+        net_latency, net_rate, where = cluster_network(network)
+        rate, latency = ring_link(tp, (node_rate, node_latency), (net_rate, net_latency))
+        return latency, rate, f"{where}: tp > {GPUS_PER_NODE} spans nodes, its slowest hop sets the pace"
     path = _shipped_kernel_profile(gpu_name, gpu)
     profile = _load(str(path.resolve())) if path is not None else None
     if isinstance(profile, KernelProfile):
@@ -111,13 +111,24 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
             f"NVLink (H100 NCCL all-reduce fit × {scale:.3g}, {gpu.nvlink_gbps:g} GB/s)")
 
 
+def cluster_network(network: "Link | None" = None) -> tuple[float, float, str]:
+    """(latency s, bytes/s, where from) of the network between a cluster's nodes: the plan's
+    intra-cluster link when it names one, else the InfiniBand fit of the link table."""
+    from rollart.calibration.links import default_network
+
+    if network is not None:
+        return network.latency_s, network.bytes_per_s, "the intra-cluster link"
+    rate, latency = default_network()
+    return latency, rate, "InfiniBand (NCCL fit)"
+
+
 def ep_all_to_all(gpu_name: str | None, gpu: "GpuType", network: "Link | None" = None
                   ) -> tuple[tuple[float, float, str], tuple[float, float, str]]:
     """The (latency s, bytes/s, where from) an expert-parallel all-to-all moves at inside a node and
-    across nodes: the links :func:`tp_allreduce` prices a group of one node and a wider one on."""
+    across nodes: NVLink as :func:`tp_allreduce` prices a one-node group, and :func:`cluster_network`."""
     from rollart.sim.costs.moe import GPUS_PER_NODE
 
-    return tp_allreduce(gpu_name, gpu, GPUS_PER_NODE), tp_allreduce(gpu_name, gpu, GPUS_PER_NODE + 1, network)
+    return tp_allreduce(gpu_name, gpu, GPUS_PER_NODE), cluster_network(network)
 
 
 def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement",  # noqa: ANN201

@@ -130,15 +130,25 @@ def test_tensor_parallel_all_reduces_are_priced_on_the_trainer_gpus_nvlink() -> 
 
 def test_a_tensor_parallel_group_wider_than_a_node_all_reduces_over_infiniband() -> None:
     from rollart.calibration import tp_allreduce
+    from rollart.calibration.links import default_network
+    from rollart.sim.costs.moe import ring_link
 
     h800 = GpuType(**GPU_PRESETS["H800"])
     nvlink, ib = tp_allreduce("H800", h800, 8), tp_allreduce("H800", h800, 16)
     assert "InfiniBand" in ib[2] and ib[1] < nvlink[1]
-    # the plan's own intra-cluster link, when it names one: a faster fabric, a faster wide group
+    # one rule with the generation engines' wide rings: the slowest hop sets the pace (the network's
+    # rate; NVLink's NCCL latency, 29.7 µs, above InfiniBand's 19.8 µs)
+    rate, latency = ring_link(16, (nvlink[1], nvlink[0]), default_network())
+    assert ib[:2] == pytest.approx((latency, rate)) and ib[0] == pytest.approx(max(nvlink[0], default_network()[1]))
+    # the plan's own intra-cluster link, when it names one: a faster fabric, a faster wide group, but
+    # no faster than the NVLink hops inside each node
     from rollart.plan.schema import Link
 
     fast = tp_allreduce("H800", h800, 16, Link(kind="rdma", bandwidth_gbps=800, latency_us=5))
-    assert fast[:2] == pytest.approx((5e-6, 100e9)) and "intra-cluster link" in fast[2]
+    assert fast[:2] == pytest.approx((nvlink[0], 100e9)) and "intra-cluster link" in fast[2]
+    assert fast[1] > ib[1]
+    fabric = tp_allreduce("H800", h800, 16, Link(kind="rdma", bandwidth_gbps=3200, latency_us=5))
+    assert fabric[1] == pytest.approx(nvlink[1])
     assert tp_allreduce("H800", h800, 8, Link(kind="rdma", bandwidth_gbps=800))[:2] == nvlink[:2]  # inside a node
     # a GPU without a shipped profile (a custom type): H100's fit scaled by its NVLink, as the shipped
     # A100 profile scales it
