@@ -5,10 +5,12 @@
 1. the pool's own ``profile:``: a YAML written by ``rollart calibrate fit``, or ``datasheet`` for the
    datasheet roofline with assumed efficiencies;
 2. else the shipped kernel profile of the GPU type (``calibration/profiles/<gpu>.yaml``), when the
-   type is that preset (a ``cluster.custom_gpus`` entry reusing a preset's name with other
-   numbers is not);
-3. else the H100's measured kernel efficiencies on the GPU type's datasheet (a type without
-   timings of its own, e.g. a ``cluster.custom_gpus`` entry), priced by the same composition.
+   type has that preset's timing numbers (FLOP/s, HBM and NVLink bandwidth: memory size sets the
+   KV capacity, not a kernel's time, so a ``cluster.custom_gpus`` entry that only adds memory keeps
+   the measured profile);
+3. else measured kernel efficiencies on the GPU type's datasheet, priced by the same composition:
+   the named preset's own (a ``cluster.custom_gpus`` entry reusing a preset's name with other
+   timing numbers, e.g. an H20 with faster HBM), else the H100's (a type without timings of its own).
 
 The returned model's ``source`` says which, and every report prints it."""
 
@@ -30,26 +32,42 @@ def _load(path: str):  # noqa: ANN202 - cached profile objects
     return load_profile(path)
 
 
+# The datasheet numbers a kernel's time depends on; ``memory_gb`` only sizes the KV cache.
+TIMING_FIELDS = ("tflops_bf16", "tflops_fp8", "hbm_tbps", "nvlink_gbps")
+
+
+def transfer_reference(gpu_name: str | None) -> str:
+    """The preset whose measured kernel efficiencies price a GPU type without a profile of its own:
+    the preset ``gpu_name`` names when it ships one (a custom variant of a measured GPU keeps its
+    kernels' measured fractions of peak), else H100 (``profiles.TRANSFER_REFERENCE``)."""
+    from rollart.calibration.profiles import TRANSFER_REFERENCE, shipped_profile_path
+    from rollart.plan.presets import canonical_gpu
+
+    preset = canonical_gpu(gpu_name) if gpu_name else None
+    return preset if preset is not None and shipped_profile_path(preset) is not None else TRANSFER_REFERENCE
+
+
 @lru_cache(maxsize=32)
 def _transferred(gpu_name: str, tflops_bf16: float, hbm_tbps: float, nvlink_gbps: float,
                  tflops_fp8: float | None) -> "KernelProfile":
-    from rollart.calibration.profiles import TRANSFER_REFERENCE, shipped_profile_path, transferred_profile
+    from rollart.calibration.profiles import shipped_profile_path, transferred_profile
     from rollart.plan.presets import GPU_PRESETS
 
-    reference = _load(str(shipped_profile_path(TRANSFER_REFERENCE).resolve()))
+    ref = transfer_reference(gpu_name)
+    reference = _load(str(shipped_profile_path(ref).resolve()))
     return transferred_profile(reference, gpu_name, tflops_bf16, hbm_tbps, nvlink_gbps,
-                               GPU_PRESETS[TRANSFER_REFERENCE]["nvlink_gbps"], tflops_fp8)
+                               GPU_PRESETS[ref]["nvlink_gbps"], tflops_fp8)
 
 
 def _shipped_kernel_profile(gpu_name: str | None, gpu: "GpuType") -> "Path | None":
-    """The shipped kernel profile's path for the preset ``gpu_name`` names, if ``gpu`` is that preset's
-    datasheet (a custom type under a preset's name, with other numbers, is priced on its own)."""
+    """The shipped kernel profile's path for the preset ``gpu_name`` names, if ``gpu`` has that preset's
+    timing numbers (``TIMING_FIELDS``; a custom type under a preset's name with other ones is priced
+    on its own datasheet)."""
     from rollart.calibration.profiles import shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS, canonical_gpu
-    from rollart.plan.schema import GpuType
 
     preset = canonical_gpu(gpu_name) if gpu_name else None
-    if preset is None or GpuType(**GPU_PRESETS[preset]) != gpu:
+    if preset is None or any(GPU_PRESETS[preset].get(f) != getattr(gpu, f) for f in TIMING_FIELDS):
         return None
     return shipped_profile_path(preset)
 
@@ -87,8 +105,8 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
 def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link | None" = None) -> tuple[float, float, str]:
     """(latency s, bus bytes/s, where from) of a training tensor-parallel all-reduce (large messages:
     NCCL, not the serving engines' custom kernel). Within a node (tp ≤ 8): the NCCL fit of the GPU's
-    shipped kernel profile (NVLink-scaled from 8×H100 timings), else H100's scaled by the GPU's
-    NVLink ÷ H100's; a group wider than a node: a ring through the node's NVLink and
+    shipped kernel profile (NVLink-scaled from 8×H100 timings), else the fit of
+    :func:`transfer_reference` scaled by the GPU's NVLink ÷ that preset's; a group wider than a node: a ring through the node's NVLink and
     :func:`cluster_network`, at its slowest hop's pace (``moe.ring_link``, the engines' rule)."""
     from rollart.calibration.profiles import KernelProfile, shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS
@@ -105,10 +123,11 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
     if isinstance(profile, KernelProfile):
         p = profile.allreduce.params
         return p["alpha_s"], p["beta_gbps"] * 1e9 / 8, f"NVLink ({profile.gpu} NCCL all-reduce fit)"
-    h100 = _load(str(shipped_profile_path("H100").resolve())).allreduce.params
-    scale = gpu.nvlink_gbps / GPU_PRESETS["H100"]["nvlink_gbps"]
-    return (h100["alpha_s"], h100["beta_gbps"] * scale * 1e9 / 8,
-            f"NVLink (H100 NCCL all-reduce fit × {scale:.3g}, {gpu.nvlink_gbps:g} GB/s)")
+    ref = transfer_reference(gpu_name)
+    fit = _load(str(shipped_profile_path(ref).resolve())).allreduce.params
+    scale = gpu.nvlink_gbps / GPU_PRESETS[ref]["nvlink_gbps"]
+    return (fit["alpha_s"], fit["beta_gbps"] * scale * 1e9 / 8,
+            f"NVLink ({ref} NCCL all-reduce fit × {scale:.3g}, {gpu.nvlink_gbps:g} GB/s)")
 
 
 def cluster_network(network: "Link | None" = None) -> tuple[float, float, str]:

@@ -113,8 +113,11 @@ class KernelProfileGeneration:
         kind = f"{dtype}, {model.kv_dtype.upper()} KV" + (f", ep {ep}" if ep > 1 else "")
         ref = profile.transferred_from  # a GPU type without a profile (profiles.transferred_profile)
         borrowed = all(c.derived for _, c in profile.terms())  # nothing measured on this GPU (H200)
-        self.source = (f"{ref} kernel profile on the {profile.gpu} datasheet (no {profile.gpu} timings: {ref}'s "
-                       f"fitted efficiencies); {kind}" if ref else
+        self.source = ((f"{ref} kernel profile on the custom {profile.gpu} datasheet ({profile.hbm_tbps:g} TB/s, "
+                        f"{profile.peak_tflops_bf16:g} TFLOP/s: the shipped {ref}'s fitted efficiencies); {kind}"
+                        if ref and ref.lower() == profile.gpu.lower() else
+                        f"{ref} kernel profile on the {profile.gpu} datasheet (no {profile.gpu} timings: {ref}'s "
+                        f"fitted efficiencies); {kind}") if ref else
                        f"calibrated kernel profile {profile.gpu} ({origin}); {kind}; prefill MAPE "
                        f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
                        f"{profile.fit_error.decode_mape_heldout:.1%} held-out"

@@ -746,7 +746,7 @@ def test_a_custom_type_under_a_presets_name_is_priced_on_its_own_datasheet() -> 
     fast = GpuType(tflops_bf16=2000, hbm_tbps=8, memory_gb=192, nvlink_gbps=1800)
     a100 = _cost("Qwen3-8B", "A100")
     custom = generation_cost(m, "A100", fast, 1)
-    assert custom.source.startswith("H100 kernel profile on the A100 datasheet")
+    assert custom.source.startswith("A100 kernel profile on the custom A100 datasheet (8 TB/s, 2000 TFLOP/s")
     assert custom.prefill_time(8192, 8192 ** 2 / 2) < 0.3 * a100.prefill_time(8192, 8192 ** 2 / 2)
     no_fp8 = {k: v for k, v in GPU_PRESETS["H100"].items() if k != "tflops_fp8"}
     h100 = generation_cost(_spec("Qwen3-8B", weight_dtype="fp8"), "h100", GpuType(**no_fp8), 1)
@@ -754,3 +754,30 @@ def test_a_custom_type_under_a_presets_name_is_priced_on_its_own_datasheet() -> 
     from rollart.calibration import tp_allreduce
     slow_link = GpuType(**{**GPU_PRESETS["H800"], "nvlink_gbps": 100.0})
     assert tp_allreduce("H800", slow_link, 4)[1] < tp_allreduce("H800", GpuType(**GPU_PRESETS["H800"]), 4)[1]
+
+
+@pytest.mark.parametrize("gpu", ["H800", "H20", "H100", "H200", "A100"])
+@pytest.mark.parametrize("model", ["Qwen3-8B", "Qwen3-30B-A3B"])
+def test_memory_size_never_changes_a_kernels_time_and_faster_hbm_never_slows_decode(gpu: str, model: str) -> None:
+    """A review's what-if: an H20 with 16 GB more memory rolled out 9 % slower, because any custom
+    number under a preset's name swapped the GPU's measured profile for H100's efficiencies carried
+    onto its datasheet. Memory only sizes the KV cache; a faster HBM keeps the preset's own measured
+    efficiencies (its fractions of peak) on the new bandwidth."""
+    m = ModelSpec.model_validate(model)
+    sheet = GPU_PRESETS[gpu]
+    base = generation_cost(m, gpu, GpuType(**sheet), 1)
+    more_memory = generation_cost(m, gpu, GpuType(**{**sheet, "memory_gb": sheet["memory_gb"] + 16}), 1)
+    assert more_memory.source == base.source
+    assert more_memory.kv_capacity_tokens > base.kv_capacity_tokens
+    for batch in (1, 16, 64, 256):
+        assert more_memory.decode_line(batch).total(batch * CTX, batch, 1) == base.decode_line(batch).total(
+            batch * CTX, batch, 1)
+    assert more_memory.prefill_time(4096, 4096 ** 2 / 2) == base.prefill_time(4096, 4096 ** 2 / 2)
+    faster = generation_cost(m, gpu, GpuType(**{**sheet, "hbm_tbps": sheet["hbm_tbps"] * 1.1}), 1)
+    assert f"the shipped {gpu}'s fitted efficiencies" in faster.source
+    for batch in (1, 4, 16, 64, 128, 256):
+        ctx = batch * CTX
+        assert faster.decode_line(batch).total(ctx, batch, 1) <= base.decode_line(batch).total(ctx, batch, 1) * (1 + 1e-9)
+    # prefill is compute-bound: never slower, and a MoE's partly weight-read 4K prefill gains little
+    fast_p, base_p = faster.prefill_time(4096, 4096 ** 2 / 2), base.prefill_time(4096, 4096 ** 2 / 2)
+    assert base_p / 1.03 <= fast_p <= base_p * (1 + 1e-9)
