@@ -10,8 +10,16 @@ a state machine driven by timer callbacks rather than a SimPy process: a command
 event of its own, and a superseded timer is ignored when it fires.
 
 Model:
-* admission is bounded by ``max_num_seqs`` and by KV capacity (a request reserves its final
-  footprint, context + response, so no preemption is needed);
+* KV is held on demand, as vLLM and SGLang do: a request admitted holds its context + 1 tokens and
+  grows by one a decode iteration. Admission is bounded by ``max_num_seqs`` and by the KV capacity
+  (the current footprint, after the admitting iteration's decode step, plus the new prompt must fit;
+  one request is always admitted when none runs). A plan of decode iterations stops at the last
+  iteration whose KV fits; there, if the next would overflow, the most recently admitted running
+  requests are preempted (vLLM's RECOMPUTE): their KV is freed (kept as evictable prefix cache) and
+  they wait at the front of the queue with their context grown by the tokens generated so far, to be
+  prefilled again and to decode the rest. A lone request larger than the cache runs on alone;
+* the prefix cache is the KV the batch does not hold; eviction takes the least recently used
+  conversation's blocks tail first (vLLM's order), so a partly evicted one keeps its prefix;
 * a new request's prefill runs in one mixed iteration with a decode step of the running batch;
 * measured CPU profiles have ``call_step_s``: the worker's event loop handles generate calls in
   the engine's process and takes the GIL from the engine for about a switch interval, for one
@@ -53,8 +61,8 @@ class _Timer:
 
 
 class Request:
-    __slots__ = ("traj_id", "context", "new_tokens", "decode_tokens", "done", "admit_iter", "finish_iter",
-                 "kv_final", "aborted", "running", "remote")
+    __slots__ = ("traj_id", "context", "new_tokens", "decode_tokens", "tokens", "done", "admit_iter",
+                 "finish_iter", "seq", "aborted", "running", "remote")
 
     def __init__(self, traj_id: int, context: int, decode_tokens: int, done: simpy.Event, prefilled: bool,
                  remote: int = 0):
@@ -62,13 +70,18 @@ class Request:
         self.context = context          # tokens the model sees before generating
         self.new_tokens = 0 if prefilled else context
         self.remote = remote            # prefix tokens a KV connector loads from another worker (PD)
-        self.decode_tokens = decode_tokens
+        self.decode_tokens = decode_tokens  # still to generate from this admission (less after a preemption)
+        self.tokens = decode_tokens         # asked for: what ``done`` succeeds with
         self.done = done
         self.admit_iter = 0
         self.finish_iter = 0
-        self.kv_final = context + decode_tokens
+        self.seq = 0                        # its completion-heap entry while running (0: none)
         self.aborted = False
         self.running = False
+
+
+def _admission_order(req: Request) -> int:
+    return req.seq
 
 
 class GenerationEngine:
@@ -93,8 +106,8 @@ class GenerationEngine:
         self._heap: list[tuple[int, int, Request]] = []
         self._seq = 0
         self.it = 0                 # decode iterations done
-        self.ctx_sum = 0            # total context of the running batch
-        self.reserved = 0           # Σ final footprint of running requests
+        self.ctx_sum = 0            # total context of the running batch: the KV it holds
+        self.preemptions = 0        # running requests preempted (KV freed, recomputed later)
         self.cache: OrderedDict[int, int] = OrderedDict()
         self.cache_tokens = 0
         self.cache_hits_tokens = 0
@@ -229,6 +242,9 @@ class GenerationEngine:
             self._begin(self._carry, 0)
             self._carry = 0.0
             return
+        running = self.running  # (none of them finishes at the boundary: those are completed)
+        if self.ctx_sum + len(running) > self.capacity and len(running) > 1:
+            self._preempt()  # the next decode iteration would overflow the KV
         lead, self._carry = self._carry, 0.0
         admitted = self._admit() if self.waiting else ()
         charge = self._calls_handled and bool(admitted or self.running)
@@ -239,8 +255,12 @@ class GenerationEngine:
             lead += self._start_prefill(admitted)
         if charge:
             self._charged_until = self.env.now + lead
-        if self.running:
-            self._begin(lead, max(0, self._next_finish() - self.it))
+        if running:
+            k_next = self._next_finish() - self.it
+            batch = len(running)
+            if batch > 1 and self.ctx_sum + k_next * batch > self.capacity:
+                k_next = (self.capacity - self.ctx_sum) // batch  # stop where the KV is full (_preempt)
+            self._begin(lead, max(0, k_next))
         elif lead > 0:
             self._begin(lead, 0)
         else:
@@ -373,6 +393,8 @@ class GenerationEngine:
         if k:  # _advance, inlined: this runs at every command and completion
             self.it += k
             self.ctx_sum += k * len(self.running)
+            if self.cache_tokens > self.capacity - self.ctx_sum:  # the batch grew into the cache
+                self._trim_cache()
         if self._carry == 0 and self._heap and self._heap[0][0] <= self.it:  # something to complete
             self._complete_finished()
 
@@ -383,16 +405,44 @@ class GenerationEngine:
             self._span(name.format(*args), t0, t1)
 
     def _admit(self) -> list[Request]:
+        """FIFO while the KV after the admitting iteration fits: the running batch's context grown by
+        its decode step, plus each new request's context and first token. The prefix cache is free
+        KV (evictable), so it does not count."""
         admitted: list[Request] = []
-        reserved = self.reserved
-        while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
-            req = self.waiting[0]
-            if reserved + req.kv_final > self.capacity and (self.running or admitted):
+        waiting, capacity, limit = self.waiting, self.capacity, self.max_num_seqs - len(self.running)
+        used = self.ctx_sum + len(self.running)
+        while waiting and len(admitted) < limit:
+            req = waiting[0]
+            used += req.context + 1
+            if used > capacity and (self.running or admitted):
                 break  # wait for KV to free up
-            self.waiting.popleft()
-            reserved += req.kv_final
+            waiting.popleft()
             admitted.append(req)
         return admitted
+
+    def _preempt(self) -> None:
+        """The next decode iteration would overflow the KV: preempt the most recently admitted
+        running requests until it fits (or one is left), as vLLM does (RECOMPUTE). A victim's KV
+        goes to the prefix cache (evictable) and it waits at the front of the queue, its context
+        grown by the tokens it generated, to be prefilled again and decode the rest."""
+        running, capacity = self.running, self.capacity
+        victims = sorted(running, key=_admission_order, reverse=True)
+        preempted: list[Request] = []
+        for req in victims:
+            if self.ctx_sum + len(running) <= capacity or len(running) <= 1:
+                break
+            ctx = self._remove(req)
+            self.preemptions += 1
+            if req.aborted:
+                continue
+            req.decode_tokens -= ctx - req.context  # ≥ 1: it would have completed otherwise
+            req.context = req.new_tokens = ctx
+            preempted.append(req)
+            if self.prefix_cache:  # its KV stays cached until evicted: a quick resume hits
+                self.cache_tokens += ctx - self.cache.pop(req.traj_id, 0)
+                self.cache[req.traj_id] = ctx
+        self.waiting.extendleft(preempted)  # the earliest admitted first, as they ran
+        self._trim_cache()
 
     def _start_prefill(self, admitted: list[Request]) -> float:
         """Put ``admitted`` into the batch through one mixed iteration (their prefill plus a
@@ -403,7 +453,7 @@ class GenerationEngine:
         transferred = []
         for req in admitted:
             if cache is not None:
-                # the cached prefix becomes part of the running request's KV (reserved from now on);
+                # the cached prefix becomes part of the running request's KV (held from now on);
                 # a PD decode request (KV from a prefill worker) must drop it too, or it counts twice
                 cached = cache.pop(req.traj_id, 0)
                 self.cache_tokens -= cached
@@ -425,7 +475,7 @@ class GenerationEngine:
         # _advance(1), inlined
         it = self.it = self.it + 1
         self.ctx_sum += len(running)
-        heap, seq, ctx_sum, reserved = self._heap, self._seq, self.ctx_sum, self.reserved
+        heap, seq, ctx_sum = self._heap, self._seq, self.ctx_sum
         for req in admitted:
             # The prefill produces the first token; the request joins the decode batch.
             req.running = True
@@ -433,18 +483,19 @@ class GenerationEngine:
             req.finish_iter = it + req.decode_tokens - 1
             running.add(req)
             ctx_sum += req.context + 1
-            reserved += req.kv_final
             seq += 1
+            req.seq = seq
             heappush(heap, (req.finish_iter, seq, req))
             if req.aborted:
                 self._aborts.append(req)
-        self._seq, self.ctx_sum, self.reserved = seq, ctx_sum, reserved
+        self._seq, self.ctx_sum = seq, ctx_sum
         self._trim_cache()
         return dt
 
     def _next_finish(self) -> int:
-        while self._heap and not self._heap[0][2].running:
-            heapq.heappop(self._heap)
+        heap = self._heap
+        while heap and heap[0][2].seq != heap[0][1]:  # left the batch (or preempted and back)
+            heapq.heappop(heap)
         return self._heap[0][0] if self._heap else self.it + 1
 
     def _decode_context(self, joining: list[Request] = ()) -> float:
@@ -465,29 +516,29 @@ class GenerationEngine:
         """Take a running request out of the batch; returns its current context."""
         ctx = req.context + 1 + (self.it - req.admit_iter)
         req.running = False
+        req.seq = 0
         self.running.discard(req)
         self.ctx_sum -= ctx
-        self.reserved -= req.kv_final
         return ctx
 
     def _complete_finished(self) -> None:
         heap, it, running, cache = self._heap, self.it, self.running, self.cache
         while heap and heap[0][0] <= it:
-            req = heappop(heap)[2]
-            if not req.running:
+            _, seq, req = heappop(heap)
+            if req.seq != seq:  # left the batch (or preempted and back: its live entry is later)
                 continue
             # _remove, inlined
             ctx = req.context + 1 + (it - req.admit_iter)
             req.running = False
+            req.seq = 0
             running.discard(req)
             self.ctx_sum -= ctx
-            self.reserved -= req.kv_final
             if not req.aborted:
                 if self.prefix_cache:  # _cache_put, inlined
                     self.cache_tokens += ctx - cache.pop(req.traj_id, 0)
                     cache[req.traj_id] = ctx
                     self._trim_cache()
-                req.done.succeed(req.decode_tokens)
+                req.done.succeed(req.tokens)
                 # _note_calls, inlined: its result goes back through the worker's event loop
                 if self.call_step_s and self.env._now >= self._charged_until:
                     self._calls_handled = True
@@ -504,11 +555,19 @@ class GenerationEngine:
         self._trim_cache()
 
     def _trim_cache(self) -> None:
-        """The prefix cache lives in KV memory not reserved by running requests (LRU)."""
-        free = max(0, self.capacity - self.reserved)
-        while self.cache_tokens > free and self.cache:
-            _, evicted = self.cache.popitem(last=False)
-            self.cache_tokens -= evicted
+        """The prefix cache lives in KV memory the running requests do not hold. Eviction takes the
+        least recently used conversation's blocks tail first, as vLLM frees a finished request's
+        blocks (its prefix, what a next turn or a resumed request reads first, goes last)."""
+        free = max(0, self.capacity - self.ctx_sum)
+        cache = self.cache
+        while self.cache_tokens > free and cache:
+            excess = self.cache_tokens - free
+            oldest = next(iter(cache))
+            if cache[oldest] > excess:  # its tail alone makes the room
+                cache[oldest] -= excess
+                self.cache_tokens -= excess
+                break
+            self.cache_tokens -= cache.pop(oldest)
 
     # ---- weight update (steps ③ and ⑤) --------------------------------------------------
 

@@ -14,6 +14,7 @@ from rollart.plan.presets import GPU_PRESETS
 from rollart.plan.schema import GpuType
 from rollart.sim.costs.gpu import DecodeLine, RooflineGeneration
 from rollart.sim.engine import GenerationEngine
+from tests.test_engine_kv_on_demand import reference as on_demand_reference
 
 
 class ToyCost:
@@ -36,49 +37,9 @@ class ToyCost:
 
 
 def reference(cost: ToyCost, arrivals: list[tuple[float, int, int]], max_num_seqs: int) -> list[float]:
-    """Iteration by iteration: at each boundary complete finished requests, admit waiting ones
-    (FIFO, KV reservation), then run one (mixed) iteration."""
-    pending = sorted(range(len(arrivals)), key=lambda i: arrivals[i][0])
-    waiting: list[int] = []
-    running: dict[int, list[int]] = {}  # id -> [ctx, remaining]
-    done: dict[int, float] = {}
-    t = 0.0
-    while len(done) < len(arrivals):
-        while pending and arrivals[pending[0]][0] <= t:
-            waiting.append(pending.pop(0))
-        for i in [i for i, (_, rem) in running.items() if rem == 0]:
-            del running[i]
-            done[i] = t
-        reserved = sum(arrivals[i][1] + arrivals[i][2] for i in running)
-        admitted = []
-        while waiting and len(running) + len(admitted) < max_num_seqs:
-            i = waiting[0]
-            need = arrivals[i][1] + arrivals[i][2]
-            if reserved + need > cost.kv_capacity_tokens and (running or admitted):
-                break
-            waiting.pop(0)
-            reserved += need
-            admitted.append(i)
-        if not running and not admitted:
-            if not pending:
-                break
-            t = arrivals[pending[0]][0]
-            continue
-        dt = 0.0
-        if admitted:
-            new = sum(arrivals[i][1] for i in admitted)
-            dt += cost.prefill_time(new, sum(arrivals[i][1] ** 2 / 2 for i in admitted))
-        if running:
-            b = len(running)
-            x = sum(c for c, _ in running.values())
-            dt += cost.decode_line(b).total(x, b, 1)
-        t += dt
-        for r in running.values():
-            r[0] += 1
-            r[1] -= 1
-        for i in admitted:
-            running[i] = [arrivals[i][1] + 1, arrivals[i][2] - 1]
-    return [done[i] for i in range(len(arrivals))]
+    """Iteration by iteration with on-demand KV and preemption by recompute (the rules are stated in
+    tests/test_engine_kv_on_demand.py, which tests them under KV pressure)."""
+    return on_demand_reference(cost, arrivals, max_num_seqs)[0]
 
 
 def simulate(cost: ToyCost, arrivals: list[tuple[float, int, int]], max_num_seqs: int) -> list[float]:
@@ -262,7 +223,7 @@ def test_abort_frees_the_batch_and_never_completes() -> None:
     env.process(other())
     env.run(until=50)
     assert not out["req"].done.triggered
-    assert not engine.running and engine.reserved == 0 and engine.ctx_sum == 0
+    assert not engine.running and engine.ctx_sum == 0
     assert out["other"] > 0.5
 
 
