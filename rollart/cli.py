@@ -156,7 +156,8 @@ def simulate(
     scale_approx: bool = typer.Option(False, "--scale-approx",
                                       help="very large clusters: simulate a representative 1/m of the exchangeable "
                                            "workers and env managers, account for the rest by symmetry and for the "
-                                           "slowest groups it does not sample by order statistics (stated)"),
+                                           "slowest groups it does not sample by order statistics (stated); "
+                                           "trajectory-level modes (rollart, areal) only: the others run in full"),
 ) -> None:
     """Simulate a plan and print the step table."""
     _check_mode(mode)
@@ -165,7 +166,8 @@ def simulate(
 
     with sim_request_scale(math.inf if scale_approx else 1.0):  # the approximation's own share is checked below
         plan = _load(scenario, _overrides(set_, steps, seed))
-    factor = auto_factor(plan, mode_config(plan, mode).lockstep_env) if scale_approx else 1
+    batch_level = mode_config(plan, mode).batch_level_launch
+    factor = auto_factor(plan, batch_level) if scale_approx else 1
     if scale_approx:
         with sim_request_scale(factor):
             if problems := work_problems(plan):
@@ -173,7 +175,9 @@ def simulate(
     check_output_file(json_path, "--json")
     check_output_file(trace, "--trace")
     if scale_approx and factor == 1:
-        console.print("[dim]--scale-approx: the plan is too small to approximate; simulated in full[/]")
+        why = (f"mode {mode_config(plan, mode).name} launches whole batches (the approximation covers trajectory-"
+               "level modes only)" if batch_level else "the plan is too small to approximate")
+        console.print(f"[dim]--scale-approx: {why}; simulated in full[/]")
     t0 = time.perf_counter()
     try:
         result = run_simulation(plan, mode, plan.algorithm.seed, trace, progress=not quiet, scale_approx=factor)

@@ -65,6 +65,10 @@ class SimBackend:
         if self.scale > 1:
             from rollart.sim.scale import TailProbe, shrink_plan
 
+            if mode.batch_level_launch:
+                raise PlanError([f"--scale-approx: mode {mode.name} launches whole batches, whose step waits for "
+                                 "the full batch's slowest trajectory, which a 1/m subset under-samples; "
+                                 "simulate it in full"])
             plan = shrink_plan(plan, self.scale)
         self.plan = plan
         self.mode = mode
