@@ -224,7 +224,11 @@ def compare(
     except PlanError as exc:
         _fail(exc.problems)
     console.print(compare_table(results))
+    from rich.markup import escape
+
     for r in results:
+        for warning in r.summary.get("warnings") or ():
+            console.print(f"[bold yellow]{r.mode} task mix:[/] {escape(warning)}")
         if r.error:
             console.print(f"[bold red]{r.mode} stopped early:[/] {r.error}")
     if json_path:

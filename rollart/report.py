@@ -13,6 +13,7 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from rollart.core.stats import BREAKDOWN_KEYS, StepRecord
 from rollart.files import write_text_atomic
@@ -93,6 +94,56 @@ def summary_from_steps(steps: list[StepRecord]) -> dict[str, float]:
     }
 
 
+# a task whose trained share falls short of its planned share by more than this is warned about
+SHARE_SHORTFALL = 0.05
+
+
+def task_share_summary(plan: Any, steps: list[StepRecord], stats: Any) -> dict[str, Any]:
+    """Each task's planned share (the scenario's ``share``s, normalised) beside its share of the
+    trajectories trained, and a warning per task that fell short: by more than 5 percentage points,
+    or with nothing trained, as long as the shortfall is at least one group's trajectories (a short
+    run's batches hold whole groups). The warning names the task's env failures and timeouts
+    (``stats``: :class:`~rollart.core.stats.RunStats`) and the fix."""
+    total_share = sum(t.share for t in plan.tasks)
+    counts: dict[str, int] = {}
+    for s in steps:
+        for task, n in s.task_trajectories.items():
+            counts[task] = counts.get(task, 0) + n
+    trained_total = sum(counts.values())
+    group = plan.algorithm.group_size
+    shares: dict[str, dict[str, float]] = {}
+    warnings: list[str] = []
+    for t in plan.tasks:
+        planned = t.share / total_share
+        trained = counts.get(t.name, 0) / trained_total if trained_total else 0.0
+        shares[t.name] = {"planned": planned, "trained": trained}
+        short = planned - trained
+        if not trained_total or short * trained_total < group or (short <= SHARE_SHORTFALL and trained > 0):
+            continue
+        failed = stats.env_failures_by_task.get(t.name, 0)
+        timeouts = stats.env_timeouts_by_task.get(t.name, 0)
+        causes = []
+        if failed:
+            knob = f" (tasks.{t.name}.env.failure_prob={t.env.failure_prob:g})" if t.env.failure_prob else ""
+            causes.append(f"its env failed {failed:,} trajectories{knob}")
+        if timeouts:
+            causes.append(f"{timeouts:,} of its env calls timed out (tasks.{t.name}.env.timeout_s={t.env.timeout_s:g})")
+        why = ("; ".join(causes) + "; fix the env or remove the task from tasks") if causes else \
+            ("no env failures: its groups finished after the other tasks' had filled the batches (slower "
+             "episodes, or evicted as stale); the other tasks were trained in its place")
+        warnings.append(f"{t.name}: {_pct(trained)} trained of {_pct(planned)} planned: {why}")
+    return {"task_shares": shares, "warnings": warnings}
+
+
+def _pct(x: float) -> str:
+    """A share as a whole percent, never rounded to 0 % or 100 % unless it is."""
+    if 0 < x < 0.005:
+        return "<1%"
+    if 0.995 <= x < 1:
+        return ">99%"
+    return f"{x:.0%}"
+
+
 def step_table(result: RunResult) -> Table:
     # a real run knows the batch's rewards: show the mean, so learning is visible in the table
     rewards = result.backend != "sim" and any(s.mean_reward is not None for s in result.steps)
@@ -143,6 +194,8 @@ def summary_table(result: RunResult) -> Table:
     table.add_row("aborted", f"{sm['aborted_stale']} stale · {sm['aborted_redundant']} redundant · "
                              f"{sm['env_failures']} env failures"
                              + (f" · {sm['env_timeouts']} env timeouts" if sm.get("env_timeouts") else ""))
+    for warning in sm.get("warnings") or ():
+        table.add_row(Text("warning", style="not dim bold yellow"), Text(f"task mix: {warning}", style="bold yellow"))
     if "cost_usd_per_hour" in sm:
         table.add_row("cost", "- (a placed GPU type has no price: set prices.gpu_usd_per_hour)"
                       if sm["cost_usd_per_hour"] is None else

@@ -26,7 +26,7 @@ from rollart.core.modes import ModeConfig, weight_sync_summary
 from rollart.core.stats import StepRecord
 from rollart.plan import Plan, PlanError
 from rollart.plan.schema import GenerationGroup
-from rollart.report import RunResult, summary_from_steps
+from rollart.report import RunResult, summary_from_steps, task_share_summary
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
 from rollart.sim.costs.train import ColocationSwitch, trainer_memory_problems
@@ -594,6 +594,7 @@ class SimOutcome:
         steps = ctl.stats.steps
         elapsed = steps[-1].end_s if steps else self.elapsed_s
         summary: dict[str, Any] = summary_from_steps(steps)
+        summary.update(task_share_summary(b.plan, steps, ctl.stats))
         summary.update({
             "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
             "gpu_busy_fraction": self.gpu_busy_fraction(),

@@ -5,6 +5,7 @@ effects its processes yield. Everything the controller decides is backend-neutra
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable, Generator
 
 from rollart.core.barrier import LockstepBarrier
@@ -41,6 +42,10 @@ def _breakdown(critical: Trajectory, batch: tuple[Trajectory, ...], start: float
     for key, seconds in critical_path_breakdown(critical.segments, release, end).items():
         out[key] = out.get(key, 0.0) + seconds
     return out
+
+
+# a task owed ≥ 10 % of every batch that trains nothing this many steps in a row while its env fails stops the run
+STARVED_STEPS = 3
 
 
 class RunAborted(RuntimeError):
@@ -100,6 +105,15 @@ class Controller:
         self._abandoned_in_a_row: dict[str, int] = {}
         self._abandon_limit = 20 * plan.groups_per_batch
         self._timeouts_recorded = 0      # stats.env_timeouts already attributed to a step
+        # tasks the starvation stop watches (see _check_starved_tasks): planned share ≥ 10 % and ≥ 1
+        # group a batch; per task, steps in a row that trained none of it; the per-task counters at
+        # the end of the last STARVED_STEPS + 1 steps (the first: before any)
+        total = sum(t.share for t in plan.tasks)
+        self._watched_tasks = {t.name: t.share / total for t in plan.tasks
+                               if t.share / total >= 0.10 and t.share / total * plan.groups_per_batch >= 1}
+        self._starved_streak = dict.fromkeys(self._watched_tasks, 0)
+        self._task_snapshots: deque[tuple[dict[str, int], dict[str, int], dict[str, int]]] = deque(
+            [({}, {}, {})], maxlen=STARVED_STEPS + 1)
 
     def resume_from(self, version: int) -> None:
         """Continue a run whose trainer checkpoint holds ``version``: training resumes at step
@@ -159,6 +173,8 @@ class Controller:
         meanwhile, mean that task cannot fill a group (its env fails nearly every trajectory): stop
         with the fix rather than simulate on until ``max_sim_hours``."""
         n = self._abandoned_in_a_row[group.task] = self._abandoned_in_a_row.get(group.task, 0) + 1
+        by_task = self.stats.groups_abandoned_by_task
+        by_task[group.task] = by_task.get(group.task, 0) + 1
         if n > self._abandon_limit:
             task = self.plan.task(group.task)
             raise RunAborted(f"tasks.{group.task}.env: {n} groups in a row abandoned (their members failed beyond "
@@ -167,6 +183,8 @@ class Controller:
 
     def group_completed(self, group: Group) -> None:
         self._abandoned_in_a_row[group.task] = 0
+        by_task = self.stats.groups_completed_by_task
+        by_task[group.task] = by_task.get(group.task, 0) + 1
 
     def lockstep_barrier(self, batch_index: int) -> LockstepBarrier | None:
         if not self.mode.lockstep_env:
@@ -186,6 +204,8 @@ class Controller:
 
     def record_failure(self, traj: Trajectory) -> None:
         self.stats.env_failures += 1
+        by_task = self.stats.env_failures_by_task
+        by_task[traj.task] = by_task.get(traj.task, 0) + 1
         self.stats.consecutive_failures += 1
         if self.stats.consecutive_failures > self._failure_limit:
             raise RunAborted(f"tasks.{traj.task}.env: {self.stats.consecutive_failures} trajectories failed in a row "
@@ -201,6 +221,9 @@ class Controller:
         breakdown["train"] += train_s
         breakdown["idle"] += max(0.0, (end - start) - sum(breakdown.values()))
         rewards = [t.reward for t in batch if t.reward is not None]
+        per_task: dict[str, int] = {}
+        for t in batch:
+            per_task[t.task] = per_task.get(t.task, 0) + 1
         record = StepRecord(
             step=n, start_s=start, end_s=end, breakdown_s=breakdown, trajectories=len(batch),
             tokens=sum(t.context_tokens for t in batch),
@@ -209,6 +232,7 @@ class Controller:
             env_timeouts=self.stats.env_timeouts - self._timeouts_recorded,  # timed out since the last step
             response_tokens_max=max(t.generated_tokens for t in batch),
             response_tokens_mean=sum(t.generated_tokens for t in batch) / len(batch),
+            task_trajectories=per_task,
         )
         self._timeouts_recorded = self.stats.env_timeouts
         self.stats.steps.append(record)
@@ -220,6 +244,34 @@ class Controller:
             self._forget_finished()
         if self.on_step is not None:
             self.on_step(record)
+        self._check_starved_tasks(n, per_task)
+
+    def _check_starved_tasks(self, n: int, trained: dict[str, int]) -> None:
+        """Stop when a task whose share owes each batch at least one group (and ≥ 10 % of it) trained
+        nothing for ``STARVED_STEPS`` steps in a row while none of its groups completed and some were
+        abandoned: its env keeps failing, and the run would go on training a different task mix
+        (a task that is only slow completes groups, and is left to the report's share warning)."""
+        stats = self.stats
+        self._task_snapshots.append((dict(stats.groups_completed_by_task), dict(stats.groups_abandoned_by_task),
+                                     dict(stats.env_failures_by_task)))
+        for name, planned in self._watched_tasks.items():
+            streak = self._starved_streak[name] = 0 if trained.get(name) else self._starved_streak[name] + 1
+            if streak < STARVED_STEPS or len(self._task_snapshots) <= STARVED_STEPS:
+                continue
+            completed0, abandoned0, failed0 = self._task_snapshots[-1 - STARVED_STEPS]
+            completed = stats.groups_completed_by_task.get(name, 0) - completed0.get(name, 0)
+            abandoned = stats.groups_abandoned_by_task.get(name, 0) - abandoned0.get(name, 0)
+            if completed or not abandoned:
+                continue
+            failed = stats.env_failures_by_task.get(name, 0) - failed0.get(name, 0)
+            env = self.plan.task(name).env
+            knobs = (f"tasks.{name}.env.failure_prob={env.failure_prob:g}, " if env.failure_prob else "") + \
+                f"tasks.{name}.env.timeout_s={env.timeout_s:g}"
+            since = f" (steps {n - STARVED_STEPS + 1}–{n})" if streak > STARVED_STEPS else ""
+            raise RunAborted(f"tasks.{name}: no trajectory trained in steps {n - streak + 1}–{n} (planned "
+                             f"{planned:.0%} of each batch): {abandoned} of its groups abandoned, {failed:,} of its "
+                             f"trajectories failed, none completed{since} ({knobs}); fix its env or remove the "
+                             "task from tasks")
 
     # ---- end-of-run accounting ------------------------------------------------------------
 

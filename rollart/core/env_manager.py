@@ -40,7 +40,7 @@ def _env_retry(ctl: "Controller", traj: Trajectory, effect_type: type, category:
     """The first call (``t0``–``t1``) failed with ``outcome``: retry with the task's policy."""
     now = ctl.now
     ctl.tracer.env_span(traj, f"{category} ({outcome.error})", t0, t1)
-    _count_error(ctl, outcome)
+    _count_error(ctl, traj, outcome)
     spec = ctl.plan.task(traj.task).env
     for attempt in range(1, spec.max_retries + 1):
         t0 = now()
@@ -52,14 +52,16 @@ def _env_retry(ctl: "Controller", traj: Trajectory, effect_type: type, category:
         ctl.tracer.env_span(traj, category if outcome.ok else f"{category} ({outcome.error})", t0, now())
         if outcome.ok:
             return outcome
-        _count_error(ctl, outcome)
+        _count_error(ctl, traj, outcome)
     return outcome
 
 
-def _count_error(ctl: "Controller", outcome: EnvOutcome) -> None:
-    ctl.stats.env_errors += 1
+def _count_error(ctl: "Controller", traj: Trajectory, outcome: EnvOutcome) -> None:
+    stats = ctl.stats
+    stats.env_errors += 1
     if is_timeout(outcome.error):
-        ctl.stats.env_timeouts += 1
+        stats.env_timeouts += 1
+        stats.env_timeouts_by_task[traj.task] = stats.env_timeouts_by_task.get(traj.task, 0) + 1
 
 
 def is_timeout(error: str | None) -> bool:

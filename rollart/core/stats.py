@@ -23,6 +23,8 @@ class StepRecord:
     # under --scale-approx, of the batch's simulated subset
     response_tokens_max: int = 0
     response_tokens_mean: float = 0.0
+    # the trained batch's trajectories per task (under --scale-approx, of the simulated subset)
+    task_trajectories: dict[str, int] = field(default_factory=dict)
 
     @property
     def time_s(self) -> float:
@@ -36,6 +38,12 @@ class RunStats:
     env_timeouts: int = 0        # the env call errors that were timeouts
     env_failures: int = 0        # trajectories lost to env failures after retries
     consecutive_failures: int = 0
+    # per task: trajectories lost to env failures, env calls timed out, GRPO groups completed and
+    # abandoned (refills exhausted); the report names a task whose trained share fell short by them
+    env_failures_by_task: dict[str, int] = field(default_factory=dict)
+    env_timeouts_by_task: dict[str, int] = field(default_factory=dict)
+    groups_completed_by_task: dict[str, int] = field(default_factory=dict)
+    groups_abandoned_by_task: dict[str, int] = field(default_factory=dict)
     steps: list[StepRecord] = field(default_factory=list)
 
 

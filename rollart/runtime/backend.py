@@ -708,7 +708,7 @@ class RuntimeOutcome:
         self.elapsed_s = backend.now()
 
     def to_result(self):  # noqa: ANN201
-        from rollart.report import RunResult, summary_from_steps
+        from rollart.report import RunResult, summary_from_steps, task_share_summary
 
         b = self.backend
         ctl = b.ctl
@@ -728,6 +728,7 @@ class RuntimeOutcome:
         n[tr.pool] = n.get(tr.pool, 0) + tr.gpus
         effects = b.driver.effects_handled if hasattr(b, "driver") else 0
         summary: dict[str, Any] = summary_from_steps(steps)
+        summary.update(task_share_summary(b.plan, steps, ctl.stats))
         summary.update({
             "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
             "gpu_busy_fraction": {p: busy[p] / n[p] for p in busy},
