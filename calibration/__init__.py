@@ -117,7 +117,7 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
         node_latency, node_rate, _ = tp_allreduce(gpu_name, gpu, GPUS_PER_NODE)
         net_latency, net_rate, where = cluster_network(network)
         rate, latency = ring_link(tp, (node_rate, node_latency), (net_rate, net_latency))
-        return latency, rate, f"{where}: tp > {GPUS_PER_NODE} spans nodes, its slowest hop sets the pace"
+        return latency, rate, f"{where}, a ring over {tp} GPUs crossing nodes at its slowest hop's pace"
     path = _shipped_kernel_profile(gpu_name, gpu)
     profile = _load(str(path.resolve())) if path is not None else None
     if isinstance(profile, KernelProfile):
@@ -153,17 +153,19 @@ def ep_all_to_all(gpu_name: str | None, gpu: "GpuType", network: "Link | None" =
 def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement",  # noqa: ANN201
                gpu_name: str | None = None, network: "Link | None" = None):
     """The training cost model: the trainer placement's ``profile:`` (a measured train
-    profile) when set, else the FLOPs/MFU model with the tensor-parallel all-reduces and a MoE's
-    expert-parallel all-to-alls on the links of the trainer's GPU type ``gpu_name`` (across nodes:
-    ``network``)."""
+    profile) when set, else the FLOPs/MFU model with the tensor-parallel all-reduces, a MoE's
+    expert-parallel all-to-alls and the data-parallel gradient sync on the links of the trainer's GPU
+    type ``gpu_name`` (across nodes: ``network``)."""
     from rollart.calibration.cost import ProfiledTrainCost
     from rollart.calibration.profiles import TrainProfile
     from rollart.sim.costs.train import TrainCost, trainer_ep
 
     if not trainer.profile:
+        stage = trainer.gpus // trainer.pp  # a data-parallel ring's span: the stage's tp × dp GPUs
         return TrainCost(model, gpu, trainer,
                          tp_allreduce(gpu_name, gpu, trainer.tp, network) if trainer.tp > 1 else None,
-                         ep_all_to_all(gpu_name, gpu, network) if trainer_ep(model, trainer) > 1 else None)
+                         ep_all_to_all(gpu_name, gpu, network) if trainer_ep(model, trainer) > 1 else None,
+                         tp_allreduce(gpu_name, gpu, stage, network) if stage > trainer.tp else None)
     loaded = _load(str(Path(trainer.profile).resolve()))
     if not isinstance(loaded, TrainProfile):
         raise ValueError(f"placement.trainer.profile: {trainer.profile} is a {loaded.kind} profile, not a train "

@@ -169,8 +169,8 @@ def test_pipeline_stages_all_reduce_only_their_own_layers() -> None:
         assert two._comm_s(tokens, micro_batches) == pytest.approx(one._comm_s(tokens, micro_batches) / 2)
     m = one.model
 
-    def optimizer(c) -> float:
-        return 2 * 16 * m.params / (c.trainer.gpus * c.gpu.hbm_tbps * 1e12)
+    def optimizer(c) -> float:  # and the data-parallel sync: once a step, outside the pipeline
+        return 2 * 16 * m.params / (c.trainer.gpus * c.gpu.hbm_tbps * 1e12) + c.dp_sync_s
 
     bubble = 1 / (8 + 1)  # 8 sequences a rank: 8 micro-batches, not the plan's 16
     assert two.step_time(lens) - optimizer(two) == pytest.approx((one.step_time(lens) - optimizer(one)) / 2 / (1 - bubble))
@@ -194,8 +194,8 @@ def test_a_rank_runs_no_more_micro_batches_than_it_has_sequences() -> None:
     flat = _planned("H800", 2, gpus=256, model="Qwen3-32B")  # dp 128, pp 1
     assert piped.micro_batches(1) == 1 and piped.bubble(1) == 0.75
 
-    def optimizer(c) -> float:
-        return 2 * 16 * c.model.params / (c.trainer.gpus * c.gpu.hbm_tbps * 1e12)
+    def optimizer(c) -> float:  # and the data-parallel sync (pp 4 holds a quarter of the shard)
+        return 2 * 16 * c.model.params / (c.trainer.gpus * c.gpu.hbm_tbps * 1e12) + c.dp_sync_s
 
     assert piped.step_time(lens) - optimizer(piped) == pytest.approx(flat.step_time(lens) - optimizer(flat))
     one_micro_batch = _planned("H800", 2, gpus=1024, model="Qwen3-32B", pp=4, micro_batches=1)
@@ -204,11 +204,13 @@ def test_a_rank_runs_no_more_micro_batches_than_it_has_sequences() -> None:
 
 def test_pipelining_does_not_beat_more_data_parallel_ranks_at_few_sequences_a_rank() -> None:
     """256 GPUs, 128 sequences: pp 4 (dp 32, 4 sequences a rank) runs 4 micro-batches with a 3/7
-    bubble, so it is slower than pp 1 (dp 128, one sequence a rank, no bubble); the plan's 16
-    micro-batches would have hidden the bubble."""
+    bubble, so its compute is slower than pp 1's (dp 128, one sequence a rank, no bubble); the plan's
+    16 micro-batches would have hidden the bubble. The data-parallel sync turns it round at this size:
+    pp 1's GPU holds 4 times pp 4's shard of the weights and syncs it over 128 ranks each step."""
     lens = _lens()
     pp4, pp1 = _planned("H800", 2, gpus=256, model="Qwen3-32B", pp=4), _planned("H800", 2, gpus=256, model="Qwen3-32B")
-    assert pp4.step_time(lens) > pp1.step_time(lens)
+    assert pp4.step_time(lens) - pp4.dp_sync_s > pp1.step_time(lens) - pp1.dp_sync_s
+    assert pp1.dp_sync_s > 3.5 * pp4.dp_sync_s and pp4.step_time(lens) < pp1.step_time(lens)
     assert pp4.bubble(pp4.micro_batches(4)) == pytest.approx(3 / 7)
 
 
@@ -236,12 +238,14 @@ def test_a_moe_trainer_pays_its_expert_parallel_all_to_all() -> None:
         return TP_COMM_PASSES * 2 * m.layers * (16 * alpha + sent / beta)
 
     no_links = TrainCost(m, H800, h800.trainer)
-    assert h800.step_time(lens) - no_links.step_time(lens) == pytest.approx(all_to_all("H800"))
-    assert h800.step_time(lens) - h100.step_time(lens) == pytest.approx(all_to_all("H800") - all_to_all("H100"))
+    assert h800.step_time(lens) - h800.dp_sync_s - no_links.step_time(lens) == pytest.approx(all_to_all("H800"))
+    assert (h800.step_time(lens) - h800.dp_sync_s) - (h100.step_time(lens) - h100.dp_sync_s) == pytest.approx(
+        all_to_all("H800") - all_to_all("H100"))
     assert all_to_all("H800") > 2 * all_to_all("H100")
     dense = _planned("H800", 1, gpus=8)
     assert dense.ep == 1 and "all-to-all" not in dense.source
-    assert dense.step_time(lens) == TrainCost(dense.model, H800, dense.trainer).step_time(lens)
+    assert dense.step_time(lens) == pytest.approx(TrainCost(dense.model, H800, dense.trainer).step_time(lens)
+                                                  + dense.dp_sync_s)
 
 
 def test_an_explicit_trainer_ep_sets_the_expert_shard_and_the_all_to_all() -> None:
@@ -284,3 +288,33 @@ def test_trainer_ep_is_validated_against_its_gpus_and_the_experts() -> None:
             small_plan(overrides)
         assert [p for p in err.value.problems if p.startswith("placement.trainer.ep: ") and words in p], \
             err.value.problems
+
+
+def test_data_parallel_ranks_sync_gradients_and_weights_once_a_step() -> None:
+    """Megatron's distributed optimizer, as ROLL runs it (fp32 gradient reduce-scatter, bf16 weight
+    all-gather, not overlapped): (4 + 2) B × the GPU's shard × (dp − 1)/dp over the data-parallel
+    ring's link, once a step. Strong scaling therefore turns over: GPU-seconds a step never fall as
+    the trainer grows, and a slower network makes a multi-node trainer slower."""
+    from rollart.calibration import tp_allreduce
+    from rollart.plan.schema import Link
+    from rollart.sim.costs.train import DP_GRAD_BYTES, DP_PARAM_BYTES
+
+    lens = [8000] * 128
+    one = _planned("H800", 2, gpus=2)
+    assert one.dp_sync_s == 0.0  # one data-parallel rank: nothing to sync
+    node = _planned("H800", 2, gpus=8)  # dp 4 inside a node: NVLink
+    alpha, beta, where = tp_allreduce("H800", GpuType(**GPU_PRESETS["H800"]), 8)
+    shard = ModelSpec.model_validate("Qwen3-8B").params / 2
+    assert node.dp_sync_s == pytest.approx(2 * alpha + (DP_GRAD_BYTES + DP_PARAM_BYTES) * shard * 3 / 4 / beta)
+    assert "dp 4 gradient sync on NVLink" in node.source
+    wide = _planned("H800", 2, gpus=64)  # dp 32 over 8 nodes: the network's pace
+    assert "InfiniBand" in wide.source and wide.dp_sync_s > 3 * node.dp_sync_s
+    gpu_s = [g * _planned("H800", 2, gpus=g).step_time(lens) for g in (8, 64, 256, 1024)]
+    assert all(a <= b for a, b in zip(gpu_s, gpu_s[1:])), gpu_s
+    slow = _planned("H800", 2, gpus=64).step_time(lens)
+    from rollart.calibration import train_cost
+    from rollart.plan.schema import TrainerPlacement
+
+    tcp = train_cost(ModelSpec.model_validate("Qwen3-8B"), GpuType(**GPU_PRESETS["H800"]),
+                     TrainerPlacement(pool="p", gpus=64, tp=2), "H800", Link(kind="tcp", bandwidth_gbps=100))
+    assert tcp.step_time(lens) > slow + 0.5

@@ -19,11 +19,18 @@ ATTENTION_PASSES = 5  # forward ×1, backward ×2, two extra forwards
 # forwards. Not overlapped with compute (no ROLL config sets tp_comm_overlap).
 TP_ALLREDUCES_PER_LAYER = 2
 TP_COMM_PASSES = 5
+# Data-parallel gradient synchronisation, once a step (ROLL's agentic configs size one optimizer step
+# per rollout batch): Megatron's distributed optimizer reduce-scatters each GPU's gradients in fp32
+# (ROLL's mcore_adapter sets accumulate_allreduce_grads_in_fp32 with bf16) and, after the optimizer
+# step, all-gathers the updated bf16 weights. Not overlapped with compute: mcore_adapter defaults
+# overlap_grad_reduce and overlap_param_gather to False, and no agentic example of ROLL sets them.
+DP_GRAD_BYTES = 4
+DP_PARAM_BYTES = 2
 
 
 class TrainCost:
     """step = max_r [dp · (10·P'·T_r + 5·2·L·H·d·Σ_r s²) / (gpus · peak · MFU) + comm_r] / (1 − bubble_r)
-           + optimizer
+           + dp_sync + optimizer
 
     P' the parameters whose matmuls every token runs: the active parameters less the input embedding
     (a lookup, no FLOPs; the lm_head is a GEMM and counts), as Megatron counts model FLOPs. Each of
@@ -47,12 +54,19 @@ class TrainCost:
       tokens over its tp GPUs) to their k experts' GPUs and back, NVLink within a node, the
       cluster's network across nodes.
 
+    Once a step, dp > 1: the data-parallel gradient reduce-scatter (fp32) and weight all-gather (bf16)
+    of the GPU's shard, given ``dp_link`` = (α s, bus bytes/s, where) of a ring over the stage's
+    gpus / pp GPUs (NVLink within a node, the network across): 2α + (4 + 2) B · Σ shard · (d − 1)/d / β,
+    dense weights over tp·pp with d = gpus / (tp·pp), a MoE's experts over ep·pp with
+    d = gpus / (ep·pp) (:data:`DP_GRAD_BYTES`).
+
     MFU is the compute's alone: an MFU fitted to a measured step at some tp keeps that step's time
-    only with the comm term beside it."""
+    only with the comm terms beside it."""
 
     def __init__(self, model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement,
                  allreduce: tuple[float, float, str] | None = None,
-                 all_to_all: tuple[tuple[float, float, str], tuple[float, float, str]] | None = None):
+                 all_to_all: tuple[tuple[float, float, str], tuple[float, float, str]] | None = None,
+                 dp_link: tuple[float, float, str] | None = None):
         self.model, self.gpu, self.trainer = model, gpu, trainer
         m = model
         self._linear_per_token = LINEAR_FLOPS_PER_PARAM_TOKEN * (m.active_params - input_embedding_params(m))
@@ -74,6 +88,15 @@ class TrainCost:
             self._all_to_all = (nv_beta, nv_alpha, net_beta, net_alpha)
             where = nv_where if self.ep <= GPUS_PER_NODE else f"{nv_where} and {net_where}"
             self.source += f"; ep {self.ep} all-to-alls on {where}"
+        self.dp_sync_s = 0.0  # the data-parallel gradient reduce-scatter and weight all-gather, once a step
+        if self.dp > 1 and dp_link is not None:
+            alpha, beta, where = dp_link
+            experts = expert_params(m)
+            d_dense, d_expert = self.dp, max(1, trainer.gpus // (self.ep * trainer.pp))
+            moved = ((m.params - experts) / (tp * trainer.pp) * (d_dense - 1) / d_dense
+                     + experts / (self.ep * trainer.pp) * (d_expert - 1) / d_expert)
+            self.dp_sync_s = 2 * alpha + (DP_GRAD_BYTES + DP_PARAM_BYTES) * moved / beta
+            self.source += f"; dp {self.dp} gradient sync on {where}"
 
     def _flops(self, s: int) -> float:
         return self._linear_per_token * s + self._attention_per_sq * s * s
@@ -127,7 +150,8 @@ class TrainCost:
     def step_time(self, seq_lens: list[int]) -> float:
         m, t = self.model, self.trainer
         optimizer = 2 * 16 * m.params / (t.gpus * self.gpu.hbm_tbps * 1e12)
-        return max((self._rank_s(*rank) for rank in self._ranks(seq_lens)), default=0.0) + optimizer
+        compute = max((self._rank_s(*rank) for rank in self._ranks(seq_lens)), default=0.0)
+        return compute + (self.dp_sync_s if compute else 0.0) + optimizer
 
 
 # What one trainer GPU holds (Megatron with bf16 weights and the distributed optimizer, as ROLL's
