@@ -26,14 +26,24 @@ def _fail(problems: list[str]) -> None:
     raise typer.Exit(code=2)
 
 
-def _scenario_data(scenario: Optional[str], overrides: list[str]) -> tuple[dict[str, Any], Any]:
-    """The scenario's data (``extends:`` merged) and its validated plan with ``overrides``."""
+SCALE_APPROX_HELP = ("very large clusters: simulate each point as `rollart simulate --scale-approx` does (a "
+                     "representative 1/m of a trajectory-level mode's plan; small plans and batch-level modes in full)")
+
+
+def _scenario_data(scenario: Optional[str], overrides: list[str],
+                   scale_approx: bool = False) -> tuple[dict[str, Any], Any]:
+    """The scenario's data (``extends:`` merged) and its validated plan with ``overrides`` (under
+    ``scale_approx`` the simulated-work guard is each point's, checked on its 1/m subset)."""
+    import math
+
+    from rollart.plan.schema import sim_request_scale
     from rollart.scenarios_catalog import default_scenario, resolve_existing
 
     try:
         path = resolve_existing(scenario) if scenario else default_scenario()
         data = read_yaml(path)
-        return data, plan_from_dict(data, overrides)
+        with sim_request_scale(math.inf if scale_approx else 1.0):
+            return data, plan_from_dict(data, overrides)
     except PlanError as exc:
         _fail(exc.problems)
         raise  # unreachable
@@ -80,6 +90,7 @@ def sweep(
     seed: Optional[int] = typer.Option(None, "--seed", help="override algorithm.seed for every point"),
     mode: Optional[str] = typer.Option(None, "--mode", help=f"override algorithm.mode ({', '.join(MODES)})"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    scale_approx: bool = typer.Option(False, "--scale-approx", help=SCALE_APPROX_HELP),
 ) -> None:
     """Simulate a grid of what-ifs as parallel Ray tasks; write results.csv and a Pareto plot.
 
@@ -94,7 +105,7 @@ def sweep(
     from rollart.sweep.run import run_sweep
 
     base = _shortcuts(set_, steps, seed, mode)
-    data, plan = _scenario_data(scenario, base)
+    data, plan = _scenario_data(scenario, base, scale_approx)
     try:
         require_prices(plan)  # the frontier needs a cost for every point
         dims = parse_grid(grid)
@@ -117,7 +128,8 @@ def sweep(
     what = (f"{len(points)} Latin-hypercube points" if samples else f"{len(points)} points") + \
         f" of {plan.name} ({' × '.join(str(len(d.values)) for d in dims)} grid)"
     err_console.print(f"[dim]sweep: {what} → {out}[/]", highlight=False)
-    result = run_sweep(data, dims, points, out, RayPool(workers, address), base_overrides=base, console=err_console,
+    result = run_sweep(data, dims, points, out, RayPool(workers, address, scale_approx), base_overrides=base,
+                       console=err_console,
                        progress=show_progress(not quiet), title=plan.name)
     _print_points(result)
     console.print(f"[dim]{result.ran} simulated, {result.skipped} already done, {result.failed} failed"
@@ -216,6 +228,7 @@ def plan(
     seed: Optional[int] = typer.Option(None, "--seed"),
     mode: Optional[str] = typer.Option(None, "--mode"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    scale_approx: bool = typer.Option(False, "--scale-approx", help=SCALE_APPROX_HELP),
 ) -> None:
     """Search placements within a budget; print the top plans and why; write the best as a plan.
 
@@ -235,7 +248,7 @@ def plan(
     if use_ray and not ray_available():
         _fail([RAY_EXTRA_HINT.replace("rollart sweep runs its points", "--address runs the simulations")])
     overrides = _shortcuts(set_, steps, seed, mode)
-    data, base_plan = _scenario_data(scenario, overrides)
+    data, base_plan = _scenario_data(scenario, overrides, scale_approx)
     budget = Budget(gpus=budget_gpus, usd_per_hour=budget_usd_per_hour)
     try:
         if objective == "cost" or budget_usd_per_hour is not None:
@@ -250,7 +263,8 @@ def plan(
     check_output_file(out, "--out")
     base = apply_overrides(data, overrides)
     n = workers or os.cpu_count() or 1
-    pool = RayPool(workers, address) if use_ray else ProcessPool(n) if n > 1 else SerialPool()
+    pool = RayPool(workers, address, scale_approx) if use_ray else \
+        ProcessPool(n, scale_approx) if n > 1 else SerialPool(scale_approx)
     t0 = time.perf_counter()
     if not quiet:
         err_console.print(f"[dim]plan: simulating on {pool.workers if not use_ray else 'the Ray cluster'}"
@@ -284,12 +298,14 @@ def plan(
     best = result.best
     sm = best.summary
     name = f"{base_plan.name}-plan"
+    approx = " --scale-approx" if (best.record.get("scale_factor") or 1) > 1 else ""
     written = write_plan(plan_data(best, base, name), out, [
         f"written by `rollart plan` from {base_plan.name}: objective {objective}, budget {budget.describe()}",
         f"{best.candidate.label()}",
         f"simulated: {sm['trajectories_per_s']:.4f} trajectories/s, step {sm['step_time_s_mean']:.1f} s mean"
         + (f", ${sm['cost_usd_per_hour']:,.2f}/h, ${sm['cost_per_1k_trajectories_usd']:,.2f} per 1k trajectories"
            if sm.get("cost_usd_per_hour") is not None else ""),
-        f"reproduce: rollart simulate {out}",
+        f"reproduce: rollart simulate {out}{approx}",
     ])
-    console.print(f"[dim]wrote {written} · rollart simulate {written} reproduces these figures[/]", highlight=False)
+    console.print(f"[dim]wrote {written} · rollart simulate {written}{approx} reproduces these figures[/]",
+                  highlight=False)

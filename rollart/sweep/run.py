@@ -43,7 +43,7 @@ def run_sweep(data: dict[str, Any], dims: list[GridDim], points: list[Point], ou
     keyed = []
     for p in points:
         overrides = [*base_overrides, *p.overrides]
-        keyed.append((point_key(data, overrides, seed, mode), p, overrides))
+        keyed.append((point_key(data, overrides, seed, mode, getattr(pool, "scale_approx", False)), p, overrides))
     records: dict[str, dict[str, Any]] = {}
     jobs = []
     queued: set[str] = set()

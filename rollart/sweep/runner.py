@@ -20,24 +20,37 @@ Job = tuple[str, dict[str, Any], list[str], "int | None", "str | None"]  # key, 
 
 
 def evaluate_point(data: dict[str, Any], overrides: list[str], seed: int | None = None,
-                   mode: str | None = None) -> dict[str, Any]:
+                   mode: str | None = None, scale_approx: bool = False) -> dict[str, Any]:
     """Simulate one point. Never raises for a bad plan or a failed run: the record says why
-    (``error``), so one point cannot stop a sweep."""
+    (``error``), so one point cannot stop a sweep. ``scale_approx``: simulate a representative 1/m
+    of a large plan as ``rollart simulate --scale-approx`` does (``sim.scale.auto_factor``; m = 1
+    for a small plan or a batch-level mode), recorded as ``scale_factor``."""
+    import math
+
     from rollart.core.modes import mode_config
     from rollart.plan.loader import PlanError, plan_from_dict
+    from rollart.plan.schema import sim_request_scale, work_problems
     from rollart.sim import simulate_plan
     from rollart.sim.costs.price import gpus_placed
+    from rollart.sim.scale import auto_factor
 
     t0 = time.perf_counter()
     record: dict[str, Any] = {"overrides": list(overrides), "seed": seed, "mode": mode, "summary": None,
                               "error": None, "placed_gpus": None}
     try:
-        plan = plan_from_dict(data, overrides)
+        with sim_request_scale(math.inf if scale_approx else 1.0):  # the subset's own share is checked below
+            plan = plan_from_dict(data, overrides)
         cfg = mode_config(plan, mode)
+        factor = auto_factor(plan, cfg.batch_level_launch) if scale_approx else 1
+        if scale_approx:
+            with sim_request_scale(factor):
+                if problems := work_problems(plan):
+                    raise PlanError(problems)
         record["mode"] = cfg.name
         record["seed"] = plan.algorithm.seed if seed is None else seed
         record["placed_gpus"] = gpus_placed(plan)
-        result = simulate_plan(plan, cfg, record["seed"]).to_result()
+        record["scale_factor"] = factor
+        result = simulate_plan(plan, cfg, record["seed"], scale_approx=factor).to_result()
         record["summary"] = result.summary
         record["steps"] = [{"step": s.step, "time_s": s.time_s, "trajectories": s.trajectories}
                            for s in result.steps]
@@ -59,9 +72,13 @@ def ray_available() -> bool:
 
 
 class SerialPool:
-    """Runs jobs one after the other in this process (no Ray)."""
+    """Runs jobs one after the other in this process (no Ray). Every pool takes ``scale_approx``
+    (:func:`evaluate_point`) for all its jobs."""
 
     workers = 1
+
+    def __init__(self, scale_approx: bool = False):
+        self.scale_approx = scale_approx
 
     def __enter__(self) -> "SerialPool":
         return self
@@ -71,15 +88,16 @@ class SerialPool:
 
     def imap_unordered(self, jobs: Iterable[Job]) -> Iterator[tuple[str, dict[str, Any]]]:
         for key, data, overrides, seed, mode in jobs:
-            yield key, evaluate_point(data, overrides, seed, mode)
+            yield key, evaluate_point(data, overrides, seed, mode, self.scale_approx)
 
 
 class ProcessPool:
     """Jobs on ``workers`` local processes (default: every core), no Ray: what ``rollart plan``
     uses by default. A worker process that dies takes only its job with it (a ``lost`` record)."""
 
-    def __init__(self, workers: int | None = None):
+    def __init__(self, workers: int | None = None, scale_approx: bool = False):
         self.workers = max(1, workers or os.cpu_count() or 1)
+        self.scale_approx = scale_approx
         self._ex: Any = None
 
     def __enter__(self) -> "ProcessPool":
@@ -107,7 +125,7 @@ class ProcessPool:
             if job is None:
                 return False
             key, data, overrides, seed, mode = job
-            inflight[self._ex.submit(evaluate_point, data, overrides, seed, mode)] = key
+            inflight[self._ex.submit(evaluate_point, data, overrides, seed, mode, self.scale_approx)] = key
             return True
 
         while len(inflight) < 2 * self.workers and submit():
@@ -145,9 +163,10 @@ class RayPool:
     CPUs set the parallelism). When Ray is already initialised in this process it is reused and
     left running."""
 
-    def __init__(self, workers: int | None = None, address: str | None = None):
+    def __init__(self, workers: int | None = None, address: str | None = None, scale_approx: bool = False):
         self.workers = workers or os.cpu_count() or 1
         self.address = address
+        self.scale_approx = scale_approx
         self._owned = False
 
     def __enter__(self) -> "RayPool":
@@ -192,7 +211,7 @@ class RayPool:
             key, data, overrides, seed, mode = job
             if id(data) not in refs:
                 refs[id(data)] = (data, ray.put(data))
-            inflight[remote.remote(refs[id(data)][1], overrides, seed, mode)] = key
+            inflight[remote.remote(refs[id(data)][1], overrides, seed, mode, self.scale_approx)] = key
             return True
 
         while len(inflight) < window and submit():
@@ -210,8 +229,9 @@ class RayPool:
                 submit()
 
 
-def make_pool(workers: int | None, address: str | None, use_ray: bool = True) -> RayPool | SerialPool:
-    return RayPool(workers, address) if use_ray else SerialPool()
+def make_pool(workers: int | None, address: str | None, use_ray: bool = True,
+              scale_approx: bool = False) -> RayPool | SerialPool:
+    return RayPool(workers, address, scale_approx) if use_ray else SerialPool(scale_approx)
 
 
 def run_jobs(pool: RayPool | SerialPool, jobs: list[Job],

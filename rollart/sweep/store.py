@@ -40,12 +40,16 @@ def simulator_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def point_key(scenario: dict[str, Any], overrides: Iterable[str], seed: int | None, mode: str | None) -> str:
+def point_key(scenario: dict[str, Any], overrides: Iterable[str], seed: int | None, mode: str | None,
+              scale_approx: bool = False) -> str:
     """Hex digest of the scenario's content (after ``extends:``; the file name does not matter),
-    the overrides in order, the seed, the mode and the simulator (``simulator_digest``)."""
-    blob = json.dumps({"scenario": scenario, "overrides": list(overrides), "seed": seed, "mode": mode,
-                       "simulator": simulator_digest()},
-                      sort_keys=True, default=str, separators=(",", ":"))
+    the overrides in order, the seed, the mode, the simulator (``simulator_digest``) and, when set,
+    ``--scale-approx`` (an approximated point is not the full one)."""
+    key: dict[str, Any] = {"scenario": scenario, "overrides": list(overrides), "seed": seed, "mode": mode,
+                           "simulator": simulator_digest()}
+    if scale_approx:
+        key["scale_approx"] = True
+    blob = json.dumps(key, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
