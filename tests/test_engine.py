@@ -12,28 +12,10 @@ from hypothesis import strategies as st
 from rollart.plan.schema import ModelSpec
 from rollart.plan.presets import GPU_PRESETS
 from rollart.plan.schema import GpuType
-from rollart.sim.costs.gpu import DecodeLine, RooflineGeneration
+from rollart.sim.costs.gpu import RooflineGeneration
 from rollart.sim.engine import GenerationEngine
+from tests.test_engine_kv_on_demand import ToyCost
 from tests.test_engine_kv_on_demand import reference as on_demand_reference
-
-
-class ToyCost:
-    """Small numbers whose compute and memory regimes cross inside a run."""
-
-    source = "toy"
-
-    def __init__(self, capacity: int = 6000):
-        self.kv_capacity_tokens = capacity
-
-    def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
-        return 0.0 if new_tokens <= 0 else 0.002 + 1e-4 * new_tokens + 1e-8 * attention_pairs
-
-    def decode_line(self, batch: int) -> DecodeLine:
-        return DecodeLine(a=0.001, c0=0.0004 * batch, c1=2e-7, m0=0.003, m1=1e-6)
-
-    def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int, decode_context: float) -> float:
-        decode = self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
-        return self.prefill_time(new_tokens, attention_pairs) + decode
 
 
 def reference(cost: ToyCost, arrivals: list[tuple[float, int, int]], max_num_seqs: int) -> list[float]:
