@@ -7,7 +7,7 @@
 2. else the shipped kernel profile of the GPU type (``calibration/profiles/<gpu>.yaml``), when the
    type has that preset's timing numbers (FLOP/s, HBM and NVLink bandwidth: memory size sets the
    KV capacity, not a kernel's time, so a ``cluster.custom_gpus`` entry that only adds memory keeps
-   the measured profile);
+   the measured profile, whatever it is called);
 3. else measured kernel efficiencies on the GPU type's datasheet, priced by the same composition:
    the named preset's own (a ``cluster.custom_gpus`` entry reusing a preset's name with other
    timing numbers, e.g. an H20 with faster HBM), else the H100's (a type without timings of its own).
@@ -36,6 +36,19 @@ def _load(path: str):  # noqa: ANN202 - cached profile objects
 TIMING_FIELDS = ("tflops_bf16", "tflops_fp8", "hbm_tbps", "nvlink_gbps")
 
 
+def _timing_preset(gpu: "GpuType") -> str | None:
+    """The preset with a shipped profile whose timing numbers (``TIMING_FIELDS``) ``gpu`` has exactly,
+    whatever the custom type is called (an "H20-141G" with H20's FLOP/s and bandwidths is an H20 with
+    more memory)."""
+    from rollart.calibration.profiles import shipped_profile_path
+    from rollart.plan.presets import GPU_PRESETS
+
+    for preset, sheet in GPU_PRESETS.items():
+        if shipped_profile_path(preset) is not None and all(sheet.get(f) == getattr(gpu, f) for f in TIMING_FIELDS):
+            return preset
+    return None
+
+
 def transfer_reference(gpu_name: str | None) -> str:
     """The preset whose measured kernel efficiencies price a GPU type without a profile of its own:
     the preset ``gpu_name`` names when it ships one (a custom variant of a measured GPU keeps its
@@ -62,12 +75,15 @@ def _transferred(gpu_name: str, tflops_bf16: float, hbm_tbps: float, nvlink_gbps
 def _shipped_kernel_profile(gpu_name: str | None, gpu: "GpuType") -> "Path | None":
     """The shipped kernel profile's path for the preset ``gpu_name`` names, if ``gpu`` has that preset's
     timing numbers (``TIMING_FIELDS``; a custom type under a preset's name with other ones is priced
-    on its own datasheet)."""
+    on its own datasheet); for another name, that of the preset whose timing numbers it has exactly."""
     from rollart.calibration.profiles import shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS, canonical_gpu
 
     preset = canonical_gpu(gpu_name) if gpu_name else None
-    if preset is None or any(GPU_PRESETS[preset].get(f) != getattr(gpu, f) for f in TIMING_FIELDS):
+    if preset is None:
+        same = _timing_preset(gpu)
+        return shipped_profile_path(same) if same is not None else None
+    if any(GPU_PRESETS[preset].get(f) != getattr(gpu, f) for f in TIMING_FIELDS):
         return None
     return shipped_profile_path(preset)
 
@@ -161,11 +177,13 @@ def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement", 
     from rollart.sim.costs.train import TrainCost, trainer_ep
 
     if not trainer.profile:
-        stage = trainer.gpus // trainer.pp  # a data-parallel ring's span: the stage's tp × dp GPUs
+        stage = trainer.gpus // trainer.pp  # a data-parallel ring's span: the stage's GPUs
+        ep = trainer_ep(model, trainer)
         return TrainCost(model, gpu, trainer,
                          tp_allreduce(gpu_name, gpu, trainer.tp, network) if trainer.tp > 1 else None,
-                         ep_all_to_all(gpu_name, gpu, network) if trainer_ep(model, trainer) > 1 else None,
-                         tp_allreduce(gpu_name, gpu, stage, network) if stage > trainer.tp else None)
+                         ep_all_to_all(gpu_name, gpu, network) if ep > 1 else None,
+                         # a replica of some shard: dense weights over tp, a MoE's experts over ep
+                         tp_allreduce(gpu_name, gpu, stage, network) if stage > min(trainer.tp, ep) else None)
     loaded = _load(str(Path(trainer.profile).resolve()))
     if not isinstance(loaded, TrainProfile):
         raise ValueError(f"placement.trainer.profile: {trainer.profile} is a {loaded.kind} profile, not a train "

@@ -203,7 +203,10 @@ def summary_table(result: RunResult) -> Table:
                       f"trajectories · ${sm['cost_usd_per_hour']:,.0f}/h")
     table.add_row("staleness", f"{sm['mean_staleness']:.2f} versions mean")
     if "prefix_cache_hit_rate" in sm:
-        table.add_row("prefix cache", f"{sm['prefix_cache_hit_rate']:.0%} of prompt tokens reused")
+        preempted = sm.get("kv_preemptions") or 0
+        table.add_row("prefix cache", f"{sm['prefix_cache_hit_rate']:.0%} of prompt tokens reused" + (
+            f" · KV full: {preempted:,} requests preempted and recomputed "
+            f"({sm.get('kv_preempted_reuse_share', 0.0):.0%} of the reuse their own KV)" if preempted else ""))
     if sm.get("weight_sync"):
         table.add_row("weight sync", sm["weight_sync"])
     for gpu, source in result.calibration.items():

@@ -586,6 +586,11 @@ class SimOutcome:
         total = hits + sum(e.prefill_tokens for e in self.backend.engines)
         return hits / total if total else 0.0
 
+    def preempted_reuse_share(self) -> float:
+        """Of the prompt tokens found in the prefix cache, the share a preempted request found of its own KV."""
+        hits = sum(e.cache_hits_tokens for e in self.backend.engines)
+        return sum(e.resumed_hit_tokens for e in self.backend.engines) / hits if hits else 0.0
+
 
     def to_result(self) -> RunResult:
         b = self.backend
@@ -613,6 +618,10 @@ class SimOutcome:
             "env_call_errors": ctl.stats.env_errors,
             "trajectories": counts,
             "prefix_cache_hit_rate": self.prefix_cache_hit_rate(),
+            # running requests the engines preempted when their KV filled up (recomputed later); the
+            # hit rate above counts a resumed request's own KV found in the cache, as vLLM counts it
+            "kv_preemptions": sum(e.preemptions for e in b.engines),
+            "kv_preempted_reuse_share": self.preempted_reuse_share(),
             "weight_sync": weight_sync_summary(b.plan, b.mode),
             "routed_fallback": ctl.proxy.routed_fallback,
             "steps_done": len(steps),

@@ -62,7 +62,7 @@ class _Timer:
 
 class Request:
     __slots__ = ("traj_id", "context", "new_tokens", "decode_tokens", "tokens", "done", "admit_iter",
-                 "finish_iter", "seq", "aborted", "running", "remote")
+                 "finish_iter", "seq", "aborted", "running", "remote", "preempted")
 
     def __init__(self, traj_id: int, context: int, decode_tokens: int, done: simpy.Event, prefilled: bool,
                  remote: int = 0):
@@ -78,6 +78,7 @@ class Request:
         self.seq = 0                        # its completion-heap entry while running (0: none)
         self.aborted = False
         self.running = False
+        self.preempted = False              # it ran, was preempted, and waits to be prefilled again
 
 
 def _admission_order(req: Request) -> int:
@@ -108,6 +109,7 @@ class GenerationEngine:
         self.it = 0                 # decode iterations done
         self.ctx_sum = 0            # total context of the running batch: the KV it holds
         self.preemptions = 0        # running requests preempted (KV freed, recomputed later)
+        self.resumed_hit_tokens = 0  # of cache_hits_tokens, a preempted request's own KV found again
         self.cache: OrderedDict[int, int] = OrderedDict()
         self.cache_tokens = 0
         self.cache_hits_tokens = 0
@@ -437,6 +439,7 @@ class GenerationEngine:
                 continue
             req.decode_tokens -= ctx - req.context  # ≥ 1: it would have completed otherwise
             req.context = req.new_tokens = ctx
+            req.preempted = True
             preempted.append(req)
             if self.prefix_cache:  # its KV stays cached until evicted: a quick resume hits
                 self.cache_tokens += ctx - self.cache.pop(req.traj_id, 0)
@@ -460,6 +463,8 @@ class GenerationEngine:
                 if req.new_tokens:  # a prefix loaded by the KV connector counts as found (PD prefill)
                     hit = min(max(cached, req.remote), req.context)
                     self.cache_hits_tokens += hit
+                    if req.preempted:
+                        self.resumed_hit_tokens += hit
                     req.new_tokens = req.context - hit
             n = req.new_tokens
             if n:

@@ -363,7 +363,7 @@ class TailProbe:
 
 
 _EXTENSIVE = ("aborted_stale", "aborted_redundant", "env_failures", "env_call_errors", "routed_fallback",
-              "serverless_gpu_seconds", "serverless_cold_starts", "serverless_serving_s", "serverless_instance_s",
+              "kv_preemptions", "serverless_gpu_seconds", "serverless_cold_starts", "serverless_serving_s", "serverless_instance_s",
               "tokens_per_s")
 
 

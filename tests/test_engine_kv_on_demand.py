@@ -427,3 +427,25 @@ def test_eviction_takes_the_least_recent_conversations_tail_first() -> None:
     req = engine.add(8, 900, 10)
     env.run()
     assert req.done.value == 10 and engine.cache_hits_tokens == 300 and engine.prefill_tokens == 600
+
+
+def test_a_run_reports_its_kv_preemptions_and_what_of_its_reuse_they_are() -> None:
+    """A KV-bound run says so: summary.kv_preemptions (requests preempted and recomputed) and the share
+    of the prefix-cache reuse that is a resumed request finding its own KV (the hit rate counts it, as
+    vLLM's does), printed on the prefix-cache row."""
+    from rollart.core import mode_config
+    from rollart.plan import load_plan
+    from rollart.report import summary_table
+    from rollart.scenarios_catalog import resolve
+    from rollart.sim import simulate_plan
+
+    plan = load_plan(resolve("paper/experiments/h800-vs-h20"),
+                     ["tasks.FrozenLake.share=1e-6", "algorithm.batch_size=256", "algorithm.steps=1"])
+    result = simulate_plan(plan, mode_config(plan, "sync+"), 0).to_result()
+    sm = result.summary
+    assert sm["kv_preemptions"] > 0 and 0 < sm["kv_preempted_reuse_share"] < 1
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(summary_table(result))
+    assert f"{sm['kv_preemptions']:,} requests preempted and recomputed" in console.export_text()

@@ -38,6 +38,10 @@ def test_a_point_is_simulated_as_simulate_scale_approx_simulates_it() -> None:
     # the pools carry the flag to every job
     key, rec2 = next(SerialPool(scale_approx=True).imap_unordered([("k", data, overrides, None, "rollart")]))
     assert rec2["scale_factor"] == m and rec2["summary"] == rec["summary"]
+    # results.csv says which points were approximated, and by what m
+    from rollart.sweep.results import result_row
+
+    assert result_row("k", {}, rec2)["scale_factor"] == m
 
 
 def test_an_approximated_sweep_point_is_not_the_full_one() -> None:

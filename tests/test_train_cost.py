@@ -152,7 +152,7 @@ def test_a_tensor_parallel_group_wider_than_a_node_all_reduces_over_infiniband()
     assert tp_allreduce("H800", h800, 8, Link(kind="rdma", bandwidth_gbps=800))[:2] == nvlink[:2]  # inside a node
     # a GPU without a shipped profile (a custom type): H100's fit scaled by its NVLink, as the shipped
     # A100 profile scales it
-    custom = tp_allreduce("GX", GpuType(**GPU_PRESETS["A100"]), 4)
+    custom = tp_allreduce("GX", GpuType(**{**GPU_PRESETS["A100"], "tflops_bf16": 300.0}), 4)
     h100 = tp_allreduce("H100", GpuType(**GPU_PRESETS["H100"]), 4)
     assert "× 0.667" in custom[2] and custom[1] == pytest.approx(h100[1] * 600 / 900)
     # a type named like a preset but with other numbers is not that preset: its own NVLink scales H100's fit
@@ -318,3 +318,22 @@ def test_data_parallel_ranks_sync_gradients_and_weights_once_a_step() -> None:
     tcp = train_cost(ModelSpec.model_validate("Qwen3-8B"), GpuType(**GPU_PRESETS["H800"]),
                      TrainerPlacement(pool="p", gpus=64, tp=2), "H800", Link(kind="tcp", bandwidth_gbps=100))
     assert tcp.step_time(lens) > slow + 0.5
+
+
+def test_replicated_experts_and_pipeline_stages_sync_their_own_shards() -> None:
+    """The sync moves each GPU's own shard: dense weights over tp·pp, a MoE's experts over ep·pp, each
+    replicated gpus / (its split) times. A MoE trainer whose dense part is one replica (tp 8 on 8 GPUs)
+    still syncs its experts when ep < 8 holds them twice; pp 2 halves every shard."""
+    from rollart.calibration import tp_allreduce
+    from rollart.sim.costs.moe import expert_params
+    from rollart.sim.costs.train import DP_GRAD_BYTES, DP_PARAM_BYTES
+
+    moe = _planned("H800", 8, gpus=8, model="Qwen3-30B-A3B", ep=4)
+    experts = expert_params(moe.model)
+    alpha, beta, _ = tp_allreduce("H800", GpuType(**GPU_PRESETS["H800"]), 8)
+    assert moe.dp == 1 and moe.dp_sync_s == pytest.approx(
+        2 * alpha + (DP_GRAD_BYTES + DP_PARAM_BYTES) * experts / 4 * (2 - 1) / 2 / beta)
+    assert _planned("H800", 8, gpus=8, model="Qwen3-30B-A3B", ep=8).dp_sync_s == 0.0  # one replica of everything
+    assert _planned("H800", 8, gpus=8).dp_sync_s == 0.0  # dense, tp 8 on 8 GPUs
+    flat, piped = _planned("H800", 2, gpus=64), _planned("H800", 2, gpus=128, pp=2)  # dp 32 both
+    assert piped.dp_sync_s - 2 * alpha < (flat.dp_sync_s - 2 * alpha) / 2 * 1.001

@@ -80,8 +80,10 @@ class GpuPool(_Strict):
     count: Count
     cluster: str = Field("inference", description="physical cluster the pool sits in (links between clusters are slow)")
     profile: str | None = Field(None, description="cost profile YAML (from `rollart calibrate fit`), or 'datasheet' "
-                                                  "for the roofline; default: the shipped profile of the GPU type, "
-                                                  "else the H100's measured kernel efficiencies on its datasheet")
+                                                  "for the roofline; default: the shipped profile of the GPU type "
+                                                  "(or of the preset with its FLOP/s and bandwidths), else measured "
+                                                  "kernel efficiencies on its datasheet (the preset it is named "
+                                                  "after, else H100)")
 
 
 class CpuPool(_Strict):

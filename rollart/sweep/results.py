@@ -25,7 +25,8 @@ def _cell(v: Any) -> Any:
 
 def result_row(key: str, point: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
     """A flat row: key, the point's grid values (column = --grid path), seed, mode, placed GPUs,
-    the summary metrics, mean breakdown per step, wall seconds and the error (empty if none)."""
+    the summary metrics, mean breakdown per step, the scale-approximation factor, wall seconds and
+    the error (empty if none)."""
     sm = record.get("summary") or {}
     row: dict[str, Any] = {"key": key}
     row.update({path: _cell(v) for path, v in point.items()})
@@ -38,6 +39,8 @@ def result_row(key: str, point: dict[str, Any], record: dict[str, Any]) -> dict[
     for k in BREAKDOWN_KEYS:
         row[f"breakdown_{k}_s"] = bd.get(k)
     row["gpu_busy_fraction"] = _cell(sm.get("gpu_busy_fraction"))
+    # --scale-approx: the m the point was approximated with (1: simulated in full); empty without it
+    row["scale_factor"] = record.get("scale_factor")
     row["wall_s"] = record.get("wall_s")
     row["error"] = record.get("error") or ""
     return row

@@ -89,14 +89,14 @@ class TrainCost:
             where = nv_where if self.ep <= GPUS_PER_NODE else f"{nv_where} and {net_where}"
             self.source += f"; ep {self.ep} all-to-alls on {where}"
         self.dp_sync_s = 0.0  # the data-parallel gradient reduce-scatter and weight all-gather, once a step
-        if self.dp > 1 and dp_link is not None:
+        experts = expert_params(m)
+        d_dense, d_expert = self.dp, max(1, trainer.gpus // (self.ep * trainer.pp))  # replicas of each shard
+        if dp_link is not None and (d_dense > 1 or (experts and d_expert > 1)):
             alpha, beta, where = dp_link
-            experts = expert_params(m)
-            d_dense, d_expert = self.dp, max(1, trainer.gpus // (self.ep * trainer.pp))
             moved = ((m.params - experts) / (tp * trainer.pp) * (d_dense - 1) / d_dense
                      + experts / (self.ep * trainer.pp) * (d_expert - 1) / d_expert)
             self.dp_sync_s = 2 * alpha + (DP_GRAD_BYTES + DP_PARAM_BYTES) * moved / beta
-            self.source += f"; dp {self.dp} gradient sync on {where}"
+            self.source += f"; dp {max(d_dense, d_expert if experts else 1)} gradient sync on {where}"
 
     def _flops(self, s: int) -> float:
         return self._linear_per_token * s + self._attention_per_sq * s * s
