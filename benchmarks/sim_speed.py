@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="also time the 3,072-GPU plan under --scale-approx for this many steps (0: skip)")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args(argv)
+    if 0 < args.mem_steps < 3:  # the slope is fitted over the run's second half: three steps at least
+        ap.error(f"--mem-steps: {args.mem_steps} is too few for a memory slope; give 3 or more (0 skips it)")
     import rollart
 
     out: dict[str, Any] = {"tree": rollart.__file__}

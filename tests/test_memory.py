@@ -55,3 +55,12 @@ def test_memory_is_flat_over_many_steps(mode: str, monkeypatch: pytest.MonkeyPat
     # the counts are the same either way
     assert backend.ctl.outcome_counts() == kept.ctl.outcome_counts()
     assert [s.end_s for s in backend.ctl.stats.steps] == [s.end_s for s in kept.ctl.stats.steps]
+
+
+def test_the_speed_benchmark_refuses_too_few_steps_for_a_memory_slope(capsys) -> None:
+    """Two marks give no slope: the benchmark says so in one line (exit 2) instead of a KeyError."""
+    from benchmarks.sim_speed import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--steps", "1", "--mem-steps", "2"])
+    assert exc.value.code == 2 and "--mem-steps: 2 is too few" in capsys.readouterr().err
