@@ -226,21 +226,41 @@ class KernelProfileGeneration:
         return (4 * self._heads * self.model.head_dim * slow / (self._peak * d["e_c"]),
                 2 * self._kv * self.model.head_dim * self._kv_elem * slow / (self._bw * d["e_bw"]))
 
-    def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
+    def _prefill_share(self, sequences: int) -> float:
+        """The busiest rank's share of a step's new prompts over an even 1/ep: with attention data
+        parallel across the ep ranks a prompt prefills on one rank, so the busiest holds ⌈s/ep⌉ of
+        ``sequences`` s (ep for one prompt alone; 1 when ep divides s, ep = 1, or s is not given)."""
+        if self.ep <= 1 or sequences <= 0:
+            return 1.0
+        return self.ep * busiest_rank_sequences(sequences, self.ep) / sequences
+
+    def _rank_extra(self, extra: float, rank_tokens: float) -> float:
+        """One layer's attention-side linear layers (QKV, O) and element-wise kernels for ``extra``
+        tokens the busiest rank prefills beyond its even share ``rank_tokens``."""
+        return (self._gemms(rank_tokens + extra, self._shapes) - self._gemms(rank_tokens, self._shapes)
+                + extra * self._ew_bytes[0] / self._ew_rate)
+
+    def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float:
         if new_tokens <= 0:
             return 0.0
-        attn = self._prefill_attention(new_tokens / self.ep, attention_pairs)
+        f = self._prefill_share(sequences)
+        attn = self._prefill_attention(new_tokens / self.ep * f, attention_pairs * f)
         gemms, allreduce = self._token_terms(new_tokens)
+        if f > 1.0:
+            gemms += self._rank_extra(new_tokens * (f - 1) / self.ep, new_tokens / self.ep)
         layers = self.model.layers * (gemms + attn)
         return (self.profile.iteration_overhead_s + layers + self._gemms(1, self._lm_head, self._bf16)
                 + allreduce)
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
-                        decode_context: float) -> float:
+                        decode_context: float, sequences: int = 0) -> float:
         if new_tokens <= 0:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
         tokens = new_tokens + decode_batch
-        attn = self._prefill_attention(new_tokens / self.ep, attention_pairs)
+        f = self._prefill_share(sequences)
+        attn = self._prefill_attention(new_tokens / self.ep * f, attention_pairs * f)
+        if f > 1.0:  # the busiest rank prefills more than its even share of the new prompts
+            attn += self._rank_extra(new_tokens * (f - 1) / self.ep, tokens / self.ep)
         # The terms that depend only on the decode batch, and those that depend only on the step's
         # token count, are memoised (an engine prices one mixed step per admission); each is the
         # same expression as before, summed in the same order, so every step time is bit-for-bit
@@ -313,14 +333,14 @@ class EngineProfileGeneration:
                        f"{profile.fit_error.decode_mape_heldout:.1%} held-out")
         self._lines: dict[int, DecodeLine] = {}
 
-    def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
+    def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float:
         if new_tokens <= 0:
             return 0.0
         p = self.profile.prefill.params
         return p["a"] + p["b"] * new_tokens + p["c"] * attention_pairs
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
-                        decode_context: float) -> float:
+                        decode_context: float, sequences: int = 0) -> float:
         d = self.profile.decode.params
         decode = d["b"] * decode_batch + d["c"] * decode_context if decode_batch else 0.0
         if new_tokens <= 0:

@@ -59,12 +59,13 @@ class ScaledGeneration:
             line = self._lines[batch] = DecodeLine(a=b.a * f, c0=b.c0 * f, c1=b.c1 * f, m0=b.m0 * f, m1=b.m1 * f)
         return line
 
-    def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
-        return self.inner.prefill_time(new_tokens, attention_pairs) * self.factor
+    def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float:
+        return self.inner.prefill_time(new_tokens, attention_pairs, sequences) * self.factor
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
-                        decode_context: float) -> float:
-        return self.inner.mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context) * self.factor
+                        decode_context: float, sequences: int = 0) -> float:
+        return self.inner.mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context,
+                                          sequences) * self.factor
 
 
 def slowdown(k: float, parallelism: float) -> float:

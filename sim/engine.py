@@ -451,7 +451,7 @@ class GenerationEngine:
         """Put ``admitted`` into the batch through one mixed iteration (their prefill plus a
         decode step of the running batch); returns the iteration's duration. The batch state
         is updated now; completions wait until the iteration has elapsed."""
-        new_tokens, pairs = 0, 0.0
+        new_tokens, pairs, prompts = 0, 0.0, 0
         cache = self.cache if self.prefix_cache else None
         transferred = []
         for req in admitted:
@@ -470,12 +470,13 @@ class GenerationEngine:
             if n:
                 pairs += n * (req.context - n + n / 2)
                 new_tokens += n
+                prompts += 1
             else:  # its KV arrived from a prefill worker (PD disaggregation): it only decodes
                 transferred.append(req)  # (its term of the sums is 0: adding it changes nothing)
         running = self.running
         decoders = len(running) + len(transferred)
         dt = self.cost.mixed_step_time(new_tokens, pairs, decoders,
-                                       self._decode_context(transferred) if decoders else 0.0)
+                                       self._decode_context(transferred) if decoders else 0.0, prompts)
         self.prefill_tokens += new_tokens
         # _advance(1), inlined
         it = self.it = self.it + 1

@@ -32,7 +32,8 @@ class ToyCost:
     def decode_line(self, batch: int) -> DecodeLine:
         return DecodeLine(a=0.001, c0=0.0004 * batch, c1=2e-7, m0=0.003, m1=1e-6)
 
-    def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int, decode_context: float) -> float:
+    def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int, decode_context: float,
+                        sequences: int = 0) -> float:
         decode = self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
         return self.prefill_time(new_tokens, attention_pairs) + decode
 

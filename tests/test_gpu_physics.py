@@ -789,3 +789,45 @@ def test_memory_size_never_changes_a_kernels_time_and_faster_hbm_never_slows_dec
     # prefill is compute-bound: never slower, and a MoE's partly weight-read 4K prefill gains little
     fast_p, base_p = faster.prefill_time(4096, 4096 ** 2 / 2), base.prefill_time(4096, 4096 ** 2 / 2)
     assert base_p / 1.03 <= fast_p <= base_p * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("profile", [None, "datasheet"])
+def test_a_prompt_prefills_on_one_expert_parallel_rank(profile: str | None) -> None:
+    """With attention data parallel across a worker's ep ranks (as the decode side already prices), a
+    prompt prefills on one rank: one 8K prompt on an ep-8 worker waits for its rank's attention (and its
+    QKV/O layers), not for an eighth of it; eight prompts spread over the eight ranks as before. A worker
+    without ep, or a caller that does not say how many prompts, is priced as before."""
+    m = ModelSpec.model_validate("Qwen3-30B-A3B")
+    h800 = GpuType(**GPU_PRESETS["H800"])
+    ep8 = generation_cost(m, "H800", h800, 8, profile, ep=8)
+    n, pairs = 8192, 8192 ** 2 / 2
+    spread = ep8.prefill_time(n, pairs)
+    assert ep8.prefill_time(n, pairs, sequences=8) == spread  # one prompt a rank: the even share
+    one = ep8.prefill_time(n, pairs, sequences=1)
+    assert one > 1.2 * spread
+    # in a mixed step too, and a rank with ⌈9/8⌉ = 2 of nine prompts is the busiest
+    assert ep8.mixed_step_time(n, pairs, 16, 16 * 2048, 1) > ep8.mixed_step_time(n, pairs, 16, 16 * 2048, 8)
+    assert ep8.prefill_time(n, pairs, sequences=9) > spread
+    tp8 = generation_cost(m, "H800", h800, 8, profile)  # no ep: one prompt is split over the tp GPUs
+    assert tp8.prefill_time(n, pairs, sequences=1) == tp8.prefill_time(n, pairs)
+
+
+def test_the_engine_tells_its_cost_model_how_many_prompts_a_step_prefills() -> None:
+    import simpy
+
+    from rollart.sim.engine import GenerationEngine
+    from tests.test_engine_kv_on_demand import ToyCost
+
+    seen: list[int] = []
+
+    class Counting(ToyCost):
+        def mixed_step_time(self, new_tokens, attention_pairs, decode_batch, decode_context, sequences=0):
+            seen.append(sequences)
+            return super().mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context, sequences)
+
+    env = simpy.Environment()
+    engine = GenerationEngine(env, 0, "p", Counting(100_000), 64, prefix_cache=False)
+    for i in range(3):
+        engine.add(i, 500, 5)
+    env.run()
+    assert seen and seen[0] == 3

@@ -137,15 +137,17 @@ class GenerationCost(Protocol):
     source: str
     kv_capacity_tokens: int
 
-    def prefill_time(self, new_tokens: int, attention_pairs: float) -> float: ...
+    def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float: ...
 
     def decode_line(self, batch: int) -> DecodeLine: ...
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
-                        decode_context: float) -> float:
+                        decode_context: float, sequences: int = 0) -> float:
         """One engine step that prefills ``new_tokens`` and decodes one token for each of
         ``decode_batch`` sequences holding ``decode_context`` cached tokens in all: one
-        overhead and one weight read, not a prefill step plus a decode step."""
+        overhead and one weight read, not a prefill step plus a decode step. ``sequences``: how
+        many prompts the new tokens belong to (0: not known), which sets the busiest
+        expert-parallel rank's share where each prompt attends on one rank."""
         ...
 
 
@@ -237,22 +239,25 @@ class RooflineGeneration:
         (1 when ep divides the batch; ep for one sequence alone)."""
         return self.ep * busiest_rank_sequences(batch, self.ep) / batch if batch > 0 else 1.0
 
-    def prefill_time(self, new_tokens: int, attention_pairs: float) -> float:
+    def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float:
         if new_tokens <= 0:
             return 0.0
-        flops = self._flops(new_tokens) + self._lm_head(1) + self._attn_flops_per_pair * attention_pairs
+        # a prompt attends on one rank: the busiest holds ⌈sequences/ep⌉ of them (_context_share)
+        pairs = attention_pairs * self._context_share(sequences)
+        flops = self._flops(new_tokens) + self._lm_head(1) + self._attn_flops_per_pair * pairs
         compute = flops / (self._peak * self.eff.prefill_compute)
         memory = self._weights(new_tokens) / (self._bw * self.eff.decode_bandwidth)
         return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(new_tokens)
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
-                        decode_context: float) -> float:
+                        decode_context: float, sequences: int = 0) -> float:
         if new_tokens <= 0:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
         tokens = new_tokens + decode_batch
         context = decode_context * self._context_share(decode_batch)
+        pairs = attention_pairs * self._context_share(sequences)
         flops = self._flops(tokens) + self._lm_head(decode_batch) \
-            + self._attn_flops_per_pair * (attention_pairs + context)
+            + self._attn_flops_per_pair * (pairs + context)
         compute = flops / (self._peak * self.eff.prefill_compute)
         memory = (self._weights(tokens) + self._kv_bytes_per_token * context) \
             / (self._bw * self.eff.decode_bandwidth)
