@@ -36,6 +36,11 @@ def _load(path: str):  # noqa: ANN202 - cached profile objects
 TIMING_FIELDS = ("tflops_bf16", "tflops_fp8", "hbm_tbps", "nvlink_gbps")
 
 
+def _same_timings(sheet: dict, gpu: "GpuType") -> bool:
+    """Whether ``gpu`` has the preset datasheet ``sheet``'s timing numbers (``TIMING_FIELDS``)."""
+    return all(sheet.get(f) == getattr(gpu, f) for f in TIMING_FIELDS)
+
+
 def _timing_preset(gpu: "GpuType") -> str | None:
     """The preset with a shipped profile whose timing numbers (``TIMING_FIELDS``) ``gpu`` has exactly,
     whatever the custom type is called (an "H20-141G" with H20's FLOP/s and bandwidths is an H20 with
@@ -44,7 +49,7 @@ def _timing_preset(gpu: "GpuType") -> str | None:
     from rollart.plan.presets import GPU_PRESETS
 
     for preset, sheet in GPU_PRESETS.items():
-        if shipped_profile_path(preset) is not None and all(sheet.get(f) == getattr(gpu, f) for f in TIMING_FIELDS):
+        if shipped_profile_path(preset) is not None and _same_timings(sheet, gpu):
             return preset
     return None
 
@@ -83,7 +88,7 @@ def _shipped_kernel_profile(gpu_name: str | None, gpu: "GpuType") -> "Path | Non
     if preset is None:
         same = _timing_preset(gpu)
         return shipped_profile_path(same) if same is not None else None
-    if any(GPU_PRESETS[preset].get(f) != getattr(gpu, f) for f in TIMING_FIELDS):
+    if not _same_timings(GPU_PRESETS[preset], gpu):
         return None
     return shipped_profile_path(preset)
 
@@ -94,13 +99,13 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     expert-parallel ranks (MoE) whose all-to-all crosses ``network`` (the cluster's link) when a
     worker is wider than a node; the engine may use ``memory_utilization`` of each GPU's memory."""
     from rollart.calibration.cost import EngineProfileGeneration, KernelProfileGeneration
-    from rollart.calibration.links import default_network
+    from rollart.calibration.links import inter_node_link
     from rollart.calibration.profiles import EngineProfile, TrainProfile
     from rollart.sim.costs.gpu import RooflineEfficiency, RooflineGeneration
 
     def roofline() -> RooflineGeneration:
         return RooflineGeneration(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
-                                  ep=ep, network=(network.bytes_per_s, network.latency_s) if network else default_network())
+                                  ep=ep, network=inter_node_link(network))
 
     if profile == "datasheet":
         return roofline()
@@ -149,12 +154,10 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
 def cluster_network(network: "Link | None" = None) -> tuple[float, float, str]:
     """(latency s, bytes/s, where from) of the network between a cluster's nodes: the plan's
     intra-cluster link when it names one, else the InfiniBand fit of the link table."""
-    from rollart.calibration.links import default_network
+    from rollart.calibration.links import inter_node_link
 
-    if network is not None:
-        return network.latency_s, network.bytes_per_s, "the intra-cluster link"
-    rate, latency = default_network()
-    return latency, rate, "InfiniBand (NCCL fit)"
+    rate, latency = inter_node_link(network)
+    return latency, rate, "the intra-cluster link" if network is not None else "InfiniBand (NCCL fit)"
 
 
 def ep_all_to_all(gpu_name: str | None, gpu: "GpuType", network: "Link | None" = None
@@ -178,12 +181,10 @@ def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement", 
 
     if not trainer.profile:
         stage = trainer.gpus // trainer.pp  # a data-parallel ring's span: the stage's GPUs
-        ep = trainer_ep(model, trainer)
         return TrainCost(model, gpu, trainer,
                          tp_allreduce(gpu_name, gpu, trainer.tp, network) if trainer.tp > 1 else None,
-                         ep_all_to_all(gpu_name, gpu, network) if ep > 1 else None,
-                         # a replica of some shard: dense weights over tp, a MoE's experts over ep
-                         tp_allreduce(gpu_name, gpu, stage, network) if stage > min(trainer.tp, ep) else None)
+                         ep_all_to_all(gpu_name, gpu, network) if trainer_ep(model, trainer) > 1 else None,
+                         tp_allreduce(gpu_name, gpu, stage, network) if stage > 1 else None)
     loaded = _load(str(Path(trainer.profile).resolve()))
     if not isinstance(loaded, TrainProfile):
         raise ValueError(f"placement.trainer.profile: {trainer.profile} is a {loaded.kind} profile, not a train "

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from rollart.calibration.kernels import (BF16_BYTES, CUSTOM_ALLREDUCE_MAX_BYTES, CUSTOM_ALLREDUCE_WORLD_SIZES,
                                          FP8_BYTES, M_TILE, unsplit_key)
-from rollart.calibration.links import default_network
+from rollart.calibration.links import inter_node_link
 from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainProfile, expert_gemm_params,
                                           stream_efficiency)
 from rollart.plan.schema import GpuType, Link, ModelSpec
@@ -98,7 +98,7 @@ class KernelProfileGeneration:
         self._ar_custom = ((c.params["alpha_s"], c.params["beta_gbps"] * 1e9 / 8,
                             c.params.get("max_bytes", CUSTOM_ALLREDUCE_MAX_BYTES))
                            if c is not None and rank_tp in CUSTOM_ALLREDUCE_WORLD_SIZES else None)
-        self._network = (network.bytes_per_s, network.latency_s) if network is not None else default_network()
+        self._network = inter_node_link(network)
         # element-wise kernels: bytes per token (attention side, per rank) and per expert row (MLP);
         # activations are quantised only where the linear layers compute in FP8
         i_rank, fp8 = inter / rank_tp, self._linear[2] == FP8_BYTES

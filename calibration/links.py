@@ -8,13 +8,16 @@ their line rates with assumed latencies (no public timings in calibration/data).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from rollart.calibration import datasets as D
 from rollart.calibration import kernels as K
 from rollart.calibration.profiles import PROFILE_DIR
+
+if TYPE_CHECKING:
+    from rollart.plan.schema import Link
 
 LINKS_FILE = PROFILE_DIR / "links.yaml"
 
@@ -48,6 +51,12 @@ def default_network() -> tuple[float, float]:
     InfiniBand fit of the link table (NCCL across 8×H100 DGX nodes)."""
     ib = calibrated_links().get("ib") or {"latency_us": 20.0, "bandwidth_gbps": 200.0}
     return ib["bandwidth_gbps"] * 1e9 / 8, ib["latency_us"] * 1e-6
+
+
+def inter_node_link(network: "Link | None") -> tuple[float, float]:
+    """(bytes/s, latency s) between a cluster's nodes: the plan's intra-cluster ``network`` link when
+    it names one, else :func:`default_network`."""
+    return (network.bytes_per_s, network.latency_s) if network is not None else default_network()
 
 
 @lru_cache(maxsize=1)

@@ -161,22 +161,23 @@ def simulate(
 ) -> None:
     """Simulate a plan and print the step table."""
     _check_mode(mode)
-    from rollart.plan.schema import sim_request_scale, work_problems
-    from rollart.sim.scale import auto_factor
+    from rollart.plan.schema import sim_request_scale
+    from rollart.sim.scale import approximation_factor
 
     with sim_request_scale(math.inf if scale_approx else 1.0):  # the approximation's own share is checked below
         plan = _load(scenario, _overrides(set_, steps, seed))
-    batch_level = mode_config(plan, mode).batch_level_launch
-    factor = auto_factor(plan, batch_level) if scale_approx else 1
+    cfg = mode_config(plan, mode)
+    factor = 1
     if scale_approx:
-        with sim_request_scale(factor):
-            if problems := work_problems(plan):
-                _fail(problems)
+        try:
+            factor = approximation_factor(plan, cfg.batch_level_launch)
+        except PlanError as exc:
+            _fail(exc.problems)
     check_output_file(json_path, "--json")
     check_output_file(trace, "--trace")
     if scale_approx and factor == 1:
-        why = (f"mode {mode_config(plan, mode).name} launches whole batches (the approximation covers trajectory-"
-               "level modes only)" if batch_level else "the plan is too small to approximate")
+        why = (f"mode {cfg.name} launches whole batches (the approximation covers trajectory-level modes only)"
+               if cfg.batch_level_launch else "the plan is too small to approximate")
         console.print(f"[dim]--scale-approx: {why}; simulated in full[/]")
     t0 = time.perf_counter()
     try:

@@ -6,6 +6,7 @@ serialise the same way."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,10 +106,9 @@ def task_share_summary(plan: Any, steps: list[StepRecord], stats: Any) -> dict[s
     run's batches hold whole groups). The warning names the task's env failures and timeouts
     (``stats``: :class:`~rollart.core.stats.RunStats`) and the fix."""
     total_share = sum(t.share for t in plan.tasks)
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     for s in steps:
-        for task, n in s.task_trajectories.items():
-            counts[task] = counts.get(task, 0) + n
+        counts.update(s.task_trajectories)
     trained_total = sum(counts.values())
     group = plan.algorithm.group_size
     shares: dict[str, dict[str, float]] = {}

@@ -37,6 +37,7 @@ import heapq
 import math
 from heapq import heappop, heappush
 from collections import OrderedDict, deque
+from operator import attrgetter
 from typing import Any, Callable, Generator
 
 import simpy
@@ -79,10 +80,6 @@ class Request:
         self.aborted = False
         self.running = False
         self.preempted = False              # it ran, was preempted, and waits to be prefilled again
-
-
-def _admission_order(req: Request) -> int:
-    return req.seq
 
 
 class GenerationEngine:
@@ -428,7 +425,7 @@ class GenerationEngine:
         goes to the prefix cache (evictable) and it waits at the front of the queue, its context
         grown by the tokens it generated, to be prefilled again and decode the rest."""
         running, capacity = self.running, self.capacity
-        victims = sorted(running, key=_admission_order, reverse=True)
+        victims = sorted(running, key=attrgetter("seq"), reverse=True)  # the latest admitted first
         preempted: list[Request] = []
         for req in victims:
             if self.ctx_sum + len(running) <= capacity or len(running) <= 1:
@@ -442,8 +439,7 @@ class GenerationEngine:
             req.preempted = True
             preempted.append(req)
             if self.prefix_cache:  # its KV stays cached until evicted: a quick resume hits
-                self.cache_tokens += ctx - self.cache.pop(req.traj_id, 0)
-                self.cache[req.traj_id] = ctx
+                self._cache_put(req.traj_id, ctx, trim=False)  # trimmed once, with every victim's KV freed
         self.waiting.extendleft(preempted)  # the earliest admitted first, as they ran
         self._trim_cache()
 
@@ -555,10 +551,11 @@ class GenerationEngine:
                 self._remove(req)
         self._aborts.clear()
 
-    def _cache_put(self, traj_id: int, tokens: int) -> None:
+    def _cache_put(self, traj_id: int, tokens: int, trim: bool = True) -> None:
         self.cache_tokens += tokens - self.cache.pop(traj_id, 0)
         self.cache[traj_id] = tokens
-        self._trim_cache()
+        if trim:
+            self._trim_cache()
 
     def _trim_cache(self) -> None:
         """The prefix cache lives in KV memory the running requests do not hold. Eviction takes the

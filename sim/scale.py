@@ -101,6 +101,18 @@ def auto_factor(plan: Plan, batch_level: bool = False) -> int:
     return 1
 
 
+def approximation_factor(plan: Plan, batch_level: bool = False) -> int:
+    """:func:`auto_factor` for ``plan`` (built under ``sim_request_scale(math.inf)``), with the
+    simulated-work guard checked on the 1/m subset it simulates: a PlanError naming the problems."""
+    from rollart.plan.schema import sim_request_scale, work_problems
+
+    m = auto_factor(plan, batch_level)
+    with sim_request_scale(m):
+        if problems := work_problems(plan):
+            raise PlanError(problems)
+    return m
+
+
 def shrink_plan(plan: Plan, m: int) -> Plan:
     """The 1/m plan that is simulated at full detail."""
     if getattr(plan.placement, "colocated", False):

@@ -5,7 +5,7 @@ effects its processes yield. Everything the controller decides is backend-neutra
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Callable, Generator
 
 from rollart.core.barrier import LockstepBarrier
@@ -173,8 +173,7 @@ class Controller:
         meanwhile, mean that task cannot fill a group (its env fails nearly every trajectory): stop
         with the fix rather than simulate on until ``max_sim_hours``."""
         n = self._abandoned_in_a_row[group.task] = self._abandoned_in_a_row.get(group.task, 0) + 1
-        by_task = self.stats.groups_abandoned_by_task
-        by_task[group.task] = by_task.get(group.task, 0) + 1
+        self.stats.groups_abandoned_by_task[group.task] += 1
         if n > self._abandon_limit:
             task = self.plan.task(group.task)
             raise RunAborted(f"tasks.{group.task}.env: {n} groups in a row abandoned (their members failed beyond "
@@ -183,8 +182,7 @@ class Controller:
 
     def group_completed(self, group: Group) -> None:
         self._abandoned_in_a_row[group.task] = 0
-        by_task = self.stats.groups_completed_by_task
-        by_task[group.task] = by_task.get(group.task, 0) + 1
+        self.stats.groups_completed_by_task[group.task] += 1
 
     def lockstep_barrier(self, batch_index: int) -> LockstepBarrier | None:
         if not self.mode.lockstep_env:
@@ -204,8 +202,7 @@ class Controller:
 
     def record_failure(self, traj: Trajectory) -> None:
         self.stats.env_failures += 1
-        by_task = self.stats.env_failures_by_task
-        by_task[traj.task] = by_task.get(traj.task, 0) + 1
+        self.stats.env_failures_by_task[traj.task] += 1
         self.stats.consecutive_failures += 1
         if self.stats.consecutive_failures > self._failure_limit:
             raise RunAborted(f"tasks.{traj.task}.env: {self.stats.consecutive_failures} trajectories failed in a row "
@@ -221,9 +218,7 @@ class Controller:
         breakdown["train"] += train_s
         breakdown["idle"] += max(0.0, (end - start) - sum(breakdown.values()))
         rewards = [t.reward for t in batch if t.reward is not None]
-        per_task: dict[str, int] = {}
-        for t in batch:
-            per_task[t.task] = per_task.get(t.task, 0) + 1
+        per_task = Counter(t.task for t in batch)
         record = StepRecord(
             step=n, start_s=start, end_s=end, breakdown_s=breakdown, trajectories=len(batch),
             tokens=sum(t.context_tokens for t in batch),

@@ -61,7 +61,7 @@ def _count_error(ctl: "Controller", traj: Trajectory, outcome: EnvOutcome) -> No
     stats.env_errors += 1
     if is_timeout(outcome.error):
         stats.env_timeouts += 1
-        stats.env_timeouts_by_task[traj.task] = stats.env_timeouts_by_task.get(traj.task, 0) + 1
+        stats.env_timeouts_by_task[traj.task] += 1
 
 
 def is_timeout(error: str | None) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 BREAKDOWN_KEYS = ("generation", "env_reset", "env_step", "reward", "train", "weight_sync", "idle")
@@ -40,10 +41,10 @@ class RunStats:
     consecutive_failures: int = 0
     # per task: trajectories lost to env failures, env calls timed out, GRPO groups completed and
     # abandoned (refills exhausted); the report names a task whose trained share fell short by them
-    env_failures_by_task: dict[str, int] = field(default_factory=dict)
-    env_timeouts_by_task: dict[str, int] = field(default_factory=dict)
-    groups_completed_by_task: dict[str, int] = field(default_factory=dict)
-    groups_abandoned_by_task: dict[str, int] = field(default_factory=dict)
+    env_failures_by_task: Counter[str] = field(default_factory=Counter)
+    env_timeouts_by_task: Counter[str] = field(default_factory=Counter)
+    groups_completed_by_task: Counter[str] = field(default_factory=Counter)
+    groups_abandoned_by_task: Counter[str] = field(default_factory=Counter)
     steps: list[StepRecord] = field(default_factory=list)
 
 

@@ -23,16 +23,16 @@ def evaluate_point(data: dict[str, Any], overrides: list[str], seed: int | None 
                    mode: str | None = None, scale_approx: bool = False) -> dict[str, Any]:
     """Simulate one point. Never raises for a bad plan or a failed run: the record says why
     (``error``), so one point cannot stop a sweep. ``scale_approx``: simulate a representative 1/m
-    of a large plan as ``rollart simulate --scale-approx`` does (``sim.scale.auto_factor``; m = 1
+    of a large plan as ``rollart simulate --scale-approx`` does (``sim.scale.approximation_factor``; m = 1
     for a small plan or a batch-level mode), recorded as ``scale_factor``."""
     import math
 
     from rollart.core.modes import mode_config
     from rollart.plan.loader import PlanError, plan_from_dict
-    from rollart.plan.schema import sim_request_scale, work_problems
+    from rollart.plan.schema import sim_request_scale
     from rollart.sim import simulate_plan
     from rollart.sim.costs.price import gpus_placed
-    from rollart.sim.scale import auto_factor
+    from rollart.sim.scale import approximation_factor
 
     t0 = time.perf_counter()
     record: dict[str, Any] = {"overrides": list(overrides), "seed": seed, "mode": mode, "summary": None,
@@ -41,11 +41,7 @@ def evaluate_point(data: dict[str, Any], overrides: list[str], seed: int | None 
         with sim_request_scale(math.inf if scale_approx else 1.0):  # the subset's own share is checked below
             plan = plan_from_dict(data, overrides)
         cfg = mode_config(plan, mode)
-        factor = auto_factor(plan, cfg.batch_level_launch) if scale_approx else 1
-        if scale_approx:
-            with sim_request_scale(factor):
-                if problems := work_problems(plan):
-                    raise PlanError(problems)
+        factor = approximation_factor(plan, cfg.batch_level_launch) if scale_approx else 1
         record["mode"] = cfg.name
         record["seed"] = plan.algorithm.seed if seed is None else seed
         record["placed_gpus"] = gpus_placed(plan)

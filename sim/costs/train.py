@@ -171,9 +171,13 @@ def trainer_ep(model: ModelSpec, trainer: TrainerPlacement) -> int:
         return 1
     if trainer.ep:
         return trainer.ep
-    stage = trainer.gpus // trainer.pp
-    return max(d for d in range(1, min(GPUS_PER_NODE, model.moe_experts, stage) + 1)
-               if stage % d == 0 and model.moe_experts % d == 0)
+    return max(d for d in _ep_choices(model, trainer.gpus // trainer.pp) if d <= GPUS_PER_NODE)
+
+
+def _ep_choices(model: ModelSpec, stage: int) -> list[int]:
+    """Expert-parallel degrees a stage of ``stage`` GPUs can take: those dividing both its GPUs and the
+    model's experts, ascending."""
+    return [d for d in range(1, min(stage, model.moe_experts) + 1) if stage % d == 0 and model.moe_experts % d == 0]
 
 
 def trainer_weight_shard_params(model: ModelSpec, trainer: TrainerPlacement) -> float:
@@ -210,10 +214,9 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
     if model.moe_experts:
         ep = trainer_ep(model, trainer)
         spread += f", experts over ep·pp (ep {ep})"
-        stage = trainer.gpus // trainer.pp  # a wider expert-parallel group on these GPUs, if one fits
-        wider = next((e for e in range(ep + 1, min(stage, model.moe_experts) + 1)
-                      if stage % e == 0 and model.moe_experts % e == 0
-                      and trainer_fits(model, gpu, trainer.model_copy(update={"ep": e}))), None)
+        # a wider expert-parallel group on these GPUs, if one fits
+        wider = next((e for e in _ep_choices(model, trainer.gpus // trainer.pp)
+                      if e > ep and trainer_fits(model, gpu, trainer.model_copy(update={"ep": e}))), None)
         if wider is not None:
             hint = f"set placement.trainer.ep={wider} (experts over more GPUs, all-to-all across nodes); or {hint}"
     return [f"placement.trainer.gpus: training {model.name} needs {need:.0f} GiB a GPU on {trainer.gpus} × {gpu_name} "
