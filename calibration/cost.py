@@ -183,14 +183,16 @@ class KernelProfileGeneration:
         """1 / occupancy of the decode-attention kernel for ``batch`` sequences on a rank."""
         return max(1.0, self._decode_sms / (max(1.0, batch) * self._kv))
 
-    def _allreduce(self, tokens: float) -> float:
-        """The two all-reduces per layer inside a rank (its share of the tokens), plus the MoE
-        all-to-alls between ranks."""
-        comm = all_to_all_s(self.model, tokens, self.ep, self.tp, *self._nvlink, *self._network)
+    def _allreduce(self, tokens: float, rank_tokens: float | None = None) -> float:
+        """The two all-reduces per layer inside a rank, plus the MoE all-to-alls between ranks, for
+        the busiest rank's ``rank_tokens`` (an even ``tokens / ep`` when not given)."""
+        rank_tokens = tokens / self.ep if rank_tokens is None else rank_tokens
+        comm = all_to_all_s(self.model, tokens, self.ep, self.tp, *self._nvlink, *self._network,
+                            rank_tokens=rank_tokens)
         if self._rank_tp == 1:
             return comm
         n = self._rank_tp
-        nbytes = tokens / self.ep * self.model.hidden * 2.0
+        nbytes = rank_tokens * self.model.hidden * 2.0
         moved = 2 * (n - 1) / n * nbytes
         rate, alpha = ring_link(n, self._nvlink, self._network)
         each = alpha + moved / rate  # NCCL
@@ -246,8 +248,9 @@ class KernelProfileGeneration:
         f = self._prefill_share(sequences)
         attn = self._prefill_attention(new_tokens / self.ep * f, attention_pairs * f)
         gemms, allreduce = self._token_terms(new_tokens)
-        if f > 1.0:
+        if f > 1.0:  # the busiest rank prefills, and sends to the experts, more than an even share
             gemms += self._rank_extra(new_tokens * (f - 1) / self.ep, new_tokens / self.ep)
+            allreduce = self._allreduce(new_tokens, new_tokens * f / self.ep)
         layers = self.model.layers * (gemms + attn)
         return (self.profile.iteration_overhead_s + layers + self._gemms(1, self._lm_head, self._bf16)
                 + allreduce)
@@ -272,6 +275,8 @@ class KernelProfileGeneration:
         if decode_batch:
             attn += fixed + decode_context * per_context
         gemms, allreduce = self._token_terms(tokens)
+        if self.ep > 1:  # the busiest rank's prompts and decoding sequences, not an even share
+            allreduce = self._allreduce(tokens, new_tokens * f / self.ep + busiest_rank_sequences(decode_batch, self.ep))
         return (self.profile.iteration_overhead_s + self.model.layers * (gemms + attn) + lm_head + allreduce)
 
     def _token_terms(self, tokens: float) -> tuple[float, float]:
@@ -306,7 +311,7 @@ class KernelProfileGeneration:
             seqs = busiest_rank_sequences(batch, self.ep)
             fixed = self.profile.iteration_overhead_s + m.layers * (self._layer_tokens(batch) + p["t0"]
                                                                      + p["t_seq"] * seqs) \
-                + self._gemms(seqs, self._lm_head, self._bf16) + self._allreduce(batch)
+                + self._gemms(seqs, self._lm_head, self._bf16) + self._allreduce(batch, seqs)
             # attention is compute- or bandwidth-bound per cached token: the larger slope wins
             line = DecodeLine(a=fixed, c0=0.0, c1=m.layers * per_token_compute, m0=0.0,
                               m1=m.layers * per_token_memory)

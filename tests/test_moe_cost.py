@@ -143,6 +143,23 @@ def test_all_to_all_moves_every_tokens_hidden_state_to_its_experts_and_back() ->
     assert slow > all_to_all_s(MOE, 64, 16, 16, *nv, 400e9, 10e-6)
 
 
+@pytest.mark.parametrize("profile", ["datasheet", None])
+def test_a_lone_prompt_sends_all_its_tokens_to_the_experts_from_one_rank(profile: str | None) -> None:
+    # DP attention + EP: a prompt prefills on one rank, which dispatches every one of its tokens to
+    # their k experts' ranks and combines them back; the step waits for that rank. One 8K prompt
+    # therefore pays the all-to-all of 8K tokens from one rank (ep times an even share's), eight
+    # 1K prompts an even share each. Over a slow cross-node link the difference is the exchange.
+    slow = Link(kind="tcp", bandwidth_gbps=25)
+    cost = generation_cost(MOE, "H800", H800, 16, profile, 16, slow)
+    n, pairs = 8192, 8192.0**2 / 2
+    net = (25e9 / 8, 0.0)
+    even = all_to_all_s(MOE, n, 16, 16, 1e15, 0.0, *net)
+    lone = all_to_all_s(MOE, n, 16, 16, 1e15, 0.0, *net, rank_tokens=n)
+    assert lone == pytest.approx(16 * even)
+    # the cost model's step grows by at least the exchange's difference (its attention grows too)
+    assert cost.prefill_time(n, pairs, sequences=1) - cost.prefill_time(n, pairs, sequences=16) >= 0.9 * (lone - even)
+
+
 @pytest.mark.parametrize(("tp", "ep", "off"), [(16, 16, 8 / 15), (16, 2, 1.0), (16, 4, 2 / 3), (32, 4, 1.0)])
 def test_the_off_node_share_counts_the_ranks_a_token_can_leave_for(tp: int, ep: int, off: float) -> None:
     # of the ep − 1 other ranks, those outside this node (8 GPUs) take the off-node share; ranks of

@@ -219,13 +219,16 @@ class RooflineGeneration:
             return self._dense_bytes
         return self._dense_bytes + self._bytes_per_expert * rank_experts_touched(self.model, max(1.0, tokens), self.ep)
 
-    def _allreduce(self, tokens: int) -> float:
+    def _allreduce(self, tokens: float, rank_tokens: float | None = None) -> float:
+        """The MoE all-to-alls and the all-reduces inside a rank, for the busiest rank's
+        ``rank_tokens`` (an even ``tokens / ep`` when not given)."""
+        rank_tokens = tokens / self.ep if rank_tokens is None else rank_tokens
         comm = all_to_all_s(self.model, tokens, self.ep, self.tp, self._nvlink, self.eff.allreduce_latency_s,
-                            *self._network)
+                            *self._network, rank_tokens=rank_tokens)
         n = self._rank_tp
         if n == 1:
             return comm
-        nbytes = tokens / self.ep * self.model.hidden * 2
+        nbytes = rank_tokens * self.model.hidden * 2
         rate, latency = ring_link(n, (self._nvlink, self.eff.allreduce_latency_s), self._network)
         per = latency + 2 * (n - 1) / n * nbytes / rate
         return comm + 2 * self.model.layers * per
@@ -247,7 +250,8 @@ class RooflineGeneration:
         flops = self._flops(new_tokens) + self._lm_head(1) + self._attn_flops_per_pair * pairs
         compute = flops / (self._peak * self.eff.prefill_compute)
         memory = self._weights(new_tokens) / (self._bw * self.eff.decode_bandwidth)
-        return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(new_tokens)
+        return self.eff.iteration_overhead_s + max(compute, memory) \
+            + self._allreduce(new_tokens, new_tokens / self.ep * self._context_share(sequences))
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
                         decode_context: float, sequences: int = 0) -> float:
@@ -261,7 +265,9 @@ class RooflineGeneration:
         compute = flops / (self._peak * self.eff.prefill_compute)
         memory = (self._weights(tokens) + self._kv_bytes_per_token * context) \
             / (self._bw * self.eff.decode_bandwidth)
-        return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(tokens)
+        rank_tokens = new_tokens * self._context_share(sequences) / self.ep \
+            + busiest_rank_sequences(decode_batch, self.ep)
+        return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(tokens, rank_tokens)
 
     def decode_line(self, batch: int) -> DecodeLine:
         line = self._lines.get(batch)
@@ -269,7 +275,7 @@ class RooflineGeneration:
             pc = self._peak * self.eff.decode_compute
             bw = self._bw * self.eff.decode_bandwidth
             line = DecodeLine(
-                a=self.eff.iteration_overhead_s + self._allreduce(batch),
+                a=self.eff.iteration_overhead_s + self._allreduce(batch, busiest_rank_sequences(batch, self.ep)),
                 c0=(self._flops(batch) + self._lm_head(batch)) / pc,
                 c1=self._attn_flops_per_pair * self._context_share(batch) / pc,
                 m0=self._weights(batch) / bw,

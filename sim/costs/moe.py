@@ -150,17 +150,21 @@ def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, floa
 
 
 def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes_per_s: float, nvlink_latency_s: float,
-                 net_bytes_per_s: float, net_latency_s: float) -> float:
+                 net_bytes_per_s: float, net_latency_s: float, rank_tokens: float | None = None) -> float:
     """Dispatch + combine of every MoE layer for a step over ``tokens`` tokens on a worker of
     ``tp`` GPUs in ``ep`` ranks: each token's hidden state (BF16) goes to its k experts' ranks and
     back; the (ep−1)/ep that leave the rank are spread over its tp/ep GPUs. Within a node it
     moves over NVLink; a worker wider than a node sends the off-node share over the cluster's
-    network (``net``), and the slower path sets the time. 0 when ep = 1."""
+    network (``net``), and the slower path sets the time. ``rank_tokens``: the busiest rank's
+    tokens when they are not an even ``tokens / ep`` (a prompt prefills on one rank, so a step of
+    fewer prompts than ranks sends all of a prompt's tokens from one); it sends them all, and the
+    step waits for it. 0 when ep = 1."""
     if ep <= 1 or not model.moe_experts:
         return 0.0
     k = max(1, model.moe_active_experts)
     rank_tp = tp // ep
-    per_gpu = tokens / ep * k * model.hidden * 2.0 * (ep - 1) / ep / rank_tp
+    sent = tokens / ep if rank_tokens is None else rank_tokens
+    per_gpu = sent * k * model.hidden * 2.0 * (ep - 1) / ep / rank_tp
     # of the ep − 1 ranks a token may leave for, those outside this node (a rank wider than a node
     # has none beside it)
     ranks_per_node = max(1, GPUS_PER_NODE // rank_tp)
