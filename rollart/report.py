@@ -69,7 +69,8 @@ class RunResult:
                        "breakdown_s": s.breakdown_s, "trajectories": s.trajectories, "tokens": s.tokens,
                        "mean_staleness": s.mean_staleness, "mean_reward": s.mean_reward,
                        "env_timeouts": s.env_timeouts, "response_tokens_max": s.response_tokens_max,
-                       "response_tokens_mean": s.response_tokens_mean} for s in self.steps],
+                       "response_tokens_mean": s.response_tokens_mean,
+                       "task_trajectories": dict(sorted(s.task_trajectories.items()))} for s in self.steps],
             "summary": self.summary,
             "error": self.error,
         }

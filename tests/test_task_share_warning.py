@@ -63,7 +63,12 @@ def test_trained_shares_match_the_steps() -> None:
 def test_json_carries_shares_and_warnings(tmp_path) -> None:
     result = _result([FAIL_ALL])
     result.write_json(tmp_path / "r.json")
-    sm = json.loads((tmp_path / "r.json").read_text())["summary"]
+    written = json.loads((tmp_path / "r.json").read_text())
+    sm = written["summary"]
+    # each step says what it trained of each task, and the steps add up to the run's trained shares
+    for rec, s in zip(written["steps"], result.steps):
+        assert rec["task_trajectories"] == dict(s.task_trajectories)
+        assert sum(rec["task_trajectories"].values()) == rec["trajectories"]
     assert set(sm["task_shares"]["CodeExec"]) == {"planned", "trained"}
     assert isinstance(sm["warnings"], list) and "FrozenLake" in sm["warnings"][0]
 
