@@ -298,7 +298,9 @@ def _mixed_step_unmemoised(c, new_tokens: int, pairs: float, batch: int, context
         attn += d["t0"] + d["t_seq"] * seqs + context * max(*c._per_cached_token(batch))
     tokens = new_tokens + batch
     return (c.profile.iteration_overhead_s + c.model.layers * (c._layer_tokens(tokens) + attn)
-            + c._gemms(max(1.0, seqs), c._lm_head, c._bf16) + c._allreduce(tokens))
+            + c._gemms(max(1.0, seqs), c._lm_head, c._bf16)
+            # the busiest rank's prompts (an even share: no prompt count given) and decoding sequences
+            + (c._allreduce(tokens, new_tokens / c.ep + seqs) if c.ep > 1 else c._allreduce(tokens)))
 
 
 MOE_30B = {"name": "Qwen3-30B-A3B", "layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128,
