@@ -32,5 +32,22 @@ def test_blocked_draws_equal_scalar_draws(overrides: list[str], monkeypatch: pyt
 
 
 def test_mixed_streams_are_not_blocked() -> None:
-    plan = small_plan(["tasks.GEM-Math.env.failure_prob=0.1"])
-    assert _single_kind(plan.task("GEM-Math")) is None  # lognormal response + a uniform failure draw
+    plan = small_plan(["tasks.GEM-Math.obs_tokens={kind: uniform, low: 10, high: 100}"])
+    assert _single_kind(plan.task("GEM-Math")) is None  # lognormal response + a uniform observation
+
+
+def test_failures_draw_from_a_stream_of_their_own() -> None:
+    # a run with failures sees the same latencies and token counts as one without, call for call,
+    # until a trajectory's first failure (its retry draws a new latency): comparisons stay paired
+    clean, faulty = (small_plan([f"tasks.GEM-Math.env.failure_prob={p}"]).task("GEM-Math") for p in (0, 0.2))
+    assert _single_kind(faulty) == _single_kind(clean)  # a failure draw no longer mixes the stream
+    failed = 0
+    for i in range(40):
+        a, b = _episode(EnvModel(5), clean, i), _episode(EnvModel(5), faulty, i)
+        for x, y in zip(a, b):
+            if isinstance(y, tuple) and not y[1].ok:
+                assert y[0] == x[0]  # the failed call took the clean call's latency
+                failed += 1
+                break
+            assert x == y
+    assert failed >= 5

@@ -42,9 +42,12 @@ def _env_retry(ctl: "Controller", traj: Trajectory, effect_type: type, category:
     ctl.tracer.env_span(traj, f"{category} ({outcome.error})", t0, t1)
     _count_error(ctl, traj, outcome)
     spec = ctl.plan.task(traj.task).env
+    backoff = spec.retry_backoff_s
+    if effect_type is EnvStep and spec.step_retry_backoff_s is not None:
+        backoff = spec.step_retry_backoff_s
     for attempt in range(1, spec.max_retries + 1):
         t0 = now()
-        yield Sleep(spec.retry_backoff_s * 2 ** (attempt - 1))
+        yield Sleep(backoff * 2 ** (attempt - 1))
         traj.record(t0, now(), category)
         t0 = now()
         outcome = yield effect_type(traj, attempt)

@@ -267,7 +267,12 @@ class EnvSpec(_Strict):
     failure_prob: Probability = 0.0
     timeout_s: PosFloat = 600.0
     max_retries: Annotated[int, Field(ge=0, le=100)] = 1
-    retry_backoff_s: NonNegFloat = 1.0
+    retry_backoff_s: NonNegFloat = Field(1.0, description="wait before retry k of a failed call: "
+                                         "retry_backoff_s × 2^(k−1) (env.reset's; env.step's too unless "
+                                         "step_retry_backoff_s is set)")
+    step_retry_backoff_s: NonNegFloat | None = Field(
+        None, description="the same for a failed env.step (re-running a command in a live sandbox is not "
+                          "starting a new one); retry_backoff_s when omitted")
     cpu_cores: PosFloat = 1.0
     pool: str | None = Field(None, description="CPU pool; the first one when omitted")
 

@@ -63,8 +63,6 @@ def _single_kind(task: TaskSpec) -> str | None:
         if kind not in _DRAW_KIND:
             return None
         kinds.add(_DRAW_KIND[kind])
-    if task.env.failure_prob:
-        kinds.add("random")
     kinds.discard(None)
     return kinds.pop() if len(kinds) == 1 else None
 
@@ -75,6 +73,7 @@ class _EnvState:
     turns_total: int = 0
     turn: int = 0
     draws: Any = None  # after the reset: the stream, blocked when single-kind (_Block)
+    fails: Any = None  # whether each call fails: a stream of its own (_EnvModel._fails)
 
 
 class EnvModel:
@@ -83,7 +82,9 @@ class EnvModel:
     A call fails with probability ``failure_prob`` (after its latency) and times out when its
     latency exceeds ``timeout_s`` (the caller waits ``timeout_s``). The number of turns is drawn
     at the first successful reset; ``done`` is reported on the last one. Each trajectory has
-    its own RNG seeded by (seed, trajectory id), so results do not depend on event order."""
+    its own RNG seeded by (seed, trajectory id), so results do not depend on event order, and
+    draws whether a call fails from a second one (seed, trajectory id, 1): a run with failures
+    sees the same latencies and token counts as one without, so the two compare pair by pair."""
 
     def __init__(self, seed: int):
         self.seed = seed
@@ -100,6 +101,11 @@ class EnvModel:
                 _NormalBlock(st.rng, kind) if kind == "standard_normal" else _UniformBlock(st.rng, kind))
         return st.draws
 
+    def _fails(self, traj_id: int, st: _EnvState) -> _UniformBlock:
+        if st.fails is None:
+            st.fails = _UniformBlock(np.random.default_rng([self.seed, traj_id, 1]), "random")
+        return st.fails
+
     def rng(self, traj_id: int) -> np.random.Generator:
         st = self._state.get(traj_id)
         if st is None:
@@ -111,7 +117,7 @@ class EnvModel:
         latency = latency_dist.sample(rng)
         if latency > task.env.timeout_s:
             return task.env.timeout_s, "timeout"
-        if task.env.failure_prob and rng.random() < task.env.failure_prob:
+        if task.env.failure_prob and self._fails(traj_id, self._state[traj_id]).random() < task.env.failure_prob:
             return latency, "error"
         return latency, None
 
@@ -136,7 +142,7 @@ class EnvModel:
             latency, err = spec.step.sample(rng), None
             if latency > spec.timeout_s:
                 latency, err = spec.timeout_s, "timeout"
-            elif spec.failure_prob and rng.random() < spec.failure_prob:
+            elif spec.failure_prob and self._fails(traj_id, st).random() < spec.failure_prob:
                 err = "error"
         if err:
             return latency, EnvOutcome(ok=False, error=err)

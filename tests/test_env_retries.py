@@ -1,0 +1,36 @@
+"""An env call's retry policy: env.reset waits ``retry_backoff_s`` before retrying, env.step
+``step_retry_backoff_s`` when set (re-running a command in a live sandbox is not starting a new
+one: ROLL's sandbox manager retries a start 120 s × attempt apart and a session command 2 s × attempt)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollart.plan import PlanError
+from tests.conftest import run_sim, small_plan
+
+FAULTY = ["algorithm.steps=3", "tasks.CodeExec.env.failure_prob=0.05", "tasks.CodeExec.env.max_retries=2"]
+
+
+def _run(overrides: list[str]):
+    out = run_sim(small_plan([*FAULTY, *overrides]), "sync")
+    assert out.error is None
+    return out.to_result().summary["step_time_s_mean"], out.backend.ctl.stats.env_errors
+
+
+def test_a_failed_step_waits_the_step_backoff_and_a_failed_reset_the_reset_backoff() -> None:
+    base, errors = _run(["tasks.CodeExec.env.retry_backoff_s=0"])
+    assert errors >= 3  # calls did fail and were retried
+    slow_steps, e1 = _run(["tasks.CodeExec.env.retry_backoff_s=0", "tasks.CodeExec.env.step_retry_backoff_s=60"])
+    slow_resets, e2 = _run(["tasks.CodeExec.env.retry_backoff_s=60", "tasks.CodeExec.env.step_retry_backoff_s=0"])
+    both, e3 = _run(["tasks.CodeExec.env.retry_backoff_s=60"])  # no step setting: env.step takes reset's
+    assert errors == e1 == e2 == e3  # failures draw from their own stream: the same calls fail in every run
+    assert slow_steps > base and slow_resets > base
+    assert both > max(slow_steps, slow_resets)  # the lockstep batch paid both kinds of wait
+
+
+def test_the_step_backoff_is_optional_and_validated() -> None:
+    assert small_plan().task("CodeExec").env.step_retry_backoff_s is None
+    with pytest.raises(PlanError) as err:
+        small_plan(["tasks.CodeExec.env.step_retry_backoff_s=-1"])
+    assert any("step_retry_backoff_s" in p for p in err.value.problems), err.value.problems
