@@ -19,7 +19,7 @@ from rich.text import Text
 from rollart.core.stats import BREAKDOWN_KEYS, StepRecord
 from rollart.files import write_text_atomic
 
-SHORT = {"generation": "gen", "env_reset": "reset", "env_step": "env", "reward": "reward", "train": "train",
+SHORT = {"generation": "gen", "env_queue": "cpu", "env_reset": "reset", "env_step": "env", "reward": "reward", "train": "train",
          "weight_sync": "sync", "idle": "idle"}
 
 
@@ -149,20 +149,23 @@ def step_table(result: RunResult) -> Table:
     # a real run knows the batch's rewards: show the mean, so learning is visible in the table
     rewards = result.backend != "sim" and any(s.mean_reward is not None for s in result.steps)
     d = decimals_for([s.time_s for s in result.steps])
+    # waiting for env cores: a column only where some step waited (a pool sized for the run never does)
+    keys = [k for k in BREAKDOWN_KEYS if k != "env_queue" or any(s.breakdown_s.get(k, 0.0) > 0 for s in result.steps)]
     table = Table(title=f"{result.scenario} · mode {result.mode} · seed {result.seed} · {result.backend} "
                         "(seconds per step; breakdown along the critical path; t/o: env calls timed out"
+                        + ("; cpu: waiting for env cores" if "env_queue" in keys else "")
                         + ("; R: the batch's mean reward" if rewards else "") + ")",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
-                  # wider cells (0.029) or the R column: one space between columns keeps 80 columns
-                  padding=(0, 1) if d == 1 and not rewards else 0)
-    columns = ["step", "time", *(SHORT[k] for k in BREAKDOWN_KEYS), "trajs", "stale", "t/o"]
+                  # wider cells (0.029), the R or the cpu column: one space between columns keeps 80 columns
+                  padding=(0, 1) if d == 1 and not rewards and "env_queue" not in keys else 0)
+    columns = ["step", "time", *(SHORT[k] for k in keys), "trajs", "stale", "t/o"]
     if rewards:
         columns.append("R")
     for name in columns:
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name),
                          style="bold" if name == "time" else None)
     for s in result.steps:
-        row = [str(s.step), _num(s.time_s, d), *(_num(s.breakdown_s.get(k, 0.0), d) for k in BREAKDOWN_KEYS),
+        row = [str(s.step), _num(s.time_s, d), *(_num(s.breakdown_s.get(k, 0.0), d) for k in keys),
                str(s.trajectories), f"{s.mean_staleness:.2f}", str(s.env_timeouts)]
         if rewards:
             row.append("-" if s.mean_reward is None else f"{s.mean_reward:.2f}")
@@ -195,6 +198,11 @@ def summary_table(result: RunResult) -> Table:
     table.add_row("aborted", f"{sm['aborted_stale']} stale · {sm['aborted_redundant']} redundant · "
                              f"{sm['env_failures']} env failures"
                              + (f" · {sm['env_timeouts']} env timeouts" if sm.get("env_timeouts") else ""))
+    for pool, c in (sm.get("env_cores") or {}).items():
+        wait = f" · envs waited {c['mean_wait_s']:.1f} s for cores on average" if c["mean_wait_s"] >= 0.05 else ""
+        idle = (f" · billed for all {c['cores']:,g} (cluster.cpu_pools.{pool}.cores)"
+                if c["peak_held_share"] < 0.5 and "cost_usd_per_hour" in sm else "")
+        table.add_row("env cores", f"{pool}: at most {c['peak_held_share']:.0%} of {c['cores']:,g} held{wait}{idle}")
     for warning in sm.get("warnings") or ():
         table.add_row(Text("warning", style="not dim bold yellow"), Text(f"task mix: {warning}", style="bold yellow"))
     if "cost_usd_per_hour" in sm:
@@ -210,6 +218,8 @@ def summary_table(result: RunResult) -> Table:
             f"({sm.get('kv_preempted_reuse_share', 0.0):.0%} of the reuse their own KV)" if preempted else ""))
     if sm.get("weight_sync"):
         table.add_row("weight sync", sm["weight_sync"])
+    for note in sm.get("unused_settings") or ():
+        table.add_row("not used", note)
     for gpu, source in result.calibration.items():
         table.add_row(f"cost model {gpu}", source)
     mixed = mixed_cost_models(result.calibration)

@@ -22,7 +22,7 @@ from rollart.core import Controller, RunAborted, build_workers
 from rollart.core.effects import (Abort, Aborted, AcquireEnv, BroadcastWeights, ComputeReward, EnvClose, EnvReset,
                                   EnvStep, Generate, GenOutcome, PublishWeights, Sleep, Spawn, TrainStep,
                                   UpdateWeights, Wait)
-from rollart.core.modes import ModeConfig, weight_sync_summary
+from rollart.core.modes import ModeConfig, unused_settings, weight_sync_summary
 from rollart.core.stats import StepRecord
 from rollart.plan import Plan, PlanError
 from rollart.plan.schema import GenerationGroup
@@ -200,6 +200,9 @@ class SimBackend:
             name: simpy.Container(self.env, capacity=p.cores, init=p.cores)
             for name, p in self.plan.cluster.cpu_pools.items()}
         self._default_cpu_pool = next(iter(self.plan.cluster.cpu_pools))
+        # per pool: the most cores held at once, and [seconds envs queued for cores, envs that took cores]
+        self.cpu_peak: dict[str, float] = dict.fromkeys(self.cpu, 0.0)
+        self.cpu_wait: dict[str, list[float]] = {name: [0.0, 0] for name in self.cpu}
 
     def _build_reward(self) -> None:
         plan, mode = self.plan, self.mode
@@ -327,16 +330,22 @@ class SimBackend:
         task = self.plan.task(traj.task)
         if traj.id not in self._holding_cpu:  # a CPU slot for the env's whole life
             pool = task.env.pool or self._default_cpu_pool
-            get = self.cpu[pool].get(task.env.cpu_cores)
+            cores = self.cpu[pool]
+            t0 = self.env.now
+            get = cores.get(task.env.cpu_cores)
             try:
                 yield get
             except simpy.Interrupt:  # aborted while queued for cores: give them back
                 if get.triggered:
-                    self.cpu[pool].put(task.env.cpu_cores)
+                    cores.put(task.env.cpu_cores)
                 else:
                     get.cancel()
                 raise
             self._holding_cpu[traj.id] = (pool, task.env.cpu_cores)
+            wait = self.cpu_wait[pool]
+            wait[0] += self.env.now - t0
+            wait[1] += 1
+            self.cpu_peak[pool] = max(self.cpu_peak[pool], cores.capacity - cores.level)
 
     def _env_reset(self, eff: EnvReset) -> SimGen:
         traj = eff.traj
@@ -623,6 +632,12 @@ class SimOutcome:
             "kv_preemptions": sum(e.preemptions for e in b.engines),
             "kv_preempted_reuse_share": self.preempted_reuse_share(),
             "weight_sync": weight_sync_summary(b.plan, b.mode),
+            "unused_settings": unused_settings(b.plan, b.mode),
+            # per CPU pool: its cores, the largest share of them envs held at once, and the mean time an
+            # env queued for its cores (shown as the step breakdown's env_queue where it was critical)
+            "env_cores": {pool: {"cores": b.full_plan.cluster.cpu_pools[pool].cores, "peak_held_share": b.cpu_peak[pool] / b.cpu[pool].capacity,
+                                 "mean_wait_s": w[0] / w[1] if w[1] else 0.0}
+                          for pool, w in b.cpu_wait.items()},
             "routed_fallback": ctl.proxy.routed_fallback,
             "steps_done": len(steps),
             "simulated_s": self.elapsed_s,

@@ -60,3 +60,12 @@ def test_batch_level_modes_launch_their_batch_whatever_the_setting() -> None:
 def test_too_few_to_roll_out_one_group_is_a_plan_error() -> None:
     with pytest.raises(PlanError, match=r"algorithm\.env_managers: 9 cannot roll out one group \(10 members"):
         small_plan(["algorithm.redundancy=0.25", "algorithm.env_managers=9"])
+
+
+def test_a_baseline_says_which_rollart_settings_it_does_not_use() -> None:
+    plan = small_plan([*BASE, "algorithm.redundancy=0.25"])
+    for mode in ("sync", "sync+", "one-off", "areal"):
+        notes = run_sim(plan, mode).to_result().summary["unused_settings"]
+        assert any(n.startswith("algorithm.redundancy=0.25:") for n in notes), (mode, notes)
+        assert any(n.startswith("placement.hw_affinity:") for n in notes), (mode, notes)
+    assert run_sim(plan, "rollart").to_result().summary["unused_settings"] == []

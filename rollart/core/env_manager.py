@@ -8,7 +8,7 @@ from rollart.core.effects import (Abort, Aborted, AcquireEnv, ComputeReward, Env
                                   EnvStep, Generate, GenOutcome, Sleep, Spawn, Wait)
 from rollart.core.barrier import LockstepBarrier
 from rollart.core.signals import Signal
-from rollart.core.trajectory import ENV_RESET, ENV_STEP, GEN, REWARD, WEIGHT_SYNC, Trajectory, TrajState
+from rollart.core.trajectory import ENV_QUEUE, ENV_RESET, ENV_STEP, GEN, REWARD, WEIGHT_SYNC, Trajectory, TrajState
 
 if TYPE_CHECKING:
     from rollart.core.controller import Controller
@@ -150,7 +150,7 @@ def _rollout(ctl: "Controller", traj: Trajectory, barrier: LockstepBarrier | Non
     now = ctl.now
     t0 = now()
     yield AcquireEnv(traj)
-    traj.record(t0, ctl.now(), ENV_RESET)
+    traj.record(t0, ctl.now(), ENV_QUEUE)  # cores, not the env: a buyer's fix is a bigger pool
     # Join the batch's barriers once the env holds its slot and before its reset: a trajectory
     # still queued for a slot must not hold back the ones that could run, and one still
     # resetting must (else the first env to come up would pass the first barrier alone and

@@ -94,3 +94,18 @@ def weight_sync_summary(plan: Plan, mode: ModeConfig) -> str:
     if ws.transport == "bucketed_store":
         note += f" (mode {mode.name} does not use weight_sync.transport=bucketed_store)"
     return note
+
+
+def unused_settings(plan: Plan, mode: ModeConfig) -> list[str]:
+    """The plan's ROLLART settings that ``mode`` does not apply, one line each: the baselines run
+    without redundant envs and route least-loaded, whatever the plan says, and a run should say so
+    rather than ignore a setting silently."""
+    notes = []
+    if plan.algorithm.redundancy > 0 and mode.redundancy == 0:
+        notes.append(f"algorithm.redundancy={plan.algorithm.redundancy:g}: mode {mode.name} runs no "
+                     "redundant envs")
+    if plan.placement.hw_affinity and not mode.hw_affinity:
+        notes.append(f"placement.hw_affinity: mode {mode.name} routes every request to the least-loaded "
+                     "worker")
+    return notes
+

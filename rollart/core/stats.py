@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-BREAKDOWN_KEYS = ("generation", "env_reset", "env_step", "reward", "train", "weight_sync", "idle")
+BREAKDOWN_KEYS = ("generation", "env_queue", "env_reset", "env_step", "reward", "train", "weight_sync", "idle")
 
 
 @dataclass

@@ -21,6 +21,7 @@ class TrajState(enum.Enum):
 
 # Time categories of a trajectory's life, used for the step breakdown.
 GEN, ENV_RESET, ENV_STEP, REWARD, WEIGHT_SYNC = "generation", "env_reset", "env_step", "reward", "weight_sync"
+ENV_QUEUE = "env_queue"  # waiting for the CPU pool's cores before env.reset
 
 
 @dataclass(eq=False)

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from rollart.core import Controller, RunAborted
 from rollart.core.effects import (BroadcastWeights, ComputeReward, EnvClose, EnvOutcome, EnvReset,
                                   EnvStep, Generate, GenOutcome, PublishWeights, TrainStep, UpdateWeights)
-from rollart.core.modes import ModeConfig, weight_sync_summary
+from rollart.core.modes import ModeConfig, unused_settings, weight_sync_summary
 from rollart.core.stats import StepRecord
 from rollart.core.trajectory import Trajectory
 from rollart.plan.schema import Plan
@@ -749,6 +749,7 @@ class RuntimeOutcome:
                                        if b.counters.weight_publish_s else 0.0),
             "train": b.counters.train_metrics,
             "weight_sync": weight_sync_summary(b.plan, b.mode),
+            "unused_settings": unused_settings(b.plan, b.mode),
             "routed_fallback": ctl.proxy.routed_fallback,
             "resource_fallbacks": b.resources.fallbacks if hasattr(b, "resources") else 0,
             "steps_done": len(steps),

@@ -1,0 +1,42 @@
+"""Waiting for the CPU pool's cores is its own part of a step (``env_queue``), not env.reset, and a
+run says how much of its CPU pool it held: a buyer sizes the pool, or the image cache, from these."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from rollart.report import step_table, summary_table
+from tests.conftest import run_sim, small_plan
+
+
+def _result(cores: int):
+    out = run_sim(small_plan(["algorithm.batch_size=64", "algorithm.steps=2", f"cluster.cpu_pools.env.cores={cores}"]),
+                  "rollart")
+    assert out.error is None
+    return out.to_result()
+
+
+def _text(renderable, width: int = 80) -> str:
+    console = Console(width=width, record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_a_small_pool_shows_as_queueing_for_cores_not_as_env_reset() -> None:
+    small, large = _result(16), _result(1024)
+    queued = sum(s.breakdown_s["env_queue"] for s in small.steps)
+    assert queued > 0 and all(s.breakdown_s["env_queue"] == 0 for s in large.steps)
+    # the resets themselves take what they take: the queue is not folded into them
+    assert sum(s.breakdown_s["env_reset"] for s in small.steps) < queued
+    cs, cl = small.summary["env_cores"]["env"], large.summary["env_cores"]["env"]
+    assert cs["cores"] == 16 and cs["peak_held_share"] == 1.0 and cs["mean_wait_s"] > 0
+    assert cl["cores"] == 1024 and 0 < cl["peak_held_share"] < 0.5 and cl["mean_wait_s"] == 0
+    for s in small.steps:  # the breakdown still adds up to the step
+        assert abs(sum(s.breakdown_s.values()) - s.time_s) < 1e-6
+
+
+def test_the_tables_name_the_wait_and_the_idle_pool() -> None:
+    small, large = _result(16), _result(1024)
+    assert " cpu " in _text(step_table(small)) and " cpu " not in _text(step_table(large))
+    assert "envs waited" in _text(summary_table(small), 300)
+    assert "billed for all 1,024 (cluster.cpu_pools.env.cores)" in _text(summary_table(large), 300)
