@@ -318,6 +318,30 @@ def test_transfer_runs_at_the_effective_not_the_nominal_rate() -> None:
     assert rdma.broadcast_s() < w.broadcast_s()
 
 
+def test_fp8_engines_receive_fp8_weights() -> None:
+    """The trainer converts its BF16 weights to the engines' dtype before the wire: with FP8 engines
+    the wire, the store and the swap move the served bytes (the linear layers at one byte each),
+    while the gather still moves BF16 and the conversion reads BF16 and writes FP8."""
+    bf16, fp8 = _transfer(), _transfer(["model.weight_dtype=fp8"])
+    assert fp8.trainer_bytes == bf16.trainer_bytes == bf16.weight_bytes
+    assert 0.5 * bf16.weight_bytes < fp8.weight_bytes < 0.6 * bf16.weight_bytes  # embeddings stay BF16
+    assert fp8.gather_s == bf16.gather_s and fp8.convert_s < bf16.convert_s
+    wire = lambda w: w.weight_bytes / w.effective_bytes_per_s(w.cross)  # noqa: E731
+    assert bf16.broadcast_s() - fp8.broadcast_s() >= 0.99 * (wire(bf16) - wire(fp8))
+    assert fp8.publish_pull_s() < bf16.publish_pull_s() and fp8.swap_s(1) < 0.6 * bf16.swap_s(1)
+
+
+def test_the_plan_can_set_the_stores_per_bucket_cost() -> None:
+    """Unset, a bucket costs what the real Mooncake store measured here; a cluster's own store (RDMA,
+    a fast metadata service) is a plan field, and smaller buckets then cost less."""
+    measured = _transfer(["weight_sync.bucket_mb=16"])
+    fast = _transfer(["weight_sync.bucket_mb=16", "weight_sync.bucket_overhead_s=0.0005"])
+    assert fast.publish_overhead_s == fast.pull_overhead_s == 0.0005 < measured.publish_overhead_s
+    buckets = math.ceil(measured.weight_bytes / measured.bucket_bytes)
+    assert measured.publish_pull_s() - fast.publish_pull_s() == pytest.approx(
+        buckets * (measured.publish_overhead_s - 0.0005) + measured.pull_overhead_s - 0.0005)
+
+
 def test_fully_colocated_plans_send_no_weights_even_with_a_measured_profile() -> None:
     """Every engine on the trainer's GPUs: the switch loads the weights, so neither the model nor a
     measured hand-off (a train profile's broadcast / publish + pull) is paid on top."""

@@ -433,6 +433,11 @@ class WeightSync(_Strict):
     bucket_mb: Annotated[float, Field(ge=1e-3, le=1e7)] = 1024.0  # 1 KiB … 10 TiB
     link: str = "cross_cluster"
     h2d_gbps: PosFloat = Field(200.0, description="host-to-device copy when swapping pulled weights in")
+    bucket_overhead_s: NonNegFloat | None = Field(None, description=(
+        "the store's fixed cost per bucket put (registration, metadata round trip, handshake), paid one "
+        "bucket after another; unset: the overhead measured through the real Mooncake store "
+        "(calibration/data/weight_transfer/measured.yaml: TCP loopback on a 2-core host, an upper bound "
+        "for an RDMA cluster)"))
 
 
 # ---------------------------------------------------------------- prices

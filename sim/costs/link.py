@@ -11,7 +11,7 @@ import yaml
 
 from rollart.calibration import tp_allreduce
 from rollart.plan.schema import GpuType, Link, Plan
-from rollart.sim.costs.moe import expert_params
+from rollart.sim.costs.moe import expert_params, served_weight_bytes
 from rollart.sim.costs.train import trainer_ep
 
 # Share of a link's line rate a bulk weight transfer reaches. ASSUMED (not measurable here:
@@ -51,12 +51,14 @@ class WeightTransferCost:
        ``(W_dense/pp)·(tp−1)/tp / β_tp + (W_experts/pp)·(ep−1)/ep / β_ep``, β the trainer's
        all-reduce bus rate of a group that size; the stages work in parallel;
     2. **convert**: layout and dtype from the trainer's format to the engine's (fused QKV per KV
-       group and fused gate/up split, contiguous copies) on the trainer GPUs: every byte read and
-       written at HBM rate, ``2·(W/pp) / (hbm·0.7)``;
+       group and fused gate/up split, contiguous copies; BF16 → FP8 when the engines serve FP8) on
+       the trainer GPUs: every byte read in BF16 and written as served, at HBM rate,
+       ``(W_bf16 + W)/pp / (hbm·0.7)``; from here on W is the served bytes;
     3. **transfer** at the link's *effective* rate ``bw·eff`` (``LINK_EFFICIENCY``);
     4. the **store** path also stages the buckets into the CPU-resident store, ``(W/pp) / h2d``,
        and pays a per-bucket registration + put + handshake ``o_pub`` when publishing and
-       ``o_pull`` when pulling (measured through the real Mooncake store); the workers pull
+       ``o_pull`` when pulling (measured through the real Mooncake store, or the plan's
+       ``weight_sync.bucket_overhead_s``); the workers pull
        bucket i over their intra-cluster link as soon as it lands, so the pull adds one bucket;
     5. **receive**: each worker copies its ``W/tp`` shard host → device and re-shards it
        (``swap_s``; a blocking NCCL broadcast lands on the GPU and only re-shards).
@@ -83,22 +85,29 @@ class WeightTransferCost:
         same = all(pools[g.pool].cluster == train_cluster for g in plan.placement.generation)
         self.intra: Link = links.get("intra_cluster", links[ws.link])
         self.cross: Link = self.intra if same else links[ws.link]
-        self.weight_bytes = plan.model.weight_bytes
+        # The trainer gathers its BF16 weights and converts them to the engines' format (FP8 when they
+        # serve FP8) before the wire: what crosses, lands in the store and is swapped in is what the
+        # engines hold (served bytes: half the BF16 copy's linear layers in FP8).
+        self.trainer_bytes = plan.model.weight_bytes
+        self.weight_bytes = served_weight_bytes(plan.model)
         self.bucket_bytes = ws.bucket_mb * 2**20
         self.h2d_bytes_per_s = ws.h2d_gbps * 1e9 / 8
         gpu = plan.gpu_of_pool(tr.pool)
-        stage = self.weight_bytes / tr.pp
+        stage = self.trainer_bytes / tr.pp
         experts = 2.0 * expert_params(plan.model) / tr.pp  # a stage's experts in BF16, as weight_bytes
         gpu_name, intra = pools[tr.pool].gpu, links.get("intra_cluster")
         self.gather_s = all_gather_s(stage - experts, tr.tp, gpu_name, gpu, intra) \
             + all_gather_s(experts, trainer_ep(plan.model, tr), gpu_name, gpu, intra)
-        self.convert_s = 2 * stage / (gpu.hbm_tbps * 1e12 * HBM_COPY_EFFICIENCY)
-        self.stage_s = stage / self.h2d_bytes_per_s
+        # read the BF16 stage, write it in the served dtype
+        self.convert_s = (stage + self.weight_bytes / tr.pp) / (gpu.hbm_tbps * 1e12 * HBM_COPY_EFFICIENCY)
+        self.stage_s = self.weight_bytes / tr.pp / self.h2d_bytes_per_s
         from rollart.calibration.links import STORE_BUCKET_OVERHEAD_S
 
         store = measured_store()
         self.publish_overhead_s = store.get("publish_s", STORE_BUCKET_OVERHEAD_S)
         self.pull_overhead_s = store.get("pull_s", STORE_BUCKET_OVERHEAD_S)
+        if ws.bucket_overhead_s is not None:  # the plan's own store (e.g. an RDMA cluster's)
+            self.publish_overhead_s = self.pull_overhead_s = ws.bucket_overhead_s
         self.bucket_overhead_s = self.publish_overhead_s
 
     @property
