@@ -98,7 +98,8 @@ def test_weight_updates_run_one_at_a_time() -> None:
     ctl = SimpleNamespace(proxy=proxy, mode=SimpleNamespace(async_weight_transfer=True), published_version=1,
                           weights_published=Signal(), updating_weights=False, weights_updated=Signal(),
                           buffer=SimpleNamespace(changed=Signal()), now=lambda: 0.0,
-                          tracer=SimpleNamespace(trainer_span=lambda *a: None))
+                          tracer=SimpleNamespace(trainer_span=lambda *a: None),
+                          weights_arrived=lambda: calls.append("arrived"))
     first, second = sync_weights(ctl, 1), sync_weights(ctl, 2)
     assert isinstance(next(first), UpdateWeights)          # v1 is being swapped in ...
     eff = next(second)
@@ -110,7 +111,7 @@ def test_weight_updates_run_one_at_a_time() -> None:
     assert isinstance(second.send(1), UpdateWeights)        # then v2 runs its own update
     with pytest.raises(StopIteration):
         second.send(None)
-    assert calls == ["suspend", "resume 1", "suspend", "resume 2"] and proxy.version == 2
+    assert calls == ["suspend", "resume 1", "arrived", "suspend", "resume 2", "arrived"] and proxy.version == 2
 
 
 def test_a_publish_does_not_run_two_versions_ahead_of_the_workers() -> None:

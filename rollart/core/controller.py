@@ -16,7 +16,7 @@ from rollart.core.modes import ModeConfig
 from rollart.core.proxy import LLMProxy, WorkerInfo
 from rollart.core.scheduler import RolloutScheduler
 from rollart.core.signals import Signal
-from rollart.core.stats import RunStats, StepRecord, critical_path_breakdown
+from rollart.core.stats import RunStats, StepRecord, awaited_on_path, critical_path_breakdown
 from rollart.core.trainer import run_trainer
 from rollart.core.trajectory import Group, Trajectory, TrajState
 from rollart.plan.schema import Plan, TaskSpec
@@ -93,6 +93,9 @@ class Controller:
         self.weights_published = Signal("weights.published")
         self.updating_weights = False    # a suspend → update → resume is running (one at a time)
         self.weights_updated = Signal("weights.updated")
+        # [start, end] spans in which admission held new rollouts back until the workers served newer
+        # weights (end None while open): a slow publish shows as weight sync on the critical path
+        self.weights_awaited: list[list[float | None]] = []
         self.rolling = 0                 # trajectories on an env manager (spawned, not yet closed)
         self.env_freed = Signal("env.freed")
         self.finished = False            # the trainer is done, or the backend is stopping the run
@@ -114,6 +117,16 @@ class Controller:
         self._starved_streak = dict.fromkeys(self._watched_tasks, 0)
         self._task_snapshots: deque[tuple[dict[str, int], dict[str, int], dict[str, int]]] = deque(
             [({}, {}, {})], maxlen=STARVED_STEPS + 1)
+
+    def admission_awaits_weights(self) -> None:
+        """The scheduler held a new rollout back because the workers serve too old a version."""
+        if not self.weights_awaited or self.weights_awaited[-1][1] is not None:
+            self.weights_awaited.append([self.now(), None])
+
+    def weights_arrived(self) -> None:
+        """The workers were updated: an admission that awaited them may go on."""
+        if self.weights_awaited and self.weights_awaited[-1][1] is None:
+            self.weights_awaited[-1][1] = self.now()
 
     def resume_from(self, version: int) -> None:
         """Continue a run whose trainer checkpoint holds ``version``: training resumes at step
@@ -214,6 +227,11 @@ class Controller:
         # after the batch) it is the one that waited least at the gate, i.e. the one the gate waited for.
         critical = max(batch, key=lambda t: (round(t.finished_at or 0.0, 3), -_gate_wait(t), t.id))
         breakdown = _breakdown(critical, batch, wait_start, wait_end)
+        if self.weights_awaited:  # the critical path's gaps while admission awaited newer weights
+            awaited = awaited_on_path(critical.segments, wait_start, wait_end, self.weights_awaited, self.now())
+            breakdown["idle"] -= awaited
+            breakdown["weight_sync"] += awaited
+            self.weights_awaited = [w for w in self.weights_awaited if w[1] is None or w[1] > wait_end]
         breakdown["weight_sync"] += sync_s
         breakdown["train"] += train_s
         breakdown["idle"] += max(0.0, (end - start) - sum(breakdown.values()))

@@ -122,11 +122,16 @@ class RolloutScheduler:
         # Until the workers serve a version the trainer's window still holds, a new group would be
         # stale on admission (ROLL creates a step's episodes once its weights are in).
         if ctl.proxy.version < ctl.version - alpha:
+            ctl.admission_awaits_weights()
             return started
         limit, ahead = (ctl.proxy.version + 1 + alpha) * self.per_batch, (1 + alpha) * self.per_batch
         while free > 0:
             pending = buffer.slot_pending(slot)
-            if pending >= ahead or buffer.slot_consumed.get(slot, 0) + pending >= limit:
+            if pending >= ahead:
+                break
+            if buffer.slot_consumed.get(slot, 0) + pending >= limit:
+                if ctl.proxy.version < ctl.version:  # newer weights would open the window
+                    ctl.admission_awaits_weights()
                 break
             group = ctl.new_group(self.slot_task(slot), self.batch_index, slot=slot)
             self.groups_launched += 1
@@ -194,4 +199,6 @@ class RolloutScheduler:
                 for _ in range(self.members_per_group):
                     traj = ctl.new_trajectory(group)
                     yield Spawn(ctl.trajectory_process(traj), key=traj.id)
+            if not envs_busy and not self.mode.batch_level_launch and ctl.proxy.version < ctl.version:
+                ctl.admission_awaits_weights()  # the window is shut until the workers serve newer weights
             yield Wait(ctl.env_freed if envs_busy else buffer.changed)

@@ -60,3 +60,31 @@ def critical_path_breakdown(segments: list[tuple[float, float, str]], start: flo
             covered += hi - lo
     out["idle"] += max(0.0, (end - start) - covered)
     return out
+
+
+def awaited_on_path(segments: list[tuple[float, float, str]], start: float, end: float,
+                    awaited: list[list[float | None]], now: float) -> float:
+    """Seconds of [start, end] that the segments leave uncovered (the critical path's idle) and that
+    fall inside an ``awaited`` span ([t0, t1], t1 None: still open at ``now``)."""
+    spans = sorted((max(a, start), min(now if b is None else b, end)) for a, b in awaited)
+    spans = [(a, b) for a, b in spans if b > a]
+    if not spans:
+        return 0.0
+    covered = sorted((max(s, start), min(e, end)) for s, e, _ in segments if e > start and s < end)
+    total = 0.0
+    for a, b in spans:
+        t = a
+        for s, e in covered:
+            if e <= t:
+                continue
+            if s >= b:
+                break
+            if s > t:
+                total += s - t
+            t = max(t, e)
+            if t >= b:
+                break
+        if t < b:
+            total += b - t
+    return total
+

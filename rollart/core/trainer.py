@@ -58,6 +58,7 @@ def sync_weights(ctl: "Controller", version: int) -> Proc:
             yield BroadcastWeights(version, workers)
         yield UpdateWeights(version, workers, from_host=ctl.mode.async_weight_transfer)
         ctl.proxy.resume(version)
+        ctl.weights_arrived()
     finally:
         ctl.updating_weights = False
     ctl.weights_updated.fire(version)

@@ -1,0 +1,58 @@
+"""A rollout held back until the workers serve newer weights is weight sync on the critical path, not
+idle time: a slow asynchronous publish (tiny store buckets) shows where a buyer can see it."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollart.core.stats import awaited_on_path
+from tests.conftest import run_sim, small_plan
+
+
+def _brute(segments, start, end, awaited, now, n=4000) -> float:
+    dt = (end - start) / n
+    total = 0.0
+    for i in range(n):
+        t = start + (i + 0.5) * dt
+        gap = not any(s <= t < e for s, e, _ in segments)
+        held = any(a <= t < (now if b is None else b) for a, b in awaited)
+        total += dt if gap and held else 0.0
+    return total
+
+
+intervals = st.lists(st.tuples(st.floats(0, 100), st.floats(0, 30)), max_size=6)
+
+
+@given(intervals, intervals, st.booleans())
+def test_only_the_paths_gaps_inside_an_awaited_span_count(segs, spans, open_last) -> None:
+    segments = sorted((a, a + d, "generation") for a, d in segs)
+    merged: list[tuple[float, float, str]] = []  # a trajectory's segments do not overlap
+    for s, e, c in segments:
+        if merged and s < merged[-1][1]:
+            s = merged[-1][1]
+        if e > s:
+            merged.append((s, e, c))
+    awaited = [[a, a + d] for a, d in sorted(spans)]
+    flat: list[list[float | None]] = []
+    for a, b in awaited:  # spans follow one another
+        if flat and a < flat[-1][1]:
+            a = flat[-1][1]
+        if b > a:
+            flat.append([a, b])
+    if flat and open_last:
+        flat[-1][1] = None
+    got = awaited_on_path(merged, 10.0, 90.0, flat, 95.0)
+    assert 0.0 <= got <= 80.0 + 1e-9
+    assert abs(got - _brute(merged, 10.0, 90.0, flat, 95.0)) <= 0.2
+
+
+def test_a_slow_publish_shows_as_weight_sync_not_idle() -> None:
+    base = ["algorithm.steps=4", "algorithm.batch_size=32"]
+    slow = run_sim(small_plan([*base, "weight_sync.bucket_mb=0.5"]), "rollart").to_result()
+    fast = run_sim(small_plan(base), "rollart").to_result()
+    mean = lambda r, k: r.summary["breakdown_s_mean"][k]  # noqa: E731
+    assert mean(slow, "weight_sync") > 5 * max(mean(fast, "weight_sync"), 0.1)
+    assert mean(slow, "idle") < mean(slow, "weight_sync")
+    for s in slow.steps:  # still a partition of the step
+        assert abs(sum(s.breakdown_s.values()) - s.time_s) < 1e-6 and min(s.breakdown_s.values()) >= -1e-9
