@@ -32,7 +32,7 @@ from rollart.sim.costs.link import WeightTransferCost
 from rollart.sim.costs.train import ColocationSwitch, trainer_memory_problems
 from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
-from rollart.sim.reward import (RULE_REWARD_S, BatchingServerlessPlatform, ServerlessPlatform, judge_input_tokens,
+from rollart.sim.reward import (BatchingServerlessPlatform, ServerlessPlatform, judge_input_tokens,
                                 judge_window)
 from rollart.trace import NullTracer, Tracer
 
@@ -413,8 +413,9 @@ class SimBackend:
 
     def _reward(self, eff: ComputeReward) -> SimGen:
         traj = eff.traj
-        if self.plan.task(traj.task).reward == "rule":
-            yield self.env.timeout(RULE_REWARD_S)
+        task = self.plan.task(traj.task)
+        if task.reward == "rule":
+            yield self.env.timeout(self.envs.rule_reward_s(task, traj.id))
             return 0.0  # the simulator models time, not scores (None would mean a failed call)
         n_in = judge_input_tokens(traj.context_tokens, self.judge_window)
         if self.serverless is not None:

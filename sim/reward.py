@@ -12,7 +12,6 @@ from rollart.plan.schema import ModelSpec, Serverless
 from rollart.sim.costs.gpu import GenerationCost
 from rollart.sim.engine import GenerationEngine
 
-RULE_REWARD_S = 0.005           # a regex / unit-test style check on the CPU
 JUDGE_MAX_INPUT_TOKENS = 32768  # a judge's window when its model names none (every preset's native 32K)
 
 

@@ -34,3 +34,18 @@ def test_the_step_backoff_is_optional_and_validated() -> None:
     with pytest.raises(PlanError) as err:
         small_plan(["tasks.CodeExec.env.step_retry_backoff_s=-1"])
     assert any("step_retry_backoff_s" in p for p in err.value.problems), err.value.problems
+
+
+def test_a_rule_reward_takes_its_tasks_time_and_holds_the_envs_cores() -> None:
+    # running a repository's tests is a rule reward too: tens of seconds, in the env, on its cores
+    base = ["algorithm.steps=2", "cluster.cpu_pools.env.cores=1024"]
+    quick = run_sim(small_plan(base), "sync+").to_result()
+    slow_plan = small_plan([*base, "tasks.CodeExec.rule_reward_s={kind: lognormal, median: 30, sigma: 0.3}"])
+    slow = run_sim(slow_plan, "sync+")
+    assert slow.error is None
+    r = slow.to_result()
+    assert r.summary["step_time_s_mean"] > quick.summary["step_time_s_mean"] + 10
+    # where a CodeExec trajectory completes the batch, its ~30 s reward is on the critical path
+    assert max(s.breakdown_s["reward"] for s in r.steps) > 20
+    # a constant default draws nothing: other tasks' draws are unchanged by it
+    assert small_plan().task("CodeExec").rule_reward_s.mean() == 0.005

@@ -297,8 +297,13 @@ class TaskSpec(_Strict):
     max_context_tokens: Annotated[int, Field(gt=0, le=10_000_000)] = 32768
     env: EnvSpec
     reward: Literal["rule", "llm_judge"] = "rule"
+    rule_reward_s: Distribution = Field(
+        default_factory=lambda: Constant(value=0.005),
+        description="seconds a rule reward takes, its env holding its cores meanwhile: a regex or answer check "
+                    "is milliseconds, running a repository's tests (SWE) tens of seconds; the simulator's "
+                    "(a real run times its reward functions)")
 
-    @field_validator("turns", "prompt_tokens", "obs_tokens", "response_tokens", mode="before")
+    @field_validator("turns", "prompt_tokens", "obs_tokens", "response_tokens", "rule_reward_s", mode="before")
     @classmethod
     def _number_is_constant(cls, v: Any) -> Any:
         return coerce_distribution(v)

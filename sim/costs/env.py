@@ -151,6 +151,14 @@ class EnvModel:
         obs = 0 if done else max(0, round(task.obs_tokens.sample(rng)))
         return latency, EnvOutcome(ok=True, obs_tokens=obs, done=done)
 
+    def rule_reward_s(self, task: TaskSpec, traj_id: int) -> float:
+        """Seconds the trajectory's rule reward takes: a third stream (seed, id, 2), drawn from only
+        when the task's distribution draws at all, so the default constant changes no other draw."""
+        dist = task.rule_reward_s
+        if getattr(dist, "kind", None) == "constant":
+            return dist.sample(None)  # type: ignore[arg-type]
+        return dist.sample(np.random.default_rng([self.seed, traj_id, 2]))
+
     def response_tokens(self, task: TaskSpec, traj_id: int, limit: int) -> int:
         st = self._state.get(traj_id)
         if st is not None and st.turns_total:
