@@ -202,7 +202,9 @@ def summary_table(result: RunResult) -> Table:
         wait = f" · envs waited {c['mean_wait_s']:.1f} s for cores on average" if c["mean_wait_s"] >= 0.05 else ""
         idle = (f" · billed for all {c['cores']:,g} (cluster.cpu_pools.{pool}.cores)"
                 if c["peak_held_share"] < 0.5 and "cost_usd_per_hour" in sm else "")
-        table.add_row("env cores", f"{pool}: at most {c['peak_held_share']:.0%} of {c['cores']:,g} held{wait}{idle}")
+        pulls = (f" · {c['image_pulls']:,} image pulls, {c['mean_pull_s']:.1f} s mean, up to {c['peak_pulls']:,} at once"
+                 if c.get("image_pulls") else "")
+        table.add_row("env cores", f"{pool}: at most {c['peak_held_share']:.0%} of {c['cores']:,g} held{wait}{idle}{pulls}")
     for warning in sm.get("warnings") or ():
         table.add_row(Text("warning", style="not dim bold yellow"), Text(f"task mix: {warning}", style="bold yellow"))
     if "cost_usd_per_hour" in sm:

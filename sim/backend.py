@@ -34,6 +34,7 @@ from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
 from rollart.sim.reward import (BatchingServerlessPlatform, ServerlessPlatform, judge_input_tokens,
                                 judge_window)
+from rollart.sim.shared_pipe import SharedPipe
 from rollart.trace import NullTracer, Tracer
 
 SimGen = Generator[Any, Any, Any]
@@ -200,6 +201,11 @@ class SimBackend:
             name: simpy.Container(self.env, capacity=p.cores, init=p.cores)
             for name, p in self.plan.cluster.cpu_pools.items()}
         self._default_cpu_pool = next(iter(self.plan.cluster.cpu_pools))
+        # per pool with an image_pull_gbps: the path its envs pull their images through, shared
+        self.image_pipes = {name: SharedPipe(self.env, p.image_pull_gbps * 1e9 / 8)
+                            for name, p in self.plan.cluster.cpu_pools.items() if p.image_pull_gbps}
+        self._pulled: set[int] = set()  # trajectories whose env has its image (a retried reset pulls nothing)
+        self.pull_s: dict[str, float] = {}  # per pool: seconds the pulls took, summed
         # per pool: the most cores held at once, and [seconds envs queued for cores, envs that took cores]
         self.cpu_peak: dict[str, float] = dict.fromkeys(self.cpu, 0.0)
         self.cpu_wait: dict[str, list[float]] = {name: [0.0, 0] for name in self.cpu}
@@ -352,6 +358,13 @@ class SimBackend:
         task = self.plan.task(traj.task)
         if traj.id not in self._holding_cpu:
             yield from self._acquire_env(AcquireEnv(traj))
+        if task.env.image_gb > 0 and traj.id not in self._pulled:
+            self._pulled.add(traj.id)
+            if not self.envs.image_cached(task, traj.id):
+                pool = task.env.pool or self._default_cpu_pool
+                t0 = self.env.now
+                yield from self.image_pipes[pool].transfer(task.env.image_gb * 1e9)
+                self.pull_s[pool] = self.pull_s.get(pool, 0.0) + self.env.now - t0
         latency, outcome = self.envs.reset(task, traj.id)
         yield self.env.timeout(latency + self._env_pool(task).reset_overhead_s)
         return outcome
@@ -366,6 +379,7 @@ class SimBackend:
         return self.plan.cluster.cpu_pools[task.env.pool or self._default_cpu_pool]
 
     def _env_close(self, eff: EnvClose) -> SimGen:
+        self._pulled.discard(eff.traj.id)
         held = self._holding_cpu.pop(eff.traj.id, None)
         if held is not None:
             yield self.cpu[held[0]].put(held[1])
@@ -637,7 +651,12 @@ class SimOutcome:
             # per CPU pool: its cores, the largest share of them envs held at once, and the mean time an
             # env queued for its cores (shown as the step breakdown's env_queue where it was critical)
             "env_cores": {pool: {"cores": b.full_plan.cluster.cpu_pools[pool].cores, "peak_held_share": b.cpu_peak[pool] / b.cpu[pool].capacity,
-                                 "mean_wait_s": w[0] / w[1] if w[1] else 0.0}
+                                 "mean_wait_s": w[0] / w[1] if w[1] else 0.0,
+                                 # image pulls (of the simulated subset under --scale-approx): how many, their
+                                 # mean time, and the most at once
+                                 **({"image_pulls": pipe.pulls, "mean_pull_s": b.pull_s.get(pool, 0.0) / pipe.pulls,
+                                     "peak_pulls": pipe.peak}
+                                    if (pipe := b.image_pipes.get(pool)) is not None and pipe.pulls else {})}
                           for pool, w in b.cpu_wait.items()},
             "routed_fallback": ctl.proxy.routed_fallback,
             "steps_done": len(steps),

@@ -129,6 +129,8 @@ def shrink_plan(plan: Plan, m: int) -> Plan:
         p["count"] = max(1, -(-p["count"] // m))
     for p in d["cluster"]["cpu_pools"].values():
         p["cores"] = max(1, -(-p["cores"] // m))
+        if p.get("image_pull_gbps"):  # 1/m of the envs pull through 1/m of the path
+            p["image_pull_gbps"] = p["image_pull_gbps"] / m
     if d["cluster"].get("serverless"):
         # 1/m of the platform's instances, each serving as many calls at once as before
         s = d["cluster"]["serverless"]

@@ -93,6 +93,9 @@ class CpuPool(_Strict):
     # validate` measures it on the machine at hand.
     reset_overhead_s: NonNegFloat = 0.0
     step_overhead_s: NonNegFloat = 0.0
+    image_pull_gbps: PosFloat | None = Field(None, description=(
+        "the path through which the pool's nodes pull env images (registry, its network), shared "
+        "equally by the pulls in flight; unset: pulls are not modelled apart from env.reset"))
 
 
 class Serverless(_Strict):
@@ -275,6 +278,11 @@ class EnvSpec(_Strict):
                           "starting a new one); retry_backoff_s when omitted")
     cpu_cores: PosFloat = 1.0
     pool: str | None = Field(None, description="CPU pool; the first one when omitted")
+    image_gb: NonNegFloat = Field(0.0, description=(
+        "GB an env pulls before its first reset (its image's layers missing from the node), through its "
+        "pool's image_pull_gbps; env.reset then draws the rest (container start, setup)"))
+    image_cache_hit: Probability = Field(0.0, description="share of envs whose image a node or registry "
+                                         "cache already holds (no pull)")
 
     @field_validator("reset", "step", mode="before")
     @classmethod
@@ -692,6 +700,9 @@ def _cross_problems(plan: Plan) -> list[str]:
         if pool in c.cpu_pools and t.env.cpu_cores > c.cpu_pools[pool].cores:
             out.append(f"tasks.{t.name}.env.cpu_cores: {t.env.cpu_cores} exceeds CPU pool '{pool}' "
                        f"({c.cpu_pools[pool].cores} cores)")
+        if pool in c.cpu_pools and t.env.image_gb > 0 and c.cpu_pools[pool].image_pull_gbps is None:
+            out.append(f"tasks.{t.name}.env.image_gb: CPU pool '{pool}' gives no image_pull_gbps to pull it "
+                       f"through; set cluster.cpu_pools.{pool}.image_pull_gbps (or image_gb: 0)")
         if math.isinf(t.turns.mean()):
             out.append(f"tasks.{t.name}.turns: the distribution has no finite mean; cap it with 'max'")
         for field in ("prompt_tokens", "obs_tokens", "response_tokens"):

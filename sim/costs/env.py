@@ -151,6 +151,14 @@ class EnvModel:
         obs = 0 if done else max(0, round(task.obs_tokens.sample(rng)))
         return latency, EnvOutcome(ok=True, obs_tokens=obs, done=done)
 
+    def image_cached(self, task: TaskSpec, traj_id: int) -> bool:
+        """Whether the trajectory's env finds its image cached (probability ``image_cache_hit``): a
+        stream of its own (seed, id, 3), so the cache changes no other draw."""
+        hit = task.env.image_cache_hit
+        if hit <= 0.0 or hit >= 1.0:
+            return hit >= 1.0
+        return bool(np.random.default_rng([self.seed, traj_id, 3]).random() < hit)
+
     def rule_reward_s(self, task: TaskSpec, traj_id: int) -> float:
         """Seconds the trajectory's rule reward takes: a third stream (seed, id, 2), drawn from only
         when the task's distribution draws at all, so the default constant changes no other draw."""

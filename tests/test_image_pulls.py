@@ -1,0 +1,93 @@
+"""Env image pulls share their pool's path (processor sharing): a burst of resets slows every pull in
+it, as the paper's "concurrent image pulls saturate the network" says, and a cache hit pulls nothing."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollart.plan import PlanError
+from rollart.sim.shared_pipe import SharedPipe
+from tests.conftest import run_sim, small_plan
+
+
+def _run(jobs: list[tuple[float, float]], rate: float = 10.0, interrupt: dict[int, float] | None = None):
+    """(start s, bytes) per job → its end time (None if interrupted)."""
+    env = simpy.Environment()
+    pipe = SharedPipe(env, rate)
+    ends: dict[int, float | None] = {}
+
+    def job(i: int, start: float, nbytes: float):
+        yield env.timeout(start)
+        try:
+            yield from pipe.transfer(nbytes)
+            ends[i] = env.now
+        except simpy.Interrupt:
+            ends[i] = None
+
+    procs = [env.process(job(i, s, b)) for i, (s, b) in enumerate(jobs)]
+    for i, at in (interrupt or {}).items():
+        def stop(p=procs[i], at=at):
+            yield env.timeout(at)
+            p.interrupt()
+        env.process(stop())
+    env.run()
+    return ends, pipe
+
+
+def test_alone_a_transfer_gets_the_whole_pipe_and_n_together_share_it() -> None:
+    ends, _ = _run([(0.0, 50.0)])
+    assert ends[0] == pytest.approx(5.0)
+    ends, pipe = _run([(0.0, 50.0)] * 8)
+    assert all(e == pytest.approx(40.0) for e in ends.values()) and pipe.peak == 8
+
+
+def test_a_late_arrival_shares_from_when_it_arrives() -> None:
+    # A (100 B) alone for 5 s moves 50 B; then A and B share 10 B/s: A's last 50 B take 10 s (ends at
+    # 15 s, B has 50 B by then) and B's last 50 B alone take 5 s (ends at 20 s)
+    ends, _ = _run([(0.0, 100.0), (5.0, 100.0)])
+    assert ends[0] == pytest.approx(15.0) and ends[1] == pytest.approx(20.0)
+
+
+def test_an_aborted_pull_gives_its_share_back() -> None:
+    ends, _ = _run([(0.0, 100.0), (0.0, 100.0)], interrupt={1: 4.0})
+    assert ends[1] is None and ends[0] == pytest.approx(4.0 + 80.0 / 10.0)  # 20 B moved shared, 80 B alone
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 20), st.floats(1, 200)), min_size=1, max_size=12))
+def test_the_pipe_is_work_conserving_and_never_faster_than_its_rate(jobs) -> None:
+    ends, _ = _run(jobs)
+    for (start, nbytes), end in zip(jobs, (ends[i] for i in range(len(jobs)))):
+        assert end >= start + nbytes / 10.0 - 1e-6
+    # the last transfer ends when the pipe has moved every byte, busy from the first arrival on
+    # whenever work was waiting: no later than the first start plus all bytes / rate plus the idle gaps
+    order = sorted(jobs)
+    t = 0.0
+    for start, nbytes in order:
+        t = max(t, start) + nbytes / 10.0
+    assert max(ends.values()) == pytest.approx(t, rel=1e-9, abs=1e-6)
+
+
+PULL = ["algorithm.steps=2", "tasks.CodeExec.env.image_gb=2", "cluster.cpu_pools.env.cores=1024"]
+
+
+def test_a_smaller_pull_path_lengthens_the_resets_of_a_lockstep_batch() -> None:
+    reset = {}
+    for gbps in (100, 10, 1):
+        r = run_sim(small_plan([*PULL, f"cluster.cpu_pools.env.image_pull_gbps={gbps}"]), "sync").to_result()
+        reset[gbps] = r.summary["env_cores"]["env"]["mean_pull_s"]
+        assert r.summary["env_cores"]["env"]["image_pulls"] > 0
+    assert reset[100] < reset[10] < reset[1]
+    assert reset[1] == pytest.approx(10 * reset[10], rel=0.3)  # a pull's time scales with 1 / the path
+
+
+def test_cached_images_pull_nothing_and_a_pull_needs_a_path() -> None:
+    cached = run_sim(small_plan([*PULL, "cluster.cpu_pools.env.image_pull_gbps=1",
+                                 "tasks.CodeExec.env.image_cache_hit=1"]), "sync").to_result()
+    assert "image_pulls" not in cached.summary["env_cores"]["env"]
+    with pytest.raises(PlanError) as err:
+        small_plan(PULL)
+    assert any(p.startswith("tasks.CodeExec.env.image_gb: ") and "image_pull_gbps" in p for p in err.value.problems)
