@@ -24,6 +24,19 @@ element in decode attention. Expert parallelism (``ep``): the worker's tp GPUs f
 (``sim.costs.moe``), each running attention and the dense layers TP over tp/ep GPUs for 1/ep of
 the tokens, the MoE layer over its E/ep experts for the busiest rank's rows, plus the
 dispatch/combine all-to-all.
+
+DeepSeek-V3-class models (``ModelSpec``): the dense first layers' MLP (``dense_layers``, width
+``dense_intermediate``) and a shared expert (``shared_expert_intermediate``) are dense GEMMs on a rank's
+tokens; a layer's terms are the mean over the layers, so L·[...] still sums them. Multi-head latent
+attention (MLA, ``kv_lora_rank`` > 0) replaces QKV and O by the fused down-projection q_a + kv_a (hidden →
+q_lora_rank + kv_lora_rank + rope, whole on every GPU, as vLLM and SGLang run it), q_b, kv_b (kv_lora_rank →
+H/tp·(d + v): prefill's up-projection; the absorbed decode applies the same weights to the query and the
+output, the same multiply-adds) and O (H/tp·v → h). Prefill attention is the non-absorbed form, QKᵀ over
+d + rope and PV over v per pair (``gpu.prefill_attention_flops``); decode attention the absorbed form over
+the latent cache: per cached token and head 2·(2·kv_lora_rank + rope) FLOPs, and (kv_lora_rank + rope)
+elements read once per GPU for all its heads (``gpu.decode_attention_flops``). ASSUMED: no MLA kernel is
+measured, so the attention fits (e_c, e_bw, t0, t_seq; prefill's e(S)) fitted on GQA kernels
+(FlashAttention/FlashInfer) price MLA's (FlashMLA's) FLOPs and bytes as they are.
 """
 
 from __future__ import annotations
@@ -34,7 +47,8 @@ from rollart.calibration.links import inter_node_link
 from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainProfile, expert_gemm_params,
                                           stream_efficiency)
 from rollart.plan.schema import GpuType, Link, ModelSpec
-from rollart.sim.costs.gpu import DecodeLine, RooflineEfficiency, kv_capacity, kv_heads_per_gpu
+from rollart.sim.costs.gpu import (DecodeLine, RooflineEfficiency, decode_attention_flops, kv_capacity,
+                                   kv_heads_per_gpu, prefill_attention_flops)
 from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, rank_expert_rows, rank_experts_touched,
                                    ring_link)
 
@@ -51,12 +65,35 @@ class KernelProfileGeneration:
         self._bw = profile.hbm_tbps * 1e12
         rank_tp = tp // ep  # GPUs per expert-parallel rank; attention and dense layers are TP over them
         self._rank_tp = rank_tp
-        heads, kv = max(1, model.heads // rank_tp), kv_heads_per_gpu(model, rank_tp)  # ≥ 1 whole KV head
+        # ≥ 1 whole KV head; MLA's latent is one "head" all the query heads share, whole on every GPU
+        heads, kv = max(1, model.heads // rank_tp), (1 if model.mla else kv_heads_per_gpu(model, rank_tp))
         self._heads, self._kv = heads, kv
         self._kv_elem = 1.0 if model.kv_dtype == "fp8" else 2.0
         h, d, inter = model.hidden, model.head_dim, model.intermediate  # per expert for a MoE model
-        self._shapes = [(float(h), float((heads + 2 * kv) * d)), (float(heads * d), float(h))]
+        if model.mla:
+            r, rope, ql, v = model.kv_lora_rank, model.qk_rope_head_dim, model.q_lora_rank, model.value_head_dim
+            q_heads = float(heads * (d + rope))  # this GPU's query heads, nope and rope parts
+            self._shapes = ([(float(h), float(ql + r + rope)), (float(ql), q_heads)] if ql  # q_a + kv_a, q_b
+                            else [(float(h), q_heads + r + rope)])  # q and kv_a in one GEMM
+            self._shapes += [(float(r), float(heads * (d + v))), (float(heads * v), float(h))]  # kv_b, o
+        else:
+            self._shapes = [(float(h), float((heads + 2 * kv) * d)), (float(heads * d), float(h))]
         self._mlp_shapes = [(float(h), 2 * inter / rank_tp), (inter / rank_tp, float(h))]
+        # DeepSeek-V3-class layers: a shared expert in every MoE layer and dense MLPs in the first
+        # layers, dense GEMMs on a rank's tokens; each layer's terms then average over the layers
+        self._mixed_layers = bool(model.dense_layers or model.shared_expert_intermediate)
+        shared, dense = model.shared_expert_intermediate, model.dense_mlp_width
+        self._shared_shapes = ([(float(h), 2 * shared / rank_tp), (shared / rank_tp, float(h))] if shared else [])
+        self._dense_shapes = ([(float(h), 2 * dense / rank_tp), (dense / rank_tp, float(h))]
+                              if model.dense_layers else [])
+        # attention FLOPs per (query, key) pair in prefill and per cached token in decode, this GPU's
+        # heads; KV bytes a GPU reads per cached token (MLA: the whole latent, once for all its heads)
+        self._prefill_pair_flops = heads * prefill_attention_flops(model) // model.heads if model.mla \
+            else 4 * heads * d
+        self._decode_token_flops = heads * decode_attention_flops(model) // model.heads if model.mla \
+            else 4 * heads * d
+        self._decode_token_bytes = (model.kv_elements_per_token_layer * self._kv_elem if model.mla
+                                    else 2 * kv * d * self._kv_elem)
         self._lm_head = [(float(h), model.vocab / rank_tp)]
         self._lines: dict[int, DecodeLine] = {}
         self._mixed_batch: dict[int, tuple[float, float, float]] = {}
@@ -67,7 +104,8 @@ class KernelProfileGeneration:
         if model.kv_dtype == "fp8":  # the FP8-KV kernel's own t0 and byte rate (dequantisation on the SMs)
             d.update(profile.attn_decode_fp8_kv.params if profile.attn_decode_fp8_kv else {})
         self._attn_decode = d
-        self._decode_sms = d.get("n_sm", 0.0) if d.get(unsplit_key(heads, kv, model.head_dim)) else 0.0
+        self._decode_sms = (d.get("n_sm", 0.0) if not model.mla and d.get(unsplit_key(heads, kv, model.head_dim))
+                            else 0.0)  # MLA kernels split the KV (FlashMLA): no occupancy term
         # BF16 GEMMs (lm_head always): compute efficiencies and the GPU's weight-read (memory-system)
         # efficiency e_mem, as the profile derives them (profile.gemm.derived says how)
         self._bf16 = (dict(profile.gemm.params), self._peak, BF16_BYTES)
@@ -103,14 +141,26 @@ class KernelProfileGeneration:
         # activations are quantised only where the linear layers compute in FP8
         i_rank, fp8 = inter / rank_tp, self._linear[2] == FP8_BYTES
         hd = model.head_dim
-        per_token = (2.0 * (8 * h + 2 * (heads + kv) * hd) + (2.0 + self._kv_elem) * 2 * kv * hd
-                     + (3.0 * (2 * h + heads * hd) if fp8 else 0.0))
+        if model.mla:  # norms of the two latents, rotary on q's and the shared k's rope part, the latent cached
+            per_token = (2.0 * (8 * h + 2 * (ql + r) + 2 * (heads + 1) * rope) + (2.0 + self._kv_elem) * (r + rope)
+                         + (3.0 * (2 * h + ql + r + heads * v) if fp8 else 0.0))
+        else:
+            per_token = (2.0 * (8 * h + 2 * (heads + kv) * hd) + (2.0 + self._kv_elem) * 2 * kv * hd
+                         + (3.0 * (2 * h + heads * hd) if fp8 else 0.0))
         per_row = 2.0 * 3 * i_rank + (3.0 * i_rank if fp8 else 0.0)
-        if model.moe_experts:
+        if self._mixed_layers:  # per token, averaged over the layers: MoE layers' sum and shared expert, dense MLPs
+            f_moe, f_dense = model.moe_layers / model.layers, model.dense_layers / model.layers
+            s_rank, dense_rank = shared / rank_tp, dense / rank_tp
+            moe_token = 2.0 * (max(1, model.moe_active_experts) + 1 + (1 if shared else 0)) * h \
+                + (2.0 * 3 * s_rank + (3.0 * s_rank if fp8 else 0.0))
+            per_token += f_moe * moe_token + f_dense * (2.0 * 3 * dense_rank + (3.0 * dense_rank if fp8 else 0.0))
+            per_row *= f_moe
+        elif model.moe_experts:
             per_token += 2.0 * (max(1, model.moe_active_experts) + 1) * h
         self._ew_bytes = (per_token, per_row)
         self._ew_rate = self._bw * stream_efficiency(profile)
-        kind = f"{dtype}, {model.kv_dtype.upper()} KV" + (f", ep {ep}" if ep > 1 else "")
+        kind = (f"{dtype}, {model.kv_dtype.upper()} KV" + (" (MLA latent; GQA-fitted attention kernels)" if model.mla
+                                                           else "") + (f", ep {ep}" if ep > 1 else ""))
         ref = profile.transferred_from  # a GPU type without a profile (profiles.transferred_profile)
         borrowed = all(c.derived for _, c in profile.terms())  # nothing measured on this GPU (H200)
         self.source = ((f"{ref} kernel profile on the custom {profile.gpu} datasheet ({profile.hbm_tbps:g} TB/s, "
@@ -170,10 +220,23 @@ class KernelProfileGeneration:
         rows = rank_expert_rows(self.model, m, self.ep) if self.model.moe_experts else m / self.ep
         return (m / self.ep * per[0] + rows * per[1]) / self._ew_rate
 
+    def _rank_gemms(self, m: float) -> float:
+        """One layer's dense linear layers a rank runs on its ``m`` tokens: QKV and O (MLA's projections),
+        and, averaged over the layers, a shared expert in the MoE layers and the dense first layers' MLP."""
+        t = self._gemms(m, self._shapes)
+        if self._mixed_layers:
+            mdl = self.model
+            t += (mdl.moe_layers * self._gemms(m, self._shared_shapes)
+                  + mdl.dense_layers * self._gemms(m, self._dense_shapes)) / mdl.layers
+        return t
+
     def _layer_gemms(self, m: float) -> float:
         """One layer's linear layers for a step over ``m`` tokens of the worker: QKV and O on a
-        rank's share (m/ep), the MLP as :meth:`_mlp`."""
-        return self._gemms(m / self.ep, self._shapes) + self._mlp(m if self.model.moe_experts else m / self.ep)
+        rank's share (m/ep), the MLP as :meth:`_mlp` (the routed experts in the MoE layers only)."""
+        mlp = self._mlp(m if self.model.moe_experts else m / self.ep)
+        if self._mixed_layers:
+            mlp *= self.model.moe_layers / self.model.layers
+        return self._rank_gemms(m / self.ep) + mlp
 
     def _layer_tokens(self, m: float) -> float:
         """One layer's work that scales with a step's ``m`` tokens: linear layers, element-wise kernels."""
@@ -216,7 +279,7 @@ class KernelProfileGeneration:
             return p["t0"]
         loop = 2.0 * attention_pairs / (new_tokens * self.ep)
         eff = p["e_max"] * loop / (loop + p["s_half"])
-        return p["t0"] + 4 * self._heads * self.model.head_dim * attention_pairs / self.ep / (self._peak * eff)
+        return p["t0"] + self._prefill_pair_flops * attention_pairs / self.ep / (self._peak * eff)
 
     def _per_cached_token(self, batch: float) -> tuple[float, float]:
         """Decode-attention seconds per cached token of the worker, (compute, memory), one layer:
@@ -225,8 +288,8 @@ class KernelProfileGeneration:
         d = self._attn_decode
         seqs = busiest_rank_sequences(batch, self.ep)
         slow = self._decode_slowdown(seqs) * (seqs / batch if batch > 0 else 1.0 / self.ep)
-        return (4 * self._heads * self.model.head_dim * slow / (self._peak * d["e_c"]),
-                2 * self._kv * self.model.head_dim * self._kv_elem * slow / (self._bw * d["e_bw"]))
+        return (self._decode_token_flops * slow / (self._peak * d["e_c"]),
+                self._decode_token_bytes * slow / (self._bw * d["e_bw"]))
 
     def _prefill_share(self, sequences: int) -> float:
         """The busiest rank's share of a step's new prompts over an even 1/ep: with attention data
@@ -239,7 +302,7 @@ class KernelProfileGeneration:
     def _rank_extra(self, extra: float, rank_tokens: float) -> float:
         """One layer's attention-side linear layers (QKV, O) and element-wise kernels for ``extra``
         tokens the busiest rank prefills beyond its even share ``rank_tokens``."""
-        return (self._gemms(rank_tokens + extra, self._shapes) - self._gemms(rank_tokens, self._shapes)
+        return (self._rank_gemms(rank_tokens + extra) - self._rank_gemms(rank_tokens)
                 + extra * self._ew_bytes[0] / self._ew_rate)
 
     def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float:

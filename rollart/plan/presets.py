@@ -32,6 +32,25 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
     # width 768, 8 routed per token; ~30.5 B parameters, ~3.3 B active
     "Qwen3-30B-A3B": dict(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, intermediate=768,
                           vocab=151936, tied_embeddings=0, moe_experts=128, moe_active_experts=8),
+    # Qwen3-235B-A22B (Qwen/Qwen3-235B-A22B config.json): num_hidden_layers 94, hidden_size 4096,
+    # num_attention_heads 64, num_key_value_heads 4, head_dim 128, moe_intermediate_size 1536 (the
+    # experts' width; its intermediate_size 12288 is unused, mlp_only_layers is empty), num_experts 128,
+    # num_experts_per_tok 8, vocab_size 151936, tie_word_embeddings false; model card: 235 B total, 22 B
+    # activated, 32,768 tokens native context
+    "Qwen3-235B-A22B": dict(layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, intermediate=1536,
+                            vocab=151936, tied_embeddings=0, moe_experts=128, moe_active_experts=8),
+    # DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json): num_hidden_layers 61, hidden_size 7168,
+    # num_attention_heads 128 (num_key_value_heads 128: unused by MLA), q_lora_rank 1536, kv_lora_rank
+    # 512, qk_nope_head_dim 128 (head_dim here), qk_rope_head_dim 64, v_head_dim 128, intermediate_size
+    # 18432 (the first_k_dense_replace 3 dense layers), moe_intermediate_size 2048 (each expert; intermediate
+    # here), n_routed_experts 256, num_experts_per_tok 8, n_shared_experts 1 (× 2048), vocab_size 129280,
+    # tie_word_embeddings false. The model card: 671 B total, 37 B activated (the 14 B multi-token-prediction
+    # module, not served for generation, apart). Its 128 K window is not preset: max_context_tokens is read
+    # for a reward_model only (the judge's cut), and a plan sets it there.
+    "DeepSeek-V3": dict(layers=61, hidden=7168, heads=128, kv_heads=128, head_dim=128, intermediate=2048,
+                        vocab=129280, tied_embeddings=0, moe_experts=256, moe_active_experts=8,
+                        dense_layers=3, dense_intermediate=18432, shared_expert_intermediate=2048,
+                        q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128),
     # Not a released model: a random-init Qwen3-shaped network small enough to run on a CPU,
     # used to profile and run the real engine on machines without a GPU.
     "Qwen3-tiny": dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16,

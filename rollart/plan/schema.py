@@ -198,13 +198,34 @@ class ModelSpec(_Strict):
     tied_embeddings: bool = False
     moe_experts: Annotated[int, Field(ge=0, le=100_000)] = 0
     moe_active_experts: Annotated[int, Field(ge=0, le=100_000)] = 0
+    # DeepSeek-V3 / Kimi-K2-class geometry. Every default leaves a plain model as it was.
+    dense_layers: Annotated[int, Field(ge=0, le=10_000)] = Field(0, description=(
+        "MoE only: the first k layers run a dense MLP of width dense_intermediate instead of the MoE layer "
+        "(DeepSeek-V3's first_k_dense_replace: 3)"))
+    dense_intermediate: Annotated[int, Field(gt=0, le=10_000_000)] | None = Field(None, description=(
+        "width of the dense_layers' MLP (DeepSeek-V3: 18432); intermediate when unset. For a MoE model "
+        "intermediate is each routed expert's width (moe_intermediate_size)"))
+    shared_expert_intermediate: Annotated[int, Field(ge=0, le=10_000_000)] = Field(0, description=(
+        "MoE only: total width of the always-active shared-expert MLP of every MoE layer (DeepSeek-V3: "
+        "1 shared expert × 2048; Qwen2-57B-A14B: 20480); 0 = none"))
+    kv_lora_rank: Annotated[int, Field(ge=0, le=1_000_000)] = Field(0, description=(
+        "multi-head latent attention (MLA, DeepSeek-V2/V3): rank of the compressed KV latent the cache holds; "
+        "0 = standard (GQA) attention. With MLA head_dim is the q/k 'nope' dim (qk_nope_head_dim) and a token's "
+        "cache per layer is kv_lora_rank + qk_rope_head_dim elements shared by all heads (kv_heads unused)"))
+    q_lora_rank: Annotated[int, Field(ge=0, le=1_000_000)] = Field(0, description=(
+        "MLA: rank of the query's low-rank projection (DeepSeek-V3: 1536); 0 = a plain query projection"))
+    qk_rope_head_dim: Annotated[int, Field(ge=0, le=100_000)] = Field(0, description=(
+        "MLA: the rotary part of each q/k head, on top of head_dim (DeepSeek-V3: 64); its key is shared by "
+        "all heads and cached beside the latent"))
+    v_head_dim: Annotated[int, Field(gt=0, le=100_000)] | None = Field(None, description=(
+        "MLA: each head's value dim (DeepSeek-V3: 128); head_dim when unset"))
     # What the generation engines serve: linear-layer weights and KV cache in BF16 or FP8 (embeddings
     # and lm_head stay BF16). The trainer's weights are BF16 either way (``weight_bytes``).
     weight_dtype: Literal["bf16", "fp8"] = "bf16"
     kv_dtype: Literal["bf16", "fp8"] = "bf16"
     max_context_tokens: Annotated[int, Field(gt=0, le=10_000_000)] | None = Field(None, description=(
         "the model's context window in tokens; read for reward_model: the LLM judge cuts the trajectory it scores "
-        "at it. Unset: 32768, the native window of every preset (Qwen2.5-7B, Qwen3)"))
+        "at it. Unset: 32768, the native window of the Qwen presets (Qwen2.5-7B, Qwen3); DeepSeek-V3's is 131072"))
 
     @model_validator(mode="before")
     @classmethod
@@ -226,28 +247,101 @@ class ModelSpec(_Strict):
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.moe_active_experts > self.moe_experts:
             raise ValueError("moe_active_experts cannot exceed moe_experts")
+        if self.dense_layers and not self.moe_experts:
+            raise ValueError(f"dense_layers ({self.dense_layers}) needs a MoE model (moe_experts > 0): every "
+                             "layer of a dense model is dense already; leave it 0")
+        if self.dense_layers >= self.layers and self.moe_experts:
+            raise ValueError(f"dense_layers ({self.dense_layers}) must be fewer than layers ({self.layers}): "
+                             "a MoE model needs at least one MoE layer")
+        if self.shared_expert_intermediate and not self.moe_experts:
+            raise ValueError(f"shared_expert_intermediate ({self.shared_expert_intermediate}) needs a MoE model "
+                             "(moe_experts > 0); a dense model's MLP width is intermediate")
+        if not self.kv_lora_rank:
+            for name in ("q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, name):
+                    raise ValueError(f"{name} ({getattr(self, name)}) is an MLA field: it needs kv_lora_rank > 0 "
+                                     "(0 = standard attention)")
         return self
 
     # Derived sizes used by every cost model.
     @property
-    def params_per_layer(self) -> int:
-        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        mlp = 3 * self.hidden * self.intermediate * max(1, self.moe_experts)
-        return attn + mlp
+    def mla(self) -> bool:
+        """Whether attention is multi-head latent attention (``kv_lora_rank`` > 0)."""
+        return self.kv_lora_rank > 0
 
     @property
-    def active_params_per_layer(self) -> int:
-        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        return attn + 3 * self.hidden * self.intermediate * max(1, self.moe_active_experts)
+    def value_head_dim(self) -> int:
+        """Each head's value dim: ``v_head_dim``, else ``head_dim``."""
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with a MoE MLP: all but the ``dense_layers`` of a MoE model, none of a dense one."""
+        return self.layers - self.dense_layers if self.moe_experts else 0
+
+    @property
+    def dense_mlp_width(self) -> int:
+        """Width of the dense MLP of the first ``dense_layers`` layers of a MoE model."""
+        return self.dense_intermediate or self.intermediate
+
+    @property
+    def _uniform(self) -> bool:
+        """Every layer alike (the formulas before MLA, shared experts and dense layers existed)."""
+        return not (self.mla or self.dense_layers or self.shared_expert_intermediate)
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """One layer's attention weights. GQA: Q, K, V, O. MLA: q_a (hidden → q_lora_rank) and q_b
+        (→ heads·(head_dim + rope)), or one q projection without q_lora_rank; kv_a (hidden →
+        kv_lora_rank + rope); kv_b (kv_lora_rank → heads·(head_dim + v_head_dim)); o (heads·v_head_dim →
+        hidden). Norms and a MoE router are not counted (< 0.1 %)."""
+        if not self.mla:
+            return self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        qk = self.head_dim + self.qk_rope_head_dim
+        q = (self.hidden * self.q_lora_rank + self.q_lora_rank * self.heads * qk if self.q_lora_rank
+             else self.hidden * self.heads * qk)
+        kv_a = self.hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
+        kv_b = self.kv_lora_rank * self.heads * (self.head_dim + self.value_head_dim)
+        return q + kv_a + kv_b + self.heads * self.value_head_dim * self.hidden
+
+    def _layer_sum(self, experts: int) -> int:
+        """All the layers' weights (embeddings apart) with ``experts`` routed experts a MoE layer counts."""
+        attn = self.attention_params_per_layer
+        moe = 3 * self.hidden * (self.intermediate * experts + self.shared_expert_intermediate)
+        dense = 3 * self.hidden * self.dense_mlp_width
+        return self.layers * attn + self.moe_layers * moe + self.dense_layers * dense
+
+    @property
+    def params_per_layer(self) -> float:
+        """One layer's parameters; the mean over the layers where they differ (MLA, shared experts,
+        dense first layers), so ``params`` = layers × this + embeddings either way."""
+        if self._uniform:
+            attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+            mlp = 3 * self.hidden * self.intermediate * max(1, self.moe_experts)
+            return attn + mlp
+        return self._layer_sum(self.moe_experts) / self.layers
+
+    @property
+    def active_params_per_layer(self) -> float:
+        """One token's parameters in one layer (``moe_active_experts`` routed experts, the shared
+        expert, a dense layer's MLP); the mean over the layers where they differ."""
+        if self._uniform:
+            attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+            return attn + 3 * self.hidden * self.intermediate * max(1, self.moe_active_experts)
+        return self._layer_sum(max(1, self.moe_active_experts)) / self.layers
 
     @property
     def params(self) -> int:
         emb = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        if not self._uniform:
+            return self._layer_sum(self.moe_experts) + emb
         return self.layers * self.params_per_layer + emb
 
     @property
     def active_params(self) -> int:
         emb = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        if not self._uniform:
+            return self._layer_sum(max(1, self.moe_active_experts)) + emb
         return self.layers * self.active_params_per_layer + emb
 
     @property
@@ -255,7 +349,17 @@ class ModelSpec(_Strict):
         return 2 * self.params  # BF16
 
     @property
+    def kv_elements_per_token_layer(self) -> int:
+        """KV-cache elements one token holds in one layer: K and V of every KV head (GQA), or MLA's
+        latent plus its rotary key (kv_lora_rank + qk_rope_head_dim), one copy for all the heads."""
+        if self.mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.kv_heads * self.head_dim
+
+    @property
     def kv_bytes_per_token(self) -> int:
+        if self.mla:
+            return self.layers * self.kv_elements_per_token_layer * (1 if self.kv_dtype == "fp8" else 2)
         return 2 * self.layers * self.kv_heads * self.head_dim * (1 if self.kv_dtype == "fp8" else 2)  # K and V
 
 

@@ -13,8 +13,8 @@ from typing import Protocol
 
 from rollart.plan.schema import GpuType, ModelSpec
 from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, embedding_params, expert_weight_bytes, input_embedding_params,
-                                   rank_expert_rows, rank_experts_touched, ring_link, served_weight_bytes,
-                                   worker_weight_bytes)
+                                   rank_expert_rows, rank_experts_touched, replicated_params, ring_link,
+                                   served_weight_bytes, weight_element_bytes, worker_weight_bytes)
 
 
 @dataclass(frozen=True)
@@ -116,17 +116,41 @@ def kv_bytes_per_token_held(model: ModelSpec, tp: int, ep: int = 1) -> float:
     """Bytes of KV cache a worker of ``tp`` GPUs holds per cached token, over all its GPUs: with
     ``ep`` ranks each rank's tp/ep GPUs hold its own sequences' KV, each GPU its
     :func:`kv_heads_per_gpu` heads. Equals ``model.kv_bytes_per_token`` while tp/ep divides the
-    KV heads; above that it stops shrinking per GPU at one head (1/kv_heads of a token's KV)."""
+    KV heads; above that it stops shrinking per GPU at one head (1/kv_heads of a token's KV).
+    MLA's latent is one "head" all the query heads read: every GPU of a rank holds all of it (as
+    vLLM and SGLang shard MLA), so tp/ep copies of ``model.kv_bytes_per_token``."""
     rank_tp = max(1, tp // max(1, ep))
+    if model.mla:
+        return float(model.kv_bytes_per_token * rank_tp)
     return model.kv_bytes_per_token * rank_tp * kv_heads_per_gpu(model, rank_tp) / model.kv_heads
+
+
+def prefill_attention_flops(model: ModelSpec) -> int:
+    """Attention FLOPs of one (query, key) pair in one layer as prefill computes it: QKᵀ and PV over
+    every query head, 4·H·d for standard attention. MLA prefills in the non-absorbed form (the new
+    tokens' latents up-projected by kv_b, a linear layer counted with the weights): QKᵀ over
+    head_dim + rope, PV over v_head_dim. Re-expanding a cached prefix's latents is not counted."""
+    if not model.mla:
+        return 4 * model.heads * model.head_dim
+    return 2 * model.heads * (model.head_dim + model.qk_rope_head_dim + model.value_head_dim)
+
+
+def decode_attention_flops(model: ModelSpec) -> int:
+    """Attention FLOPs of one cached token in one layer for a decoding query: 4·H·d for standard
+    attention. MLA decodes in the absorbed form (W_UK folded into the query, W_UV into the output:
+    the same kv_b weights, counted as linear layers), so per head QKᵀ runs over kv_lora_rank + rope
+    and PV over kv_lora_rank, straight on the latent cache: more FLOPs per cached byte read."""
+    if not model.mla:
+        return 4 * model.heads * model.head_dim
+    return 2 * model.heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim)
 
 
 def kv_capacity(model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency, ep: int = 1) -> int:
     """Tokens of KV cache a worker of ``tp`` GPUs holds: memory × utilisation − weights (as served:
-    BF16 or FP8; with ``ep`` ranks the non-expert weights once per rank) − activations; a token's
-    KV in ``model.kv_dtype``, replicated where tp/ep exceeds the KV heads
-    (:func:`kv_bytes_per_token_held`)."""
-    free = tp * gpu.memory_gb * 2**30 * eff.memory_utilization - worker_weight_bytes(model, ep) \
+    BF16 or FP8; with ``ep`` ranks the non-expert weights once per rank; MLA's down-projections on
+    every GPU) − activations; a token's KV in ``model.kv_dtype``, replicated where tp/ep exceeds the KV
+    heads, and MLA's latent on every GPU of a rank (:func:`kv_bytes_per_token_held`)."""
+    free = tp * gpu.memory_gb * 2**30 * eff.memory_utilization - worker_weight_bytes(model, ep, tp) \
         - tp * eff.activation_reserve_gb * 2**30
     return int(max(0.0, free) // kv_bytes_per_token_held(model, tp, ep))
 
@@ -171,6 +195,13 @@ class RooflineGeneration:
     per element. With ``ep`` expert-parallel ranks (``sim.costs.moe``) every term is the busiest
     rank's on its tp/ep GPUs: 1/ep of the tokens and context, all the non-expert weights, the
     experts and token-expert rows of its E/ep experts; plus the dispatch/combine all-to-all.
+
+    DeepSeek-V3-class geometry: a shared expert and the dense first layers are non-expert weights
+    (read and computed for every token); the routed experts live in the ``moe_layers`` only. With MLA
+    the attention term 4·L·H·d becomes :func:`prefill_attention_flops` per pair for the new tokens and
+    :func:`decode_attention_flops` per cached token for the decoding ones (absorbed form), and
+    ``kv`` is the latent every GPU of a rank reads whole; its replicated down-projections are read
+    by every GPU.
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency | None = None,
@@ -190,18 +221,26 @@ class RooflineGeneration:
         # decoding sequence, one per prefill step (as the kernel-profile composition counts them).
         lin_ratio = fp8_peak_ratio if model.weight_dtype == "fp8" else 1.0
         emb = embedding_params(model)
-        self._expert_flops_per_row = (2.0 * model.layers * 3 * model.hidden * model.intermediate / lin_ratio
+        self._expert_flops_per_row = (2.0 * model.moe_layers * 3 * model.hidden * model.intermediate / lin_ratio
                                       if model.moe_experts else 0.0)
         rows_per_token = max(1, model.moe_active_experts) if model.moe_experts else 0
         self._flops_per_token = 2.0 * (model.active_params - emb) / lin_ratio \
             - rows_per_token * self._expert_flops_per_row
+        if model.mla:  # the unsplit down-projections run on every GPU of the rank for all its tokens
+            self._flops_per_token += 2.0 * (self._rank_tp - 1) * replicated_params(model) / lin_ratio
         self._lm_head_flops_per_row = 2.0 * model.vocab * model.hidden
         self._dense_bytes = served_weight_bytes(model) - expert_weight_bytes(model) \
             - 2.0 * input_embedding_params(model)  # embeddings are BF16
+        if model.mla:  # every GPU of a rank reads its own copy of the unsplit down-projections
+            self._dense_bytes += (self._rank_tp - 1) * weight_element_bytes(model) * float(replicated_params(model))
         self._bytes_per_expert = expert_weight_bytes(model) / model.moe_experts if model.moe_experts else 0.0
         self._nvlink = gpu.nvlink_gbps * 1e9 / 2  # datasheet NVLink counts both directions
         self._network = network or (self._nvlink, self.eff.allreduce_latency_s)
-        self._attn_flops_per_pair = 4 * model.layers * model.heads * model.head_dim / ep  # a rank's share
+        self._attn_flops_per_pair = model.layers * prefill_attention_flops(model) / ep  # a rank's share
+        # a decoding token's FLOPs per cached token (MLA's absorbed form) over a prefill pair's: 1.0 for GQA,
+        # so the plain models' sums are the same floating-point expressions as before
+        self._decode_attn_ratio = decode_attention_flops(model) / prefill_attention_flops(model)
+        self._attn_flops_per_cached = self._attn_flops_per_pair * self._decode_attn_ratio
         # a rank's GPUs read their own KV heads (replicated beyond one head per GPU) for 1/ep of the context
         self._kv_bytes_per_token = kv_bytes_per_token_held(model, tp, ep) / ep
         self.kv_capacity_tokens = kv_capacity(model, gpu, tp, self.eff, ep)
@@ -261,7 +300,7 @@ class RooflineGeneration:
         context = decode_context * self._context_share(decode_batch)
         pairs = attention_pairs * self._context_share(sequences)
         flops = self._flops(tokens) + self._lm_head(decode_batch) \
-            + self._attn_flops_per_pair * (pairs + context)
+            + self._attn_flops_per_pair * (pairs + context * self._decode_attn_ratio)
         compute = flops / (self._peak * self.eff.prefill_compute)
         memory = (self._weights(tokens) + self._kv_bytes_per_token * context) \
             / (self._bw * self.eff.decode_bandwidth)
@@ -277,7 +316,7 @@ class RooflineGeneration:
             line = DecodeLine(
                 a=self.eff.iteration_overhead_s + self._allreduce(batch, busiest_rank_sequences(batch, self.ep)),
                 c0=(self._flops(batch) + self._lm_head(batch)) / pc,
-                c1=self._attn_flops_per_pair * self._context_share(batch) / pc,
+                c1=self._attn_flops_per_cached * self._context_share(batch) / pc,
                 m0=self._weights(batch) / bw,
                 m1=self._kv_bytes_per_token * self._context_share(batch) / bw,
             )

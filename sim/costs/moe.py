@@ -10,7 +10,9 @@ experts on average: ``k`` for one token, rising monotonically towards ``E`` as t
 Decode at a realistic batch is therefore much closer to reading the whole model than to reading
 only one token's active experts. Both the roofline (``sim.costs.gpu``) and the calibrated
 kernel-profile cost (``calibration.cost``) use these helpers, so the two agree.
-A dense model is the case ``E = k = 1``.
+A dense model is the case ``E = k = 1``. Only the routed experts of the MoE layers count as
+experts here: a DeepSeek-V3-like model's dense first layers (``dense_layers``) and shared experts
+(``shared_expert_intermediate``) run for every token, so every step reads them whole, with the attention.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ def model_experts_touched(model: ModelSpec, tokens: float) -> float:
 
 
 def expert_params(model: ModelSpec) -> int:
-    """Parameters of all the experts' MLPs (0 for a dense model: its MLP is not an expert)."""
-    return model.layers * 3 * model.hidden * model.intermediate * model.moe_experts
+    """Parameters of all the routed experts' MLPs over the MoE layers (0 for a dense model: its MLP is
+    not an expert; a shared expert and the dense first layers are not routed, so not here either)."""
+    return model.moe_layers * 3 * model.hidden * model.intermediate * model.moe_experts
 
 
 DTYPE_BYTES = {"bf16": 2, "fp8": 1}
@@ -73,8 +76,9 @@ def served_weight_bytes(model: ModelSpec) -> float:
 
 
 def weight_bytes_read(model: ModelSpec, tokens: float) -> float:
-    """Weight bytes one forward step over ``tokens`` tokens reads: every non-expert weight plus the
-    experts the batch touches, each in the served dtype. Equals ``served_weight_bytes`` for a dense
+    """Weight bytes one forward step over ``tokens`` tokens reads: every non-expert weight (attention,
+    a shared expert, the dense first layers) plus the routed experts the batch touches, each in the
+    served dtype. Equals ``served_weight_bytes`` for a dense
     model (``model.weight_bytes`` in BF16)."""
     if not model.moe_experts:
         return served_weight_bytes(model)
@@ -133,11 +137,24 @@ def expert_weight_bytes(model: ModelSpec) -> float:
     return weight_element_bytes(model) * float(expert_params(model))
 
 
-def worker_weight_bytes(model: ModelSpec, ep: int = 1) -> float:
-    """Weight bytes a worker holds over all its GPUs: with ep ranks the non-expert weights are
-    replicated on every rank, the experts split among them."""
+def replicated_params(model: ModelSpec) -> int:
+    """Parameters every tensor-parallel GPU holds whole: MLA's down-projections q_a (hidden →
+    q_lora_rank) and kv_a (hidden → kv_lora_rank + rope), which vLLM and SGLang do not split (their
+    outputs are the latent every GPU's heads need); 0 for standard attention."""
+    if not model.mla:
+        return 0
+    return model.layers * model.hidden * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
+
+
+def worker_weight_bytes(model: ModelSpec, ep: int = 1, tp: int = 1) -> float:
+    """Weight bytes a worker of ``tp`` GPUs holds over all of them: with ep ranks the non-expert weights
+    are replicated on every rank, the experts split among them; each of a rank's tp/ep GPUs also holds
+    its own copy of :func:`replicated_params` (MLA; ``tp`` only matters there)."""
     served = served_weight_bytes(model)
-    return served + (max(1, ep) - 1) * (served - expert_weight_bytes(model))
+    held = served + (max(1, ep) - 1) * (served - expert_weight_bytes(model))
+    if model.mla:
+        held += max(0, tp - max(1, ep)) * weight_element_bytes(model) * float(replicated_params(model))
+    return held
 
 
 def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, float]) -> tuple[float, float]:
@@ -151,8 +168,8 @@ def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, floa
 
 def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes_per_s: float, nvlink_latency_s: float,
                  net_bytes_per_s: float, net_latency_s: float, rank_tokens: float | None = None) -> float:
-    """Dispatch + combine of every MoE layer for a step over ``tokens`` tokens on a worker of
-    ``tp`` GPUs in ``ep`` ranks: each token's hidden state (BF16) goes to its k experts' ranks and
+    """Dispatch + combine of every MoE layer (``model.moe_layers``: not the dense first layers) for a
+    step over ``tokens`` tokens on a worker of ``tp`` GPUs in ``ep`` ranks: each token's hidden state (BF16) goes to its k experts' ranks and
     back; the (ep−1)/ep that leave the rank are spread over its tp/ep GPUs. Within a node it
     moves over NVLink; a worker wider than a node sends the off-node share over the cluster's
     network (``net``), and the slower path sets the time. ``rank_tokens``: the busiest rank's
@@ -172,4 +189,4 @@ def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes
     t = nvlink_latency_s + per_gpu * (1 - off_node) / nvlink_bytes_per_s
     if off_node:
         t = max(t, net_latency_s + per_gpu * off_node / net_bytes_per_s)
-    return 2.0 * model.layers * t
+    return 2.0 * model.moe_layers * t

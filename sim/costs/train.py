@@ -33,7 +33,8 @@ class TrainCost:
            + dp_sync + optimizer
 
     P' the parameters whose matmuls every token runs: the active parameters less the input embedding
-    (a lookup, no FLOPs; the lm_head is a GEMM and counts), as Megatron counts model FLOPs. Each of
+    (a lookup, no FLOPs; the lm_head is a GEMM and counts), as Megatron counts model FLOPs. With MLA
+    the attention term's 2·H·d becomes H·(d + rope + v) (QKᵀ over d + rope, PV over v). Each of
     the dp = gpus / (tp·pp) data-parallel ranks trains whole sequences, handed out longest first to
     the least-loaded rank, so the step waits for the slowest rank r: T_r its tokens, s its sequences'
     lengths. A batch of fewer sequences than ranks leaves ranks idle instead of shrinking the step.
@@ -71,6 +72,9 @@ class TrainCost:
         m = model
         self._linear_per_token = LINEAR_FLOPS_PER_PARAM_TOKEN * (m.active_params - input_embedding_params(m))
         self._attention_per_sq = ATTENTION_PASSES * 2 * m.layers * m.heads * m.head_dim
+        if m.mla:  # training runs MLA non-absorbed: QKᵀ over head_dim + rope, PV over v_head_dim (s²/2 pairs)
+            self._attention_per_sq = ATTENTION_PASSES * m.layers * m.heads * (m.head_dim + m.qk_rope_head_dim
+                                                                              + m.value_head_dim)
         self.dp = max(1, trainer.gpus // (trainer.tp * trainer.pp))
         self._peak = trainer.gpus * gpu.tflops_bf16 * 1e12 * trainer.mfu
         tp = trainer.tp
