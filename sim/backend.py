@@ -29,7 +29,7 @@ from rollart.plan.schema import GenerationGroup
 from rollart.report import RunResult, summary_from_steps, task_share_summary
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
-from rollart.sim.costs.train import ColocationSwitch, trainer_memory_problems
+from rollart.sim.costs.train import ColocationSwitch, longest_sequence, trainer_memory_problems
 from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
 from rollart.sim.reward import (BatchingServerlessPlatform, ServerlessPlatform, judge_input_tokens,
@@ -99,7 +99,8 @@ class SimBackend:
         measured = self.train_cost.profile if isinstance(self.train_cost, ProfiledTrainCost) else None
         if measured is None:  # a measured trainer ran, so it fit; a modelled one must fit its GPUs
             trainer = full.placement.trainer
-            problems = trainer_memory_problems(full.model, full.cluster.gpu_pools[trainer.pool].gpu, gpu, trainer)
+            problems = trainer_memory_problems(full.model, full.cluster.gpu_pools[trainer.pool].gpu, gpu, trainer,
+                                               longest_sequence(full.tasks))
             if problems:
                 raise PlanError(problems)
         self.transfer = WeightTransferCost(full, measured)

@@ -85,9 +85,40 @@ def test_trainer_state_per_gpu_is_weights_and_grads_over_tp_pp_and_adam_over_all
 def test_a_trainer_that_cannot_hold_its_state_is_refused_in_seconds_naming_the_fix(tmp_path) -> None:
     from tests.test_cli import assert_clean_usage_error, rollart
 
+    # a short sequence: the state alone decides (141 GiB on one GPU), and the hint finds the GPU count
+    proc = rollart("simulate", "paper/qwen3-8b-128gpu", "--steps", "1", "--mode", "sync+",
+                   "--set", "placement.trainer.gpus=1", "--set", "placement.trainer.tp=1",
+                   *[a for t in ("FrozenLake", "WebShop", "GEM-Math", "GEM-Game")
+                     for a in ("--set", f"tasks.{t}.max_context_tokens=2048")],
+                   "--set", "tasks.GEM-Math.response_tokens.max=1024", "--set", "tasks.GEM-Game.response_tokens.max=1024",
+                   "--set", "tasks.FrozenLake.turns={kind: uniform, low: 3, high: 5}",
+                   "--set", "tasks.WebShop.turns={kind: uniform, low: 3, high: 5}", cwd=tmp_path)
+    assert_clean_usage_error(proc, "placement.trainer.gpus", "GiB of activations for a 2,048-token sequence",
+                             "fits from 4 GPUs")
+    # at the paper's 32K context the logits alone (32,768 × 151,936 in BF16 and FP32) outgrow tp 1
     proc = rollart("simulate", "paper/qwen3-8b-128gpu", "--steps", "1", "--mode", "sync+",
                    "--set", "placement.trainer.gpus=1", "--set", "placement.trainer.tp=1", cwd=tmp_path)
-    assert_clean_usage_error(proc, "placement.trainer.gpus", "141 GiB", "fits from 4 GPUs")
+    assert_clean_usage_error(proc, "placement.trainer.gpus", "182 GiB", "41 GiB of activations for a 32,768-token",
+                             "raise tp or pp")
+
+
+def test_activations_grow_with_the_sequence_and_shrink_with_tp() -> None:
+    from rollart.sim.costs.train import activation_gib, trainer_memory_gib
+
+    m = ModelSpec.model_validate("Qwen3-8B")
+    t2 = TrainerPlacement(pool="p", gpus=64, tp=2)
+    acts = [activation_gib(m, t2, s) for s in (0, 8192, 32768, 131072)]
+    assert acts[0] == 0 and acts[1] < acts[2] < acts[3] == pytest.approx(4 * acts[2])  # linear in s
+    assert activation_gib(m, t2.model_copy(update={"tp": 8}), 32768) == pytest.approx(acts[2] / 4)
+    # 32K: layer inputs 36·s·h·2/tp + one layer's 34·s·h/tp + logits 6·s·V/tp, about 20 GiB at tp 2
+    expected = (36 * 32768 * 4096 * 2 + 34 * 32768 * 4096 + 6 * 32768 * 151936) / 2 / 2**30
+    assert acts[2] == pytest.approx(expected)
+    # the paper's Qwen3-8B trainer (64 H800, tp 2) holds a 32K sequence; a 128K one does not fit 80 GB
+    assert trainer_memory_gib(m, t2, 32768) < 80 < trainer_memory_gib(m, t2, 131072)
+    # pipeline stages: the first keeps every layer's input (pp micro-batches in flight), the last its
+    # layers' and the logits, so pp does not shrink the first stage's share
+    t_pp = t2.model_copy(update={"pp": 4})
+    assert activation_gib(m, t_pp, 32768) <= acts[2]
 
 
 # ---------------------------------------------------------------- tensor-parallel communication

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from rollart.plan.loader import PlanError
 from rollart.plan.schema import Plan
-from rollart.sim.costs.train import trainer_fits, trainer_memory_problems
+from rollart.sim.costs.train import longest_sequence, trainer_fits, trainer_memory_problems
 
 SERVERLESS = ("serverless", None, 0)
 
@@ -210,10 +210,11 @@ class Space:
                               | ({tr.gpus} if tr.gpus <= tmax and tr.gpus % (tr.tp * tr.pp) == 0 else set()))
         if tr.profile is None:  # a modelled trainer must hold its state (a measured one ran)
             sheet = c.gpu_type(c.gpu_pools[tr.pool].gpu)
-            fits = [n for n in trainer_gpus if trainer_fits(plan.model, sheet, tr.model_copy(update={"gpus": n}))]
+            seq = longest_sequence(plan.tasks)
+            fits = [n for n in trainer_gpus if trainer_fits(plan.model, sheet, tr.model_copy(update={"gpus": n}), seq)]
             if trainer_gpus and not fits:
                 raise PlanError(trainer_memory_problems(plan.model, c.gpu_pools[tr.pool].gpu, sheet,
-                                                        tr.model_copy(update={"gpus": trainer_gpus[-1]})))
+                                                        tr.model_copy(update={"gpus": trainer_gpus[-1]}), seq))
             trainer_gpus = fits
         if not trainer_gpus:
             raise PlanError([f"budget: {budget.describe()} cannot hold a {unit}-GPU trainer and {step} "

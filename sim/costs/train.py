@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
 from rollart.sim.costs.moe import (GPUS_PER_NODE, all_to_all_s, expert_params, input_embedding_params,
@@ -162,7 +163,14 @@ class TrainCost:
 # example configs run it: use_distributed_optimizer in 93 of 94, full recompute in 64 of 73).
 ADAM_STATE_BYTES_PER_PARAM = 12   # fp32 master weights + Adam m and v (distributed optimizer: sharded over all GPUs)
 TRAIN_WEIGHT_GRAD_BYTES = 2 + 4   # bf16 weights + fp32 gradient buffer (bf16 training accumulates in fp32)
-TRAIN_ACTIVATION_RESERVE_GIB = 4.0  # ASSUMED: activations under full recompute, workspace, CUDA context
+TRAIN_ACTIVATION_RESERVE_GIB = 4.0  # ASSUMED: workspace, CUDA context, allocator slack
+# Activations that grow with the sequence (full recompute, sequence parallel over tp, one sequence a
+# micro-batch): each layer's input kept for its recompute, s·h·2 B / tp a layer; one layer recomputed
+# whole during its backward, ~34·s·h B / tp (Korthikanti et al. 2022, "Reducing Activation
+# Recomputation", with sequence parallelism and flash attention: no s² term); the last stage's logits,
+# s·V / tp in BF16 and again in FP32 for the log-softmax of the policy loss.
+RECOMPUTED_LAYER_BYTES_PER_TOKEN_HIDDEN = 34
+LOGIT_BYTES = 2 + 4
 
 
 def trainer_ep(model: ModelSpec, trainer: TrainerPlacement) -> int:
@@ -190,28 +198,53 @@ def trainer_weight_shard_params(model: ModelSpec, trainer: TrainerPlacement) -> 
     return (model.params - experts) / (trainer.tp * trainer.pp) + experts / (trainer_ep(model, trainer) * trainer.pp)
 
 
-def trainer_memory_gib(model: ModelSpec, trainer: TrainerPlacement) -> float:
+def longest_sequence(tasks: Any) -> int:
+    """Tokens of the longest sequence the trainer may be handed: the tasks' largest context window."""
+    return max((t.max_context_tokens for t in tasks), default=0)
+
+
+def activation_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int) -> float:
+    """GiB of activations one trainer GPU holds for a ``seq_tokens`` sequence, on its busiest pipeline
+    stage: the first keeps every layer's checkpointed input (pp micro-batches in flight under 1F1B, L/pp
+    layers each), the last its own layers' and the logits; each also one layer recomputed whole."""
+    if seq_tokens <= 0:
+        return 0.0
+    tp, pp = trainer.tp, trainer.pp
+    layer_input = seq_tokens * model.hidden * 2 / tp
+    recomputed = RECOMPUTED_LAYER_BYTES_PER_TOKEN_HIDDEN * seq_tokens * model.hidden / tp
+    logits = LOGIT_BYTES * seq_tokens * model.vocab / tp
+    first = model.layers * layer_input
+    last = model.layers / pp * layer_input + logits
+    return (max(first, last) + recomputed) / 2**30
+
+
+def trainer_memory_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int = 0) -> float:
     """GiB one trainer GPU needs at least: its shard of the weights and gradients
     (:func:`trainer_weight_shard_params`: dense layers split over tp·pp, a MoE's experts over
     ep·pp), its 1/gpus of the fp32 master weights and Adam moments (sharded over every rank by the
-    distributed optimizer), and the activation reserve."""
+    distributed optimizer), the activations of a ``seq_tokens`` sequence (:func:`activation_gib`)
+    and a fixed reserve."""
     shard = trainer_weight_shard_params(model, trainer)
     optimizer = ADAM_STATE_BYTES_PER_PARAM * model.params / trainer.gpus
-    return (TRAIN_WEIGHT_GRAD_BYTES * shard + optimizer) / 2**30 + TRAIN_ACTIVATION_RESERVE_GIB
+    return ((TRAIN_WEIGHT_GRAD_BYTES * shard + optimizer) / 2**30 + activation_gib(model, trainer, seq_tokens)
+            + TRAIN_ACTIVATION_RESERVE_GIB)
 
 
-def trainer_fits(model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement) -> bool:
+def trainer_fits(model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement, seq_tokens: int = 0) -> bool:
     """Whether each of the trainer's GPUs holds :func:`trainer_memory_gib`."""
-    return trainer_memory_gib(model, trainer) <= gpu.memory_gb
+    return trainer_memory_gib(model, trainer, seq_tokens) <= gpu.memory_gb
 
 
-def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, trainer: TrainerPlacement) -> list[str]:
+def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, trainer: TrainerPlacement,
+                            seq_tokens: int = 0) -> list[str]:
     """A one-line plan error when the trainer's GPUs cannot hold its state, else nothing."""
-    if trainer_fits(model, gpu, trainer):
+    if trainer_fits(model, gpu, trainer, seq_tokens):
         return []
-    need = trainer_memory_gib(model, trainer)
+    need = trainer_memory_gib(model, trainer, seq_tokens)
+    act = activation_gib(model, trainer, seq_tokens)
     fit = next((g for g in (2 ** k for k in range(20))
-                if trainer_fits(model, gpu, trainer.model_copy(update={"gpus": g * trainer.tp * trainer.pp}))), None)
+                if trainer_fits(model, gpu, trainer.model_copy(update={"gpus": g * trainer.tp * trainer.pp}),
+                                seq_tokens)), None)
     hint = (f"at tp {trainer.tp} · pp {trainer.pp} it fits from {fit * trainer.tp * trainer.pp} GPUs; or raise tp/pp"
             if fit is not None else "raise tp or pp")
     spread = "dense weights over tp·pp"
@@ -220,11 +253,13 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
         spread += f", experts over ep·pp (ep {ep})"
         # a wider expert-parallel group on these GPUs, if one fits
         wider = next((e for e in _ep_choices(model, trainer.gpus // trainer.pp)
-                      if e > ep and trainer_fits(model, gpu, trainer.model_copy(update={"ep": e}))), None)
+                      if e > ep and trainer_fits(model, gpu, trainer.model_copy(update={"ep": e}), seq_tokens)), None)
         if wider is not None:
             hint = f"set placement.trainer.ep={wider} (experts over more GPUs, all-to-all across nodes); or {hint}"
+    acts = (f"{act:.0f} GiB of activations for a {seq_tokens:,}-token sequence at tp {trainer.tp}" if act
+            else "activations")
     return [f"placement.trainer.gpus: training {model.name} needs {need:.0f} GiB a GPU on {trainer.gpus} × {gpu_name} "
-            f"(bf16 weights + fp32 gradients, {spread}; Adam state over all GPUs; activations), more than its "
+            f"(bf16 weights + fp32 gradients, {spread}; Adam state over all GPUs; {acts}), more than its "
             f"{gpu.memory_gb:g} GB; {hint}"]
 
 
