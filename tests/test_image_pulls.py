@@ -91,3 +91,13 @@ def test_cached_images_pull_nothing_and_a_pull_needs_a_path() -> None:
     with pytest.raises(PlanError) as err:
         small_plan(PULL)
     assert any(p.startswith("tasks.CodeExec.env.image_gb: ") and "image_pull_gbps" in p for p in err.value.problems)
+
+
+def test_a_real_run_names_the_fields_only_the_simulator_prices() -> None:
+    pytest.importorskip("ray")
+    from rollart.runtime.backend import simulator_only_settings
+
+    assert simulator_only_settings(small_plan()) == []
+    notes = simulator_only_settings(small_plan([*PULL, "cluster.cpu_pools.env.image_pull_gbps=10",
+                                                "tasks.CodeExec.rule_reward_s=20"]))
+    assert [n.split(":")[0] for n in notes] == ["tasks.CodeExec.env.image_gb", "tasks.CodeExec.rule_reward_s"]

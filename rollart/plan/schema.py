@@ -394,6 +394,9 @@ class EnvSpec(_Strict):
         return coerce_distribution(v)
 
 
+DEFAULT_RULE_REWARD_S = 0.005  # a regex or answer check on the CPU
+
+
 class TaskSpec(_Strict):
     """One task domain of the multi-task mix."""
 
@@ -410,7 +413,7 @@ class TaskSpec(_Strict):
     env: EnvSpec
     reward: Literal["rule", "llm_judge"] = "rule"
     rule_reward_s: Distribution = Field(
-        default_factory=lambda: Constant(value=0.005),
+        default_factory=lambda: Constant(value=DEFAULT_RULE_REWARD_S),
         description="seconds a rule reward takes, its env holding its cores meanwhile: a regex or answer check "
                     "is milliseconds, running a repository's tests (SWE) tens of seconds; the simulator's "
                     "(a real run times its reward functions)")

@@ -32,7 +32,7 @@ from rollart.core.effects import (BroadcastWeights, ComputeReward, EnvClose, Env
 from rollart.core.modes import ModeConfig, unused_settings, weight_sync_summary
 from rollart.core.stats import StepRecord
 from rollart.core.trajectory import Trajectory
-from rollart.plan.schema import Plan
+from rollart.plan.schema import DEFAULT_RULE_REWARD_S, Plan
 from rollart.runtime.driver import AsyncDriver
 from rollart.runtime.heap import settle_heap
 from rollart.trace import NullTracer, Tracer
@@ -52,6 +52,18 @@ def pull_version(spec: Any, version: int) -> dict[str, Any]:
     if store is None:
         store = _OPEN_STORES[spec] = spec.open()
     return store.pull(version)
+
+
+def simulator_only_settings(plan: Any) -> list[str]:
+    """The plan's fields only the simulator prices, one line each: a real run's envs are local
+    processes that pull no image, and its reward functions take the time they take."""
+    notes = []
+    for t in plan.tasks:
+        if t.env.image_gb > 0:
+            notes.append(f"tasks.{t.name}.env.image_gb: a real run's envs pull no image (simulator only)")
+        if getattr(t.rule_reward_s, "kind", None) != "constant" or t.rule_reward_s.mean() != DEFAULT_RULE_REWARD_S:
+            notes.append(f"tasks.{t.name}.rule_reward_s: a real run times its reward functions (simulator only)")
+    return notes
 
 
 @dataclass
@@ -749,7 +761,7 @@ class RuntimeOutcome:
                                        if b.counters.weight_publish_s else 0.0),
             "train": b.counters.train_metrics,
             "weight_sync": weight_sync_summary(b.plan, b.mode),
-            "unused_settings": unused_settings(b.plan, b.mode),
+            "unused_settings": unused_settings(b.plan, b.mode) + simulator_only_settings(b.plan),
             "routed_fallback": ctl.proxy.routed_fallback,
             "resource_fallbacks": b.resources.fallbacks if hasattr(b, "resources") else 0,
             "steps_done": len(steps),
