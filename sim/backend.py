@@ -206,7 +206,7 @@ class SimBackend:
         self.image_pipes = {name: SharedPipe(self.env, p.image_pull_gbps * 1e9 / 8)
                             for name, p in self.plan.cluster.cpu_pools.items() if p.image_pull_gbps}
         self._pulled: set[int] = set()  # trajectories whose env has its image (a retried reset pulls nothing)
-        self.pull_s: dict[str, float] = {}  # per pool: seconds the pulls took, summed
+        self.pull_s: dict[str, list[float]] = {}  # per pool: [seconds the finished pulls took, how many]
         # per pool: the most cores held at once, and [seconds envs queued for cores, envs that took cores]
         self.cpu_peak: dict[str, float] = dict.fromkeys(self.cpu, 0.0)
         self.cpu_wait: dict[str, list[float]] = {name: [0.0, 0] for name in self.cpu}
@@ -365,7 +365,9 @@ class SimBackend:
                 pool = task.env.pool or self._default_cpu_pool
                 t0 = self.env.now
                 yield from self.image_pipes[pool].transfer(task.env.image_gb * 1e9)
-                self.pull_s[pool] = self.pull_s.get(pool, 0.0) + self.env.now - t0
+                done = self.pull_s.setdefault(pool, [0.0, 0])  # an aborted pull is not a pull's time
+                done[0] += self.env.now - t0
+                done[1] += 1
         latency, outcome = self.envs.reset(task, traj.id)
         yield self.env.timeout(latency + self._env_pool(task).reset_overhead_s)
         return outcome
@@ -655,9 +657,9 @@ class SimOutcome:
                                  "mean_wait_s": w[0] / w[1] if w[1] else 0.0,
                                  # image pulls (of the simulated subset under --scale-approx): how many, their
                                  # mean time, and the most at once
-                                 **({"image_pulls": pipe.pulls, "mean_pull_s": b.pull_s.get(pool, 0.0) / pipe.pulls,
-                                     "peak_pulls": pipe.peak}
-                                    if (pipe := b.image_pipes.get(pool)) is not None and pipe.pulls else {})}
+                                 **({"image_pulls": int(done[1]), "mean_pull_s": done[0] / done[1],
+                                     "peak_pulls": b.image_pipes[pool].peak}
+                                    if (done := b.pull_s.get(pool)) and done[1] else {})}
                           for pool, w in b.cpu_wait.items()},
             "routed_fallback": ctl.proxy.routed_fallback,
             "steps_done": len(steps),

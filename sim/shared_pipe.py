@@ -49,20 +49,30 @@ class SharedPipe:
     def _settle(self) -> None:
         """Finish every transfer V has reached, then schedule a wake-up for the next one."""
         heap = self._heap
-        while heap and (heap[0][1] not in self._events or heap[0][0] <= self._v + _EPS_BYTES):
-            _, k = heapq.heappop(heap)
-            ev = self._events.pop(k, None)
-            if ev is not None:
-                ev.succeed()
+        while True:
+            while heap and (heap[0][1] not in self._events or heap[0][0] <= self._v + _EPS_BYTES):
+                _, k = heapq.heappop(heap)
+                ev = self._events.pop(k, None)
+                if ev is not None:
+                    ev.succeed()
+            if not self._events:
+                break
+            target = heap[0][0]
+            dt = max(0.0, (target - self._v) * len(self._events) / self.rate)
+            if self.env.now + dt > self.env.now:
+                break
+            # V's rounding residue (V grows to ~1e9 over GB-sized pulls) is too small to move the clock:
+            # the transfer is done now, or the wake-up would fire at the same instant forever
+            self._v = target
         self._epoch += 1
         if self._events:
-            dt = (heap[0][0] - self._v) * len(self._events) / self.rate
-            self.env.process(self._wake(self._epoch, max(0.0, dt)))
+            self.env.process(self._wake(self._epoch, dt, target))
 
-    def _wake(self, epoch: int, dt: float) -> Generator[Any, Any, None]:
+    def _wake(self, epoch: int, dt: float, target: float) -> Generator[Any, Any, None]:
         yield self.env.timeout(dt)
         if epoch == self._epoch:  # nothing arrived or left since it was scheduled
             self._advance()
+            self._v = max(self._v, target)  # the transfer it was scheduled for is through, whatever the rounding
             self._settle()
 
     def transfer(self, nbytes: float) -> Generator[Any, Any, None]:
