@@ -626,15 +626,30 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec:
         raise ValueError(f"not a decoder config.json: missing {', '.join(missing)}")
     heads = int(cfg["num_attention_heads"])
     experts = int(cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0)
+    expert_width = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
+    extra: dict[str, Any] = {}
+    if experts:
+        # DeepSeek-V2/V3 style: dense first layers (intermediate_size), shared experts beside the routed ones
+        if int(cfg.get("first_k_dense_replace") or 0):
+            extra.update(dense_layers=int(cfg["first_k_dense_replace"]), dense_intermediate=int(cfg["intermediate_size"]))
+        shared = int(cfg.get("n_shared_experts") or 0) * expert_width or int(cfg.get("shared_expert_intermediate_size") or 0)
+        if shared:
+            extra["shared_expert_intermediate"] = shared
+    mla = int(cfg.get("kv_lora_rank") or 0)
+    if mla:  # multi-head latent attention: head_dim is the q/k "nope" part
+        extra.update(kv_lora_rank=mla, q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+                     qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
+                     v_head_dim=int(cfg.get("v_head_dim") or cfg.get("qk_nope_head_dim") or 0) or None)
     return ModelSpec(
         name=str(name), layers=int(cfg["num_hidden_layers"]), hidden=int(cfg["hidden_size"]), heads=heads,
         kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
-        intermediate=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]) if experts
-        else int(cfg["intermediate_size"]),
+        head_dim=int((cfg.get("qk_nope_head_dim") if mla else None) or cfg.get("head_dim")
+                     or cfg["hidden_size"] // heads),
+        intermediate=expert_width if experts else int(cfg["intermediate_size"]),
         vocab=int(cfg["vocab_size"]), tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         moe_experts=experts,
         moe_active_experts=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+        **extra,
     )
 
 

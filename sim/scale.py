@@ -418,7 +418,9 @@ def scale_result(result: Any, full_plan: Plan, m: int, simulated_plan: Plan, tai
 
     priced = tail.trained_tokens if tail is not None else {}
     steps = [dataclasses.replace(s, trajectories=s.trajectories * m, tokens=priced.get(s.step, s.tokens * m),
-                                 env_timeouts=s.env_timeouts * m) for s in result.steps]
+                                 env_timeouts=s.env_timeouts * m,
+                                 task_trajectories={k: v * m for k, v in s.task_trajectories.items()})
+             for s in result.steps]
     steps, added_s, corrected = _with_tail(steps, tail)
     summary = dict(result.summary)
     summary.update(summary_from_steps(steps))

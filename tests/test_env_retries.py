@@ -4,6 +4,7 @@ one: ROLL's sandbox manager retries a start 120 s × attempt apart and a session
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rollart.plan import PlanError
@@ -47,5 +48,17 @@ def test_a_rule_reward_takes_its_tasks_time_and_holds_the_envs_cores() -> None:
     assert r.summary["step_time_s_mean"] > quick.summary["step_time_s_mean"] + 10
     # where a CodeExec trajectory completes the batch, its ~30 s reward is on the critical path
     assert max(s.breakdown_s["reward"] for s in r.steps) > 20
-    # a constant default draws nothing: other tasks' draws are unchanged by it
-    assert small_plan().task("CodeExec").rule_reward_s.mean() == 0.005
+    # a constant (the 5 ms default) draws nothing; a distribution draws from its own stream (seed, id, 2)
+    from rollart.sim.costs.env import EnvModel
+
+    model = EnvModel(3)
+    assert model.rule_reward_s(small_plan().task("CodeExec"), 7) == 0.005 and model._state == {}
+    task = slow_plan.task("CodeExec")
+    assert model.rule_reward_s(task, 7) == task.rule_reward_s.sample(np.random.default_rng([3, 7, 2]))
+    assert model._state == {}  # the trajectory's own streams untouched
+
+
+def test_a_rule_reward_time_on_a_judged_task_is_refused() -> None:
+    with pytest.raises(PlanError) as err:
+        small_plan(["tasks.GEM-Math.rule_reward_s=3"])  # GEM-Math is scored by the LLM judge
+    assert any(p.startswith("tasks.GEM-Math") and "rule_reward_s" in p for p in err.value.problems)

@@ -290,3 +290,26 @@ def test_older_presets_unchanged(key: str) -> None:
             assert value == was, field
         else:
             assert value == pytest.approx(was, rel=1e-12, abs=0), field
+
+
+def test_a_hugging_face_config_keeps_the_deepseek_geometry() -> None:
+    """`rollart profile` reads a model from its config.json: a DeepSeek-V3 config must come back as the
+    preset (latent attention, dense first layers, the shared expert), not as a plain MoE."""
+    from rollart.calibration.profile_engine import spec_from_hf_config
+
+    cfg = {"num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 128, "num_key_value_heads": 128,
+           "intermediate_size": 18432, "moe_intermediate_size": 2048, "vocab_size": 129280, "n_routed_experts": 256,
+           "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 3, "q_lora_rank": 1536,
+           "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+           "tie_word_embeddings": False}
+    got = spec_from_hf_config(cfg, "DeepSeek-V3")
+    assert got == ModelSpec.model_validate("DeepSeek-V3")
+    qwen = {"num_hidden_layers": 48, "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768, "vocab_size": 151936,
+            "num_experts": 128, "num_experts_per_tok": 8, "tie_word_embeddings": False}
+    assert spec_from_hf_config(qwen, "Qwen3-30B-A3B") == ModelSpec.model_validate("Qwen3-30B-A3B")
+
+
+def test_a_dense_width_without_dense_layers_is_refused() -> None:
+    with pytest.raises(ValueError, match="dense_intermediate"):
+        ModelSpec.model_validate({"preset": "Qwen3-30B-A3B", "dense_intermediate": 1000})

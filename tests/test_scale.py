@@ -83,6 +83,8 @@ def test_result_says_so_and_scales_counts_back() -> None:
     assert out.summary["serverless_gpu_seconds"] == pytest.approx(8 * platform.billed_s)
     assert out.summary["serverless_serving_s"] == pytest.approx(8 * platform.busy_s)
     assert [s.trajectories for s in out.steps] == [plan.algorithm.batch_size] * 2
+    # the per-task counts are the full plan's too: they add up to the step's trajectories
+    assert all(sum(s.task_trajectories.values()) == s.trajectories for s in out.steps)
     assert out.scenario == plan.name
 
 

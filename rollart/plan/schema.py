@@ -253,6 +253,9 @@ class ModelSpec(_Strict):
         if self.dense_layers >= self.layers and self.moe_experts:
             raise ValueError(f"dense_layers ({self.dense_layers}) must be fewer than layers ({self.layers}): "
                              "a MoE model needs at least one MoE layer")
+        if self.dense_intermediate is not None and not self.dense_layers:
+            raise ValueError(f"dense_intermediate ({self.dense_intermediate}) is the width of the dense_layers' MLP: "
+                             "set dense_layers > 0, or leave it unset")
         if self.shared_expert_intermediate and not self.moe_experts:
             raise ValueError(f"shared_expert_intermediate ({self.shared_expert_intermediate}) needs a MoE model "
                              "(moe_experts > 0); a dense model's MLP width is intermediate")
@@ -417,6 +420,13 @@ class TaskSpec(_Strict):
         description="seconds a rule reward takes, its env holding its cores meanwhile: a regex or answer check "
                     "is milliseconds, running a repository's tests (SWE) tens of seconds; the simulator's "
                     "(a real run times its reward functions)")
+
+    @model_validator(mode="after")
+    def _rule_reward_time_needs_a_rule(self) -> "TaskSpec":
+        if self.reward != "rule" and self.rule_reward_s != Constant(value=DEFAULT_RULE_REWARD_S):
+            raise ValueError("rule_reward_s is a rule reward's time; this task's reward is llm_judge (priced by "
+                             "the reward model): drop rule_reward_s or set reward: rule")
+        return self
 
     @field_validator("turns", "prompt_tokens", "obs_tokens", "response_tokens", "rule_reward_s", mode="before")
     @classmethod

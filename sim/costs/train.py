@@ -247,6 +247,8 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
                                 seq_tokens)), None)
     hint = (f"at tp {trainer.tp} · pp {trainer.pp} it fits from {fit * trainer.tp * trainer.pp} GPUs; or raise tp/pp"
             if fit is not None else "raise tp or pp")
+    if act:  # the first stage keeps every layer's input and the last the logits, whatever pp: tp splits both
+        hint += " (the activations shrink with tp, not pp)"
     spread = "dense weights over tp·pp"
     if model.moe_experts:
         ep = trainer_ep(model, trainer)
