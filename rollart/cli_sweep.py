@@ -4,6 +4,8 @@ parallel plan search) actually runs."""
 
 from __future__ import annotations
 
+import math
+
 import os
 import time
 from pathlib import Path
@@ -182,7 +184,8 @@ def _print_points(result: Any) -> None:
 # ---------------------------------------------------------------- plan
 
 
-def _csv(text: str, kind: type, option: str) -> list[Any]:
+def _csv(text: str, kind: type, option: str, lo: float, hi: float) -> list[Any]:
+    """Comma-separated values of ``kind``, each finite and within [lo, hi]."""
     try:
         values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -190,6 +193,9 @@ def _csv(text: str, kind: type, option: str) -> list[Any]:
         raise
     if not values:
         _fail([f"{option}: give at least one value"])
+    bad = [v for v in values if not (math.isfinite(v) and lo <= v <= hi)]
+    if bad:
+        _fail([f"{option}: {', '.join(map(str, bad))} outside {lo:g}–{hi:g}"])
     return values
 
 
@@ -242,6 +248,8 @@ def plan(
 
     if (budget_usd_per_hour is None) == (budget_gpus is None):
         _fail(["--budget-usd-per-hour / --budget-gpus: give exactly one budget"])
+    if budget_usd_per_hour is not None and not math.isfinite(budget_usd_per_hour):
+        _fail([f"--budget-usd-per-hour: {budget_usd_per_hour} is not a finite amount"])
     if objective not in OBJECTIVES:
         _fail([f"--objective: unknown objective '{objective}'; objectives are: {', '.join(OBJECTIVES)}"])
     use_ray = address is not None
@@ -253,9 +261,9 @@ def plan(
     try:
         if objective == "cost" or budget_usd_per_hour is not None:
             require_prices(base_plan)
-        space = Space.from_plan(base_plan, budget, step=gpu_step, tps=_csv(tp, int, "--tp"),
-                                alphas=_csv(alphas, int, "--alphas"),
-                                redundancies=_csv(redundancies, float, "--redundancies"),
+        space = Space.from_plan(base_plan, budget, step=gpu_step, tps=_csv(tp, int, "--tp", 1, 1024),
+                                alphas=_csv(alphas, int, "--alphas", 0, 1000),
+                                redundancies=_csv(redundancies, float, "--redundancies", 0, 16),
                                 search_affinity=not fixed_affinity)
     except PlanError as exc:
         _fail(exc.problems)

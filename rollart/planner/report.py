@@ -3,6 +3,8 @@ winner written as a plan file."""
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +96,16 @@ def why_lines(result: PlanSearch, top: int = 5) -> list[str]:
     for i, ev in enumerate(rows):
         if i + 1 < len(rows):
             out.append(f"#{i + 1} {reason(ev, rows[i + 1], f'#{i + 2}')}")
-        else:
+        elif i > 0:  # the winner's bottleneck follows below
             out.append(f"#{i + 1} {bottleneck(ev)}")
     if rows:
         out.append(f"#1 {bottleneck(rows[0])}")
+        for pool, c in (rows[0].summary.get("env_cores") or {}).items():
+            if c.get("peak_held_share", 1.0) < 0.5:  # the search sizes GPUs, not the scenario's CPU pools
+                need = max(1, math.ceil(c["peak_held_share"] * c["cores"] * 1.25))
+                out.append(f"#1 env cores: holds at most {c['peak_held_share']:.0%} of pool '{pool}' "
+                           f"({c['cores']:,} cores, all billed); cluster.cpu_pools.{pool}.cores={need} "
+                           "(its peak + 25 %) would cost less at the same speed")
         if result.baseline is not None and rows[0].candidate != result.baseline.candidate \
                 and result.baseline.summary:
             out.append(f"#1 {reason(rows[0], result.baseline, 'the scenario placement')}")

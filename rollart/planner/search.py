@@ -73,8 +73,24 @@ def score(ev: Evaluation, objective: str, budget: Budget) -> tuple[float, float]
         return None
     c1k = math.inf if c1k is None else c1k
     if objective == "throughput":
-        return (-math.floor(math.log(tps) / math.log1p(THROUGHPUT_TIE)), c1k)
+        return (-tps, c1k)  # rank_evaluations ties throughputs within THROUGHPUT_TIE of the best
     return (c1k, -tps)
+
+
+def rank_evaluations(evals: list[Evaluation], objective: str, budget: Budget) -> list[Evaluation]:
+    """Best first, failures and over-budget runs left out. Throughput objective: every plan within
+    ``THROUGHPUT_TIE`` of the best throughput ties with it and the cheaper per 1k trajectories wins,
+    then those below by throughput (a fixed logarithmic bin would split 2.819 and 2.806 traj/s
+    apart and let the dearer one win); cost objective: cost, then throughput."""
+    scored = sorted(((s, e) for e in evals if (s := score(e, objective, budget)) is not None),
+                    key=lambda se: (se[0], se[1].candidate.label()))
+    if objective != "throughput" or not scored:
+        return [e for _, e in scored]
+    best = -scored[0][0][0]
+    tied = [(s, e) for s, e in scored if -s[0] >= best / (1 + THROUGHPUT_TIE)]
+    rest = [(s, e) for s, e in scored if -s[0] < best / (1 + THROUGHPUT_TIE)]
+    tied.sort(key=lambda se: (se[0][1], se[0][0], se[1].candidate.label()))
+    return [e for _, e in tied + rest]
 
 
 @dataclass
@@ -121,9 +137,7 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
     rung_log: list[tuple[int, int]] = []
 
     def rank(evals: list[Evaluation]) -> list[Evaluation]:
-        scored = [(score(e, objective, space.budget), e) for e in evals]
-        return [e for s, e in sorted(((s, e) for s, e in scored if s is not None),
-                                     key=lambda se: (se[0], se[1].candidate.label()))]
+        return rank_evaluations([e for e in evals if space.valid(e.candidate)], objective, space.budget)
 
     with pool:
         def evaluate(cands: list[Candidate], steps: int, what: str) -> list[Evaluation]:
@@ -158,9 +172,11 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
             steps_list = [full]
         for r, steps in enumerate(steps_list):
             last = r == len(steps_list) - 1
-            if last and space.baseline is not None and space.valid(space.baseline) and space.fits(space.baseline) \
-                    and space.baseline not in pop:
-                pop = pop + [space.baseline]
+            if last and space.baseline is not None and space.fits(space.baseline) and space.baseline not in pop:
+                if space.valid(space.baseline):
+                    pop = pop + [space.baseline]
+                else:  # outside the allowed α / redundancy / reward: simulated as the reference only
+                    evaluate([space.baseline], steps, "the scenario's own placement (reference)")
             evals = evaluate(pop, steps, "full simulation of the finalists" if last else f"rung {r}")
             if r == 0 and not exhaustive:
                 for _ in range(local_rounds):
@@ -191,7 +207,7 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
             if rank([cache[(c, full)] for c in pop])[0] is ranked[0]:
                 break
 
-    finals = [cache[(c, full)] for c in dict.fromkeys(pop) if (c, full) in cache]
+    finals = [cache[(c, full)] for c in dict.fromkeys(pop) if (c, full) in cache and space.valid(c)]
     ranked = rank(finals)
     baseline = cache.get((space.baseline, full)) if space.baseline is not None else None
     return PlanSearch(ranked=ranked, baseline=baseline, rungs=rung_log, simulations=stats["sims"],
@@ -211,9 +227,7 @@ def grid_ranked(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, 
         jobs = [(str(i), c.apply(base, full), [], None, None) for i, c in enumerate(cands)]
         for key, rec in pool.imap_unordered(jobs):
             evals.append(Evaluation(cands[int(key)], full, rec))
-    scored = [(score(e, objective, space.budget), e) for e in evals]
-    ok = sorted(((s, e) for s, e in scored if s is not None), key=lambda se: (se[0], se[1].candidate.label()))
-    return [e for _, e in ok], len(cands)
+    return rank_evaluations(evals, objective, space.budget), len(cands)
 
 
 def grid_optimum(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objective: str = "throughput",

@@ -205,7 +205,9 @@ class Space:
             step = 8 if biggest >= 64 else 4 if biggest >= 16 else 2 if biggest >= 6 else 1
         tr = plan.placement.trainer
         unit = _lcm(step, tr.tp * tr.pp)
-        tmax = max_gpus(tr.pool) - step
+        # a data-parallel rank needs a sequence of the batch to train: beyond batch · tp · pp GPUs a trainer
+        # only idles (a review's 100,000-GPU budget came back as 12,500 ranks for 64 sequences)
+        tmax = min(max_gpus(tr.pool) - step, plan.algorithm.batch_size * tr.tp * tr.pp)
         trainer_gpus = sorted({n for n in range(unit, tmax + 1, unit)}
                               | ({tr.gpus} if tr.gpus <= tmax and tr.gpus % (tr.tp * tr.pp) == 0 else set()))
         if tr.profile is None:  # a modelled trainer must hold its state (a measured one ran)
@@ -242,7 +244,11 @@ class Space:
                     if eps:
                         gen_ep.setdefault(p, {})[tp] = eps
             gen_tp[p] = ok
-            gen_gpus[p] = list(range(0, max_gpus(p) + 1, step)) if ok else [0]
+            # a worker needs a trajectory in flight: at most batch · (1 + redundancy) · (α + 1) of them at
+            # once, each on at most the widest tp tried
+            in_flight = plan.algorithm.batch_size * (1 + max(redundancies)) * (max(alphas) + 1)
+            cap = int(in_flight * max(ok)) if ok else 0
+            gen_gpus[p] = list(range(0, min(max_gpus(p), cap) + 1, step)) if ok else [0]
         if not any(len(v) > 1 for v in gen_gpus.values()):
             raise PlanError([f"placement.generation: no GPU pool can serve {plan.model.name} at tp "
                              f"{', '.join(map(str, tps))} with a {longest}-token context; allow a larger --tp"])
@@ -310,6 +316,10 @@ class Space:
         return True
 
     def valid(self, c: Candidate) -> bool:
+        # only what the user allowed (--alphas, --redundancies, the reward placements): a scenario's own
+        # α or redundancy outside them is a reference, never a plan the search may return
+        if c.alpha not in self.alphas or c.redundancy not in self.redundancies or c.reward not in self.rewards:
+            return False
         pools = c.gen_pools()
         if not pools:
             return False
