@@ -40,3 +40,14 @@ def test_the_tables_name_the_wait_and_the_idle_pool() -> None:
     assert " cpu " in _text(step_table(small)) and " cpu " not in _text(step_table(large))
     assert "envs waited" in _text(summary_table(small), 300)
     assert "billed for all 1,024 (cluster.cpu_pools.env.cores)" in _text(summary_table(large), 300)
+
+
+def test_every_breakdown_part_has_a_colour_and_a_name_wherever_parts_are_shown() -> None:
+    # a new part (env_queue) broke rollart validate's plot once: every table and plot must know every part
+    from rollart.core.stats import BREAKDOWN_KEYS
+    from rollart.planner.report import NAMES
+    from rollart.report import SHORT
+    from rollart.validate.plots import COLORS
+
+    for shown in (COLORS, NAMES, SHORT):
+        assert set(BREAKDOWN_KEYS) <= set(shown)

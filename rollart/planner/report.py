@@ -15,7 +15,7 @@ from rich.table import Table
 from rollart.core.stats import BREAKDOWN_KEYS
 from rollart.planner.search import Evaluation, PlanSearch
 
-NAMES = {"generation": "generation", "env_reset": "env reset", "env_step": "env", "reward": "reward",
+NAMES = {"generation": "generation", "env_queue": "waiting for env cores", "env_reset": "env reset", "env_step": "env", "reward": "reward",
          "train": "train", "weight_sync": "weight sync", "idle": "idle"}
 
 

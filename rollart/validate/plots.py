@@ -16,7 +16,7 @@ from rollart.validate.compare import step_figures  # noqa: E402
 if TYPE_CHECKING:  # pragma: no cover
     from rollart.validate.main import Validation
 
-COLORS = {"generation": "#4C72B0", "env_reset": "#DD8452", "env_step": "#55A868", "reward": "#C44E52",
+COLORS = {"generation": "#4C72B0", "env_queue": "#E9B98A", "env_reset": "#DD8452", "env_step": "#55A868", "reward": "#C44E52",
           "train": "#8172B3", "weight_sync": "#937860", "idle": "#CCCCCC"}
 
 
