@@ -324,3 +324,12 @@ def test_why_names_an_idle_cpu_pool_and_lists_the_bottleneck_once():
     assert sum(ln.startswith("#1 ") and "critical path" in ln for ln in lines) <= 1
     cores = [ln for ln in lines if "env cores" in ln]
     assert cores and "cluster.cpu_pools.env.cores=615" in cores[0]  # ⌈0.12 × 4096 × 1.25⌉
+
+
+def test_a_small_dollar_budget_leaves_room_for_generation_on_the_cheapest_pool():
+    # $30/h holds 4 H800 training + 4 H20 generating + 256 env cores ($25.0/h); reserving the generation
+    # step at the trainer pool's H800 price refused it ("cannot hold a 4-GPU trainer")
+    _, plan = _base()
+    space = Space.from_plan(plan, Budget(usd_per_hour=30.0), tps=[1, 2], alphas=[1], redundancies=[0.0])
+    assert 4 in space.trainer_gpus
+    assert any(space.fits(c) and c.trainer_gpus == 4 for c in space.enumerate())

@@ -200,6 +200,17 @@ class Space:
                 caps.append(int(max(0.0, budget.usd_per_hour - cpu_hourly) // price[pool]) if price[pool] else 10**6)
             return min(caps)
 
+        def trainer_max() -> int:
+            """Trainer GPUs that leave room for one step of generation GPUs, on the cheapest pool
+            (generation may sit on H20 while the trainer is on H800)."""
+            caps = []
+            if budget.gpus is not None:
+                caps.append(budget.gpus - step)
+            if budget.usd_per_hour is not None and price[tr.pool]:
+                cheapest = min(price[p] for p in pools if price[p])
+                caps.append(int(max(0.0, budget.usd_per_hour - cpu_hourly - step * cheapest) // price[tr.pool]))
+            return min(caps) if caps else 10**6
+
         biggest = max(max_gpus(p) for p in pools)
         if step is None:
             step = 8 if biggest >= 64 else 4 if biggest >= 16 else 2 if biggest >= 6 else 1
@@ -207,7 +218,7 @@ class Space:
         unit = _lcm(step, tr.tp * tr.pp)
         # a data-parallel rank needs a sequence of the batch to train: beyond batch · tp · pp GPUs a trainer
         # only idles (a review's 100,000-GPU budget came back as 12,500 ranks for 64 sequences)
-        tmax = min(max_gpus(tr.pool) - step, plan.algorithm.batch_size * tr.tp * tr.pp)
+        tmax = min(trainer_max(), plan.algorithm.batch_size * tr.tp * tr.pp)
         trainer_gpus = sorted({n for n in range(unit, tmax + 1, unit)}
                               | ({tr.gpus} if tr.gpus <= tmax and tr.gpus % (tr.tp * tr.pp) == 0 else set()))
         if tr.profile is None:  # a modelled trainer must hold its state (a measured one ran)
