@@ -49,8 +49,8 @@ from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainPro
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import (DecodeLine, RooflineEfficiency, decode_attention_flops, kv_capacity,
                                    kv_heads_per_gpu, prefill_attention_flops)
-from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, rank_expert_rows, rank_experts_touched,
-                                   ring_link)
+from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, busiest_rank_share, rank_expert_rows,
+                                   rank_experts_touched, ring_link)
 
 _TOKEN_MEMO = 1 << 14  # entries of KernelProfileGeneration._token_terms' memo (≈ 2.5 MB at most)
 
@@ -291,14 +291,6 @@ class KernelProfileGeneration:
         return (self._decode_token_flops * slow / (self._peak * d["e_c"]),
                 self._decode_token_bytes * slow / (self._bw * d["e_bw"]))
 
-    def _prefill_share(self, sequences: int) -> float:
-        """The busiest rank's share of a step's new prompts over an even 1/ep: with attention data
-        parallel across the ep ranks a prompt prefills on one rank, so the busiest holds ⌈s/ep⌉ of
-        ``sequences`` s (ep for one prompt alone; 1 when ep divides s, ep = 1, or s is not given)."""
-        if self.ep <= 1 or sequences <= 0:
-            return 1.0
-        return self.ep * busiest_rank_sequences(sequences, self.ep) / sequences
-
     def _rank_extra(self, extra: float, rank_tokens: float) -> float:
         """One layer's attention-side linear layers (QKV, O) and element-wise kernels for ``extra``
         tokens the busiest rank prefills beyond its even share ``rank_tokens``."""
@@ -308,7 +300,7 @@ class KernelProfileGeneration:
     def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float:
         if new_tokens <= 0:
             return 0.0
-        f = self._prefill_share(sequences)
+        f = busiest_rank_share(sequences, self.ep)  # a prompt prefills on one rank
         attn = self._prefill_attention(new_tokens / self.ep * f, attention_pairs * f)
         gemms, allreduce = self._token_terms(new_tokens)
         if f > 1.0:  # the busiest rank prefills, and sends to the experts, more than an even share
@@ -323,7 +315,7 @@ class KernelProfileGeneration:
         if new_tokens <= 0:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
         tokens = new_tokens + decode_batch
-        f = self._prefill_share(sequences)
+        f = busiest_rank_share(sequences, self.ep)  # a prompt prefills on one rank
         attn = self._prefill_attention(new_tokens / self.ep * f, attention_pairs * f)
         if f > 1.0:  # the busiest rank prefills more than its even share of the new prompts
             attn += self._rank_extra(new_tokens * (f - 1) / self.ep, tokens / self.ep)

@@ -29,7 +29,7 @@ from rollart.plan.schema import GenerationGroup
 from rollart.report import RunResult, summary_from_steps, task_share_summary
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
-from rollart.sim.costs.train import ColocationSwitch, longest_sequence, trainer_memory_problems
+from rollart.sim.costs.train import ColocationSwitch, trainer_memory_problems
 from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
 from rollart.sim.reward import (BatchingServerlessPlatform, ServerlessPlatform, judge_input_tokens,
@@ -100,7 +100,7 @@ class SimBackend:
         if measured is None:  # a measured trainer ran, so it fit; a modelled one must fit its GPUs
             trainer = full.placement.trainer
             problems = trainer_memory_problems(full.model, full.cluster.gpu_pools[trainer.pool].gpu, gpu, trainer,
-                                               longest_sequence(full.tasks))
+                                               full.longest_context_tokens)
             if problems:
                 raise PlanError(problems)
         self.transfer = WeightTransferCost(full, measured)
@@ -154,7 +154,7 @@ class SimBackend:
                                    g.ep, plan.cluster.links.get("intra_cluster"), g.gpu_memory_utilization)
         except (OSError, ValueError) as exc:
             raise PlanError([f"cluster.gpu_pools.{g.pool}.profile: {exc}"]) from None
-        longest = max(t.max_context_tokens for t in plan.tasks)
+        longest = plan.longest_context_tokens
         # with expert parallelism a sequence's KV lives on one rank: each holds 1/ep of the worker's
         per_rank = cost.kv_capacity_tokens // g.ep
         if per_rank < longest:  # as a real engine, refuse a context it cannot hold

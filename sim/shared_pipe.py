@@ -33,12 +33,6 @@ class SharedPipe:
         self._next_id = 0
         self._epoch = 0                    # the wake-up scheduled last; older ones do nothing
         self.peak = 0                      # most transfers in flight at once
-        self.pulls = 0                     # transfers admitted
-        self.moved_bytes = 0.0
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._events)
 
     def _advance(self) -> None:
         now = self.env.now
@@ -86,8 +80,6 @@ class SharedPipe:
         self._events[k] = done
         heapq.heappush(self._heap, (self._v + nbytes, k))
         self.peak = max(self.peak, len(self._events))
-        self.pulls += 1
-        self.moved_bytes += nbytes
         self._settle()
         try:
             yield done

@@ -421,9 +421,14 @@ class TaskSpec(_Strict):
                     "is milliseconds, running a repository's tests (SWE) tens of seconds; the simulator's "
                     "(a real run times its reward functions)")
 
+    @property
+    def rule_reward_time_set(self) -> bool:
+        """Whether the plan gives this task a rule-reward time other than the default."""
+        return self.rule_reward_s != Constant(value=DEFAULT_RULE_REWARD_S)
+
     @model_validator(mode="after")
     def _rule_reward_time_needs_a_rule(self) -> "TaskSpec":
-        if self.reward != "rule" and self.rule_reward_s != Constant(value=DEFAULT_RULE_REWARD_S):
+        if self.reward != "rule" and self.rule_reward_time_set:
             raise ValueError("rule_reward_s is a rule reward's time; this task's reward is llm_judge (priced by "
                              "the reward model): drop rule_reward_s or set reward: rule")
         return self
@@ -708,6 +713,11 @@ class Plan(_Strict):
     @property
     def groups_per_batch(self) -> int:
         return self.algorithm.batch_size // self.algorithm.group_size
+
+    @property
+    def longest_context_tokens(self) -> int:
+        """The tasks' largest context window: the longest sequence an engine must hold and the trainer train."""
+        return max(t.max_context_tokens for t in self.tasks)
 
     def gpu_of_pool(self, pool: str) -> GpuType:
         return self.cluster.gpu_type(self.cluster.gpu_pools[pool].gpu)

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from rollart.plan.loader import PlanError
 from rollart.plan.schema import Plan
-from rollart.sim.costs.train import longest_sequence, trainer_fits, trainer_memory_problems
+from rollart.sim.costs.train import trainer_fits, trainer_memory_problems
 
 SERVERLESS = ("serverless", None, 0)
 
@@ -223,7 +223,7 @@ class Space:
                               | ({tr.gpus} if tr.gpus <= tmax and tr.gpus % (tr.tp * tr.pp) == 0 else set()))
         if tr.profile is None:  # a modelled trainer must hold its state (a measured one ran)
             sheet = c.gpu_type(c.gpu_pools[tr.pool].gpu)
-            seq = longest_sequence(plan.tasks)
+            seq = plan.longest_context_tokens
             fits = [n for n in trainer_gpus if trainer_fits(plan.model, sheet, tr.model_copy(update={"gpus": n}), seq)]
             if trainer_gpus and not fits:
                 raise PlanError(trainer_memory_problems(plan.model, c.gpu_pools[tr.pool].gpu, sheet,
@@ -232,7 +232,7 @@ class Space:
         if not trainer_gpus:
             raise PlanError([f"budget: {budget.describe()} cannot hold a {unit}-GPU trainer and {step} "
                              "generation GPUs"])
-        longest = max(t.max_context_tokens for t in plan.tasks)
+        longest = plan.longest_context_tokens
         gen_tp: dict[str, list[int]] = {}
         gen_gpus: dict[str, list[int]] = {}
         gen_ep: dict[str, dict[int, list[int]]] = {}

@@ -32,7 +32,7 @@ from rollart.core.effects import (BroadcastWeights, ComputeReward, EnvClose, Env
 from rollart.core.modes import ModeConfig, unused_settings, weight_sync_summary
 from rollart.core.stats import StepRecord
 from rollart.core.trajectory import Trajectory
-from rollart.plan.schema import DEFAULT_RULE_REWARD_S, Plan
+from rollart.plan.schema import Plan
 from rollart.runtime.driver import AsyncDriver
 from rollart.runtime.heap import settle_heap
 from rollart.trace import NullTracer, Tracer
@@ -61,7 +61,7 @@ def simulator_only_settings(plan: Any) -> list[str]:
     for t in plan.tasks:
         if t.env.image_gb > 0:
             notes.append(f"tasks.{t.name}.env.image_gb: a real run's envs pull no image (simulator only)")
-        if getattr(t.rule_reward_s, "kind", None) != "constant" or t.rule_reward_s.mean() != DEFAULT_RULE_REWARD_S:
+        if t.rule_reward_time_set:
             notes.append(f"tasks.{t.name}.rule_reward_s: a real run times its reward functions (simulator only)")
     return notes
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rollart.plan.schema import GpuType, ModelSpec
-from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, embedding_params, expert_weight_bytes, input_embedding_params,
+from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, busiest_rank_share, embedding_params,
+                                   expert_weight_bytes, input_embedding_params,
                                    rank_expert_rows, rank_experts_touched, replicated_params, ring_link,
                                    served_weight_bytes, weight_element_bytes, worker_weight_bytes)
 
@@ -276,35 +277,30 @@ class RooflineGeneration:
         """lm_head FLOPs of the busiest rank for ``rows`` sampling rows (1/ep of them, vocab over tp)."""
         return self._lm_head_flops_per_row * max(1.0, busiest_rank_sequences(rows, self.ep))
 
-    def _context_share(self, batch: float) -> float:
-        """The busiest rank's context over an even 1/ep share: it holds ⌈batch/ep⌉ whole sequences
-        (1 when ep divides the batch; ep for one sequence alone)."""
-        return self.ep * busiest_rank_sequences(batch, self.ep) / batch if batch > 0 else 1.0
-
     def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float:
         if new_tokens <= 0:
             return 0.0
-        # a prompt attends on one rank: the busiest holds ⌈sequences/ep⌉ of them (_context_share)
-        pairs = attention_pairs * self._context_share(sequences)
+        # a prompt attends on one rank: the busiest holds ⌈sequences/ep⌉ of them (busiest_rank_share)
+        pairs = attention_pairs * busiest_rank_share(sequences, self.ep)
         flops = self._flops(new_tokens) + self._lm_head(1) + self._attn_flops_per_pair * pairs
         compute = flops / (self._peak * self.eff.prefill_compute)
         memory = self._weights(new_tokens) / (self._bw * self.eff.decode_bandwidth)
         return self.eff.iteration_overhead_s + max(compute, memory) \
-            + self._allreduce(new_tokens, new_tokens / self.ep * self._context_share(sequences))
+            + self._allreduce(new_tokens, new_tokens / self.ep * busiest_rank_share(sequences, self.ep))
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
                         decode_context: float, sequences: int = 0) -> float:
         if new_tokens <= 0:
             return self.decode_line(decode_batch).total(decode_context, decode_batch, 1) if decode_batch else 0.0
         tokens = new_tokens + decode_batch
-        context = decode_context * self._context_share(decode_batch)
-        pairs = attention_pairs * self._context_share(sequences)
+        context = decode_context * busiest_rank_share(decode_batch, self.ep)
+        pairs = attention_pairs * busiest_rank_share(sequences, self.ep)
         flops = self._flops(tokens) + self._lm_head(decode_batch) \
             + self._attn_flops_per_pair * (pairs + context * self._decode_attn_ratio)
         compute = flops / (self._peak * self.eff.prefill_compute)
         memory = (self._weights(tokens) + self._kv_bytes_per_token * context) \
             / (self._bw * self.eff.decode_bandwidth)
-        rank_tokens = new_tokens * self._context_share(sequences) / self.ep \
+        rank_tokens = new_tokens * busiest_rank_share(sequences, self.ep) / self.ep \
             + busiest_rank_sequences(decode_batch, self.ep)
         return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(tokens, rank_tokens)
 
@@ -316,9 +312,9 @@ class RooflineGeneration:
             line = DecodeLine(
                 a=self.eff.iteration_overhead_s + self._allreduce(batch, busiest_rank_sequences(batch, self.ep)),
                 c0=(self._flops(batch) + self._lm_head(batch)) / pc,
-                c1=self._attn_flops_per_cached * self._context_share(batch) / pc,
+                c1=self._attn_flops_per_cached * busiest_rank_share(batch, self.ep) / pc,
                 m0=self._weights(batch) / bw,
-                m1=self._kv_bytes_per_token * self._context_share(batch) / bw,
+                m1=self._kv_bytes_per_token * busiest_rank_share(batch, self.ep) / bw,
             )
             self._lines[batch] = line
         return line

@@ -105,6 +105,12 @@ def busiest_rank_sequences(batch: float, ep: int) -> float:
     return float(math.ceil(batch / ep)) if ep > 1 and batch > 0 else float(batch)
 
 
+def busiest_rank_share(count: float, ep: int) -> float:
+    """The busiest rank's share of ``count`` whole sequences (or prompts) over an even 1/ep: it holds
+    ⌈count/ep⌉ of them, so 1 when ep divides count, ep for one alone; 1 for ep = 1 or no count."""
+    return ep * busiest_rank_sequences(count, ep) / count if ep > 1 and count > 0 else 1.0
+
+
 def _busiest(mean: float, var: float, ep: int) -> float:
     """Expected maximum over ``ep`` ranks of a count with this mean and variance (Gaussian
     extreme: mean + σ·√(2 ln ep)); the mean itself for one rank."""

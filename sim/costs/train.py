@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-from typing import Any
 
 from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
 from rollart.sim.costs.moe import (GPUS_PER_NODE, all_to_all_s, expert_params, input_embedding_params,
@@ -196,11 +195,6 @@ def trainer_weight_shard_params(model: ModelSpec, trainer: TrainerPlacement) -> 
     """Parameters of the weights one trainer GPU holds: dense / (tp·pp) + experts / (ep·pp)."""
     experts = expert_params(model)
     return (model.params - experts) / (trainer.tp * trainer.pp) + experts / (trainer_ep(model, trainer) * trainer.pp)
-
-
-def longest_sequence(tasks: Any) -> int:
-    """Tokens of the longest sequence the trainer may be handed: the tasks' largest context window."""
-    return max((t.max_context_tokens for t in tasks), default=0)
 
 
 def activation_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int) -> float:
