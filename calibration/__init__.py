@@ -123,32 +123,43 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network, memory_utilization)
 
 
+# GPUs in the ring the shipped NCCL all-reduce fits were measured on (an 8×H100 DGX, calibration.datasets)
+NCCL_FIT_GPUS = 8
+
+
 def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link | None" = None) -> tuple[float, float, str]:
     """(latency s, bus bytes/s, where from) of a training tensor-parallel all-reduce (large messages:
-    NCCL, not the serving engines' custom kernel). Within a node (tp ≤ 8): the NCCL fit of the GPU's
-    shipped kernel profile (NVLink-scaled from 8×H100 timings), else the fit of
-    :func:`transfer_reference` scaled by the GPU's NVLink ÷ that preset's; a group wider than a node: a ring through the node's NVLink and
+    NCCL, not the serving engines' custom kernel). Within one NVLink domain (tp ≤ the GPU type's
+    ``nvlink_domain``: 8 on an HGX board, 72 in an NVL72 rack): the NCCL fit of the GPU's shipped kernel
+    profile (NVLink-scaled from 8×H100 timings), else the fit of :func:`transfer_reference` scaled by the
+    GPU's NVLink ÷ that preset's; a ring of more than :data:`NCCL_FIT_GPUS` inside a wider domain keeps
+    that fit (NCCL's bus bandwidth is the per-GPU link rate whatever the ring's length; its α, measured
+    on 8 GPUs, is not extrapolated). A group wider than the domain: a ring through the domain's NVLink and
     :func:`cluster_network`, at its slowest hop's pace (``moe.ring_link``, the engines' rule)."""
     from rollart.calibration.profiles import KernelProfile, shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS
-    from rollart.sim.costs.moe import GPUS_PER_NODE, ring_link  # an HGX node: NVLink inside, the network across
+    from rollart.sim.costs.moe import domain_name, ring_link
 
-    if tp > GPUS_PER_NODE:
+    domain = gpu.nvlink_domain
+    if tp > domain:
         # the generation engines' rule (moe.ring_link): the ring's slowest hop sets its pace
-        node_latency, node_rate, _ = tp_allreduce(gpu_name, gpu, GPUS_PER_NODE)
+        node_latency, node_rate, _ = tp_allreduce(gpu_name, gpu, domain)
         net_latency, net_rate, where = cluster_network(network)
-        rate, latency = ring_link(tp, (node_rate, node_latency), (net_rate, net_latency))
-        return latency, rate, f"{where}, a ring over {tp} GPUs crossing nodes at its slowest hop's pace"
+        rate, latency = ring_link(tp, (node_rate, node_latency), (net_rate, net_latency), domain)
+        return (latency, rate,
+                f"{where}, a ring over {tp} GPUs crossing {domain_name(domain)}s at its slowest hop's pace")
+    # a ring longer than the fits' 8 GPUs, on NVLink all the way (an NVL72 rack): said where it is used
+    inside = f"; a ring over {tp} GPUs inside the {domain}-GPU NVLink domain" if tp > NCCL_FIT_GPUS else ""
     path = _shipped_kernel_profile(gpu_name, gpu)
     profile = _load(str(path.resolve())) if path is not None else None
     if isinstance(profile, KernelProfile):
         p = profile.allreduce.params
-        return p["alpha_s"], p["beta_gbps"] * 1e9 / 8, f"NVLink ({profile.gpu} NCCL all-reduce fit)"
+        return p["alpha_s"], p["beta_gbps"] * 1e9 / 8, f"NVLink ({profile.gpu} NCCL all-reduce fit{inside})"
     ref = transfer_reference(gpu_name)
     fit = _load(str(shipped_profile_path(ref).resolve())).allreduce.params
     scale = gpu.nvlink_gbps / GPU_PRESETS[ref]["nvlink_gbps"]
     return (fit["alpha_s"], fit["beta_gbps"] * scale * 1e9 / 8,
-            f"NVLink ({ref} NCCL all-reduce fit × {scale:.3g}, {gpu.nvlink_gbps:g} GB/s)")
+            f"NVLink ({ref} NCCL all-reduce fit × {scale:.3g}, {gpu.nvlink_gbps:g} GB/s{inside})")
 
 
 def cluster_network(network: "Link | None" = None) -> tuple[float, float, str]:
@@ -162,11 +173,10 @@ def cluster_network(network: "Link | None" = None) -> tuple[float, float, str]:
 
 def ep_all_to_all(gpu_name: str | None, gpu: "GpuType", network: "Link | None" = None
                   ) -> tuple[tuple[float, float, str], tuple[float, float, str]]:
-    """The (latency s, bytes/s, where from) an expert-parallel all-to-all moves at inside a node and
-    across nodes: NVLink as :func:`tp_allreduce` prices a one-node group, and :func:`cluster_network`."""
-    from rollart.sim.costs.moe import GPUS_PER_NODE
-
-    return tp_allreduce(gpu_name, gpu, GPUS_PER_NODE), cluster_network(network)
+    """The (latency s, bytes/s, where from) an expert-parallel all-to-all moves at inside one NVLink
+    domain (the GPU type's ``nvlink_domain``) and across domains: NVLink as :func:`tp_allreduce` prices
+    a group within the domain, and :func:`cluster_network`."""
+    return tp_allreduce(gpu_name, gpu, min(gpu.nvlink_domain, NCCL_FIT_GPUS)), cluster_network(network)
 
 
 def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement",  # noqa: ANN201
@@ -183,7 +193,8 @@ def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement", 
         stage = trainer.gpus // trainer.pp  # a data-parallel ring's span: the stage's GPUs
         return TrainCost(model, gpu, trainer,
                          tp_allreduce(gpu_name, gpu, trainer.tp, network) if trainer.tp > 1 else None,
-                         ep_all_to_all(gpu_name, gpu, network) if trainer_ep(model, trainer) > 1 else None,
+                         ep_all_to_all(gpu_name, gpu, network) if trainer_ep(model, trainer, gpu.nvlink_domain) > 1
+                         else None,
                          tp_allreduce(gpu_name, gpu, stage, network) if stage > 1 else None)
     loaded = _load(str(Path(trainer.profile).resolve()))
     if not isinstance(loaded, TrainProfile):

@@ -59,6 +59,7 @@ class KernelProfileGeneration:
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: KernelProfile, origin: str,
                  ep: int = 1, network: Link | None = None, memory_utilization: float = 0.90):
         self.model, self.tp, self.ep, self.profile = model, tp, ep, profile
+        self._domain = gpu.nvlink_domain  # GPUs on one NVLink; wider groups cross self._network
         self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
                                               ep)
         self._peak = profile.peak_tflops_bf16 * 1e12
@@ -251,15 +252,15 @@ class KernelProfileGeneration:
         the busiest rank's ``rank_tokens`` (an even ``tokens / ep`` when not given)."""
         rank_tokens = tokens / self.ep if rank_tokens is None else rank_tokens
         comm = all_to_all_s(self.model, tokens, self.ep, self.tp, *self._nvlink, *self._network,
-                            rank_tokens=rank_tokens)
+                            rank_tokens=rank_tokens, domain=self._domain)
         if self._rank_tp == 1:
             return comm
         n = self._rank_tp
         nbytes = rank_tokens * self.model.hidden * 2.0
         moved = 2 * (n - 1) / n * nbytes
-        rate, alpha = ring_link(n, self._nvlink, self._network)
+        rate, alpha = ring_link(n, self._nvlink, self._network, self._domain)
         each = alpha + moved / rate  # NCCL
-        custom = self._ar_custom  # within a node only (CUSTOM_ALLREDUCE_WORLD_SIZES)
+        custom = self._ar_custom  # its world sizes only (CUSTOM_ALLREDUCE_WORLD_SIZES), whatever the domain
         if custom is not None and nbytes < custom[2]:
             # the engine's peer-to-peer kernel takes the message; its fitted bandwidth (eager-mode timings,
             # a copy into its buffer included) falls below NCCL's past a few MiB, where an engine picks the

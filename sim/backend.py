@@ -174,7 +174,8 @@ class SimBackend:
             return None, []
         shared = [e for e in self.engines if pl.shares_trainer_gpus(e.pool)]
         # the switch ends when the GPU loading the most weight bytes does (the narrowest worker)
-        switch = max((ColocationSwitch(self.plan.model, pl.trainer, g.tp, self.transfer.h2d_bytes_per_s, g.ep)
+        domain = self.plan.gpu_of_pool(pl.trainer.pool).nvlink_domain  # bounds the trainer's default ep
+        switch = max((ColocationSwitch(self.plan.model, pl.trainer, g.tp, self.transfer.h2d_bytes_per_s, g.ep, domain)
                       for g in pl.generation if pl.shares_trainer_gpus(g.pool)), key=lambda s: s.after_s)
         return switch, shared
 

@@ -10,12 +10,17 @@ from __future__ import annotations
 GPU_PRESETS: dict[str, dict[str, float]] = {
     # name: dense BF16 TFLOP/s, HBM TB/s, memory GB (GiB in practice), NVLink GB/s
     # (datasheet total of both directions, per GPU), dense FP8 TFLOP/s where the tensor cores
-    # compute FP8 (Hopper: 2 × BF16; A100 has none)
-    "H800": {"tflops_bf16": 989.0, "hbm_tbps": 3.35, "memory_gb": 80.0, "nvlink_gbps": 400.0, "tflops_fp8": 1978.0},
-    "H20": {"tflops_bf16": 148.0, "hbm_tbps": 4.0, "memory_gb": 96.0, "nvlink_gbps": 900.0, "tflops_fp8": 296.0},
-    "H100": {"tflops_bf16": 989.0, "hbm_tbps": 3.35, "memory_gb": 80.0, "nvlink_gbps": 900.0, "tflops_fp8": 1978.0},
-    "H200": {"tflops_bf16": 989.0, "hbm_tbps": 4.8, "memory_gb": 141.0, "nvlink_gbps": 900.0, "tflops_fp8": 1978.0},
-    "A100": {"tflops_bf16": 312.0, "hbm_tbps": 2.039, "memory_gb": 80.0, "nvlink_gbps": 600.0},
+    # compute FP8 (Hopper: 2 × BF16; A100 has none), GPUs in one NVLink domain (all five are HGX
+    # 8-GPU boards: NVLink/NVSwitch inside the board, the cluster's network beyond)
+    "H800": {"tflops_bf16": 989.0, "hbm_tbps": 3.35, "memory_gb": 80.0, "nvlink_gbps": 400.0, "tflops_fp8": 1978.0,
+             "nvlink_domain": 8},
+    "H20": {"tflops_bf16": 148.0, "hbm_tbps": 4.0, "memory_gb": 96.0, "nvlink_gbps": 900.0, "tflops_fp8": 296.0,
+            "nvlink_domain": 8},
+    "H100": {"tflops_bf16": 989.0, "hbm_tbps": 3.35, "memory_gb": 80.0, "nvlink_gbps": 900.0, "tflops_fp8": 1978.0,
+             "nvlink_domain": 8},
+    "H200": {"tflops_bf16": 989.0, "hbm_tbps": 4.8, "memory_gb": 141.0, "nvlink_gbps": 900.0, "tflops_fp8": 1978.0,
+             "nvlink_domain": 8},
+    "A100": {"tflops_bf16": 312.0, "hbm_tbps": 2.039, "memory_gb": 80.0, "nvlink_gbps": 600.0, "nvlink_domain": 8},
 }
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {

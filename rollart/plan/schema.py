@@ -73,6 +73,11 @@ class GpuType(_Strict):
     tflops_fp8: PosFloat | None = Field(None, description=(
         "dense FP8 tensor-core TFLOP/s (no sparsity); unset: no FP8 tensor cores, so FP8 weights are read as "
         "1 byte and computed in BF16 (weight-only)"))
+    nvlink_domain: Count = Field(8, description=(
+        "GPUs that share one NVLink/NVSwitch domain: a tensor-, expert- or data-parallel group of at most this "
+        "many GPUs communicates over NVLink (nvlink_gbps), a wider one crosses the cluster's network. 8 for an "
+        "HGX board (H100, H200, H800, H20, A100), 72 for a GB200/GB300 NVL72 rack. A pool whose count is not a "
+        "multiple of it ends in a partial domain; groups are priced by whether they fit in one"))
 
 
 class GpuPool(_Strict):
@@ -458,8 +463,8 @@ class TrainerPlacement(_Strict):
     micro_batches: Count = 16
     ep: Count | None = Field(None, description=(
         "expert-parallel ranks a MoE trainer shards its experts over (each GPU holds 1/ep of them and every MoE "
-        "layer sends its tokens to their experts' GPUs and back); default the widest inside one node: the largest "
-        "ep ≤ 8 dividing the experts and gpus / pp"))
+        "layer sends its tokens to their experts' GPUs and back); default the widest inside one NVLink domain: the "
+        "largest ep ≤ the trainer GPU type's nvlink_domain (8 on HGX boards) dividing the experts and gpus / pp"))
     profile: str | None = Field(None, description="measured train profile YAML (written by `rollart validate`): "
                                                   "step time and weight hand-off instead of the FLOPs/MFU model")
 

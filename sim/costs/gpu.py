@@ -264,12 +264,13 @@ class RooflineGeneration:
         ``rank_tokens`` (an even ``tokens / ep`` when not given)."""
         rank_tokens = tokens / self.ep if rank_tokens is None else rank_tokens
         comm = all_to_all_s(self.model, tokens, self.ep, self.tp, self._nvlink, self.eff.allreduce_latency_s,
-                            *self._network, rank_tokens=rank_tokens)
+                            *self._network, rank_tokens=rank_tokens, domain=self.gpu.nvlink_domain)
         n = self._rank_tp
         if n == 1:
             return comm
         nbytes = rank_tokens * self.model.hidden * 2
-        rate, latency = ring_link(n, (self._nvlink, self.eff.allreduce_latency_s), self._network)
+        rate, latency = ring_link(n, (self._nvlink, self.eff.allreduce_latency_s), self._network,
+                                  self.gpu.nvlink_domain)
         per = latency + 2 * (n - 1) / n * nbytes / rate
         return comm + 2 * self.model.layers * per
 

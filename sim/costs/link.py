@@ -25,7 +25,7 @@ MEASURED = Path(__file__).resolve().parents[2] / "calibration" / "data" / "weigh
 def all_gather_s(nbytes: float, n: int, gpu_name: str, gpu: GpuType, network: Link | None) -> float:
     """A ring all-gather of ``nbytes`` sharded over ``n`` trainer GPUs: each receives the (n−1)/n it
     lacks at the bus rate of the trainer's all-reduce fit (:func:`~rollart.calibration.tp_allreduce`:
-    NVLink's one-way rate inside a node, the cluster's network beyond); 0 for one GPU."""
+    NVLink's one-way rate inside the GPU type's NVLink domain, the cluster's network beyond); 0 for one GPU."""
     if n <= 1:
         return 0.0
     _, bus_bytes_per_s, _ = tp_allreduce(gpu_name, gpu, n, network)
@@ -97,7 +97,7 @@ class WeightTransferCost:
         experts = 2.0 * expert_params(plan.model) / tr.pp  # a stage's experts in BF16, as weight_bytes
         gpu_name, intra = pools[tr.pool].gpu, links.get("intra_cluster")
         self.gather_s = all_gather_s(stage - experts, tr.tp, gpu_name, gpu, intra) \
-            + all_gather_s(experts, trainer_ep(plan.model, tr), gpu_name, gpu, intra)
+            + all_gather_s(experts, trainer_ep(plan.model, tr, gpu.nvlink_domain), gpu_name, gpu, intra)
         # read the BF16 stage, write it in the served dtype
         self.convert_s = (stage + self.weight_bytes / tr.pp) / (gpu.hbm_tbps * 1e12 * HBM_COPY_EFFICIENCY)
         self.stage_s = self.weight_bytes / tr.pp / self.h2d_bytes_per_s

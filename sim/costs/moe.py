@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from rollart.plan.schema import ModelSpec
+from rollart.plan.schema import GpuType, ModelSpec
 
 
 def experts_touched(tokens: float, experts: int, active: int) -> float:
@@ -96,7 +96,15 @@ def weight_bytes_read(model: ModelSpec, tokens: float) -> float:
 # state with the ranks of its k experts (dispatch) and back (combine) in each MoE layer. ep = 1
 # is plain tensor parallelism. The step waits for the busiest rank.
 
-GPUS_PER_NODE = 8  # HGX boards: NVLink inside a node, the cluster's network across nodes
+# GPUs that share one NVLink domain when a caller names no GPU type: GpuType.nvlink_domain's default (an HGX
+# board of 8). The GPU type's own field is the one source; a cost model with a GpuType passes its domain.
+DEFAULT_NVLINK_DOMAIN: int = GpuType.model_fields["nvlink_domain"].default
+
+
+def domain_name(domain: int) -> str:
+    """What a cost model's source calls one NVLink domain of ``domain`` GPUs: a node for an HGX board (the
+    default, as the reports always said), else the domain with its size (a 72-GPU NVL72 rack)."""
+    return "node" if domain == DEFAULT_NVLINK_DOMAIN else f"{domain}-GPU NVLink domain"
 
 
 def busiest_rank_sequences(batch: float, ep: int) -> float:
@@ -163,36 +171,39 @@ def worker_weight_bytes(model: ModelSpec, ep: int = 1, tp: int = 1) -> float:
     return held
 
 
-def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, float]) -> tuple[float, float]:
+def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, float],
+              domain: int = DEFAULT_NVLINK_DOMAIN) -> tuple[float, float]:
     """(bytes/s, latency s) that pace a ring collective (a tensor-parallel all-reduce) over ``gpus``
-    GPUs: NVLink within a node; a ring wider than a node crosses the cluster's network at every
-    node boundary, and its slowest hop sets the pace (the lower rate, the higher latency)."""
-    if gpus <= GPUS_PER_NODE:
+    GPUs: NVLink within one NVLink domain of ``domain`` GPUs (the GPU type's ``nvlink_domain``: an HGX
+    node of 8, an NVL72 rack of 72); a ring wider than a domain crosses the cluster's network at every
+    domain boundary, and its slowest hop sets the pace (the lower rate, the higher latency)."""
+    if gpus <= domain:
         return nvlink
     return min(nvlink[0], network[0]), max(nvlink[1], network[1])
 
 
 def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes_per_s: float, nvlink_latency_s: float,
-                 net_bytes_per_s: float, net_latency_s: float, rank_tokens: float | None = None) -> float:
+                 net_bytes_per_s: float, net_latency_s: float, rank_tokens: float | None = None,
+                 domain: int = DEFAULT_NVLINK_DOMAIN) -> float:
     """Dispatch + combine of every MoE layer (``model.moe_layers``: not the dense first layers) for a
     step over ``tokens`` tokens on a worker of ``tp`` GPUs in ``ep`` ranks: each token's hidden state (BF16) goes to its k experts' ranks and
-    back; the (ep−1)/ep that leave the rank are spread over its tp/ep GPUs. Within a node it
-    moves over NVLink; a worker wider than a node sends the off-node share over the cluster's
-    network (``net``), and the slower path sets the time. ``rank_tokens``: the busiest rank's
-    tokens when they are not an even ``tokens / ep`` (a prompt prefills on one rank, so a step of
-    fewer prompts than ranks sends all of a prompt's tokens from one); it sends them all, and the
-    step waits for it. 0 when ep = 1."""
+    back; the (ep−1)/ep that leave the rank are spread over its tp/ep GPUs. Within one NVLink domain
+    of ``domain`` GPUs (the GPU type's ``nvlink_domain``) it moves over NVLink; a worker wider than a
+    domain sends the off-domain share over the cluster's network (``net``), and the slower path sets
+    the time. ``rank_tokens``: the busiest rank's tokens when they are not an even ``tokens / ep`` (a
+    prompt prefills on one rank, so a step of fewer prompts than ranks sends all of a prompt's tokens
+    from one); it sends them all, and the step waits for it. 0 when ep = 1."""
     if ep <= 1 or not model.moe_experts:
         return 0.0
     k = max(1, model.moe_active_experts)
     rank_tp = tp // ep
     sent = tokens / ep if rank_tokens is None else rank_tokens
     per_gpu = sent * k * model.hidden * 2.0 * (ep - 1) / ep / rank_tp
-    # of the ep − 1 ranks a token may leave for, those outside this node (a rank wider than a node
-    # has none beside it)
-    ranks_per_node = max(1, GPUS_PER_NODE // rank_tp)
-    off_node = (ep - min(ep, ranks_per_node)) / (ep - 1)
-    t = nvlink_latency_s + per_gpu * (1 - off_node) / nvlink_bytes_per_s
-    if off_node:
-        t = max(t, net_latency_s + per_gpu * off_node / net_bytes_per_s)
+    # of the ep − 1 ranks a token may leave for, those outside this NVLink domain (a rank wider than a
+    # domain has none beside it)
+    ranks_per_domain = max(1, domain // rank_tp)
+    off_domain = (ep - min(ep, ranks_per_domain)) / (ep - 1)
+    t = nvlink_latency_s + per_gpu * (1 - off_domain) / nvlink_bytes_per_s
+    if off_domain:
+        t = max(t, net_latency_s + per_gpu * off_domain / net_bytes_per_s)
     return 2.0 * model.moe_layers * t

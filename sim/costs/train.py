@@ -5,8 +5,8 @@ from __future__ import annotations
 import heapq
 
 from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
-from rollart.sim.costs.moe import (GPUS_PER_NODE, all_to_all_s, expert_params, input_embedding_params,
-                                  worker_weight_bytes)
+from rollart.sim.costs.moe import (DEFAULT_NVLINK_DOMAIN, all_to_all_s, domain_name, expert_params,
+                                  input_embedding_params, worker_weight_bytes)
 
 # GRPO step: forward + backward (6·P per token) plus two extra forwards for the
 # old-policy and reference log-probs (2·2·P per token).
@@ -49,15 +49,15 @@ class TrainCost:
     * tp > 1, given ``allreduce`` = (α s, bus bytes/s, where) of the trainer GPUs' link, the
       tensor-parallel all-reduces: 5 · 2 · (L / pp) · (m_r · α + T_r · hidden · 2 B · 2(tp − 1)/tp / β);
     * a MoE with ep > 1 (:func:`trainer_ep`), given ``all_to_all`` = the (α, β, where) of a group
-      inside a node and of one across nodes, the expert-parallel dispatch + combine of every MoE
-      layer: 5 · (m_r / pp) · :func:`~rollart.sim.costs.moe.all_to_all_s` over a group of ep GPUs
-      each sending its T_r / (m_r · tp) tokens of a micro-batch (sequence parallel splits a rank's
-      tokens over its tp GPUs) to their k experts' GPUs and back, NVLink within a node, the
-      cluster's network across nodes.
+      inside one NVLink domain and of one across domains, the expert-parallel dispatch + combine of
+      every MoE layer: 5 · (m_r / pp) · :func:`~rollart.sim.costs.moe.all_to_all_s` over a group of ep
+      GPUs each sending its T_r / (m_r · tp) tokens of a micro-batch (sequence parallel splits a rank's
+      tokens over its tp GPUs) to their k experts' GPUs and back, NVLink within the GPU type's
+      ``nvlink_domain`` (an HGX node of 8, an NVL72 rack of 72), the cluster's network across domains.
 
     Once a step, dp > 1: the data-parallel gradient reduce-scatter (fp32) and weight all-gather (bf16)
     of the GPU's shard, given ``dp_link`` = (α s, bus bytes/s, where) of a ring over the stage's
-    gpus / pp GPUs (NVLink within a node, the network across): 2α + (4 + 2) B · Σ shard · (d − 1)/d / β,
+    gpus / pp GPUs (NVLink within a domain, the network across): 2α + (4 + 2) B · Σ shard · (d − 1)/d / β,
     dense weights over tp·pp with d = gpus / (tp·pp), a MoE's experts over ep·pp with
     d = gpus / (ep·pp) (:data:`DP_GRAD_BYTES`).
 
@@ -85,12 +85,13 @@ class TrainCost:
             calls = TP_COMM_PASSES * TP_ALLREDUCES_PER_LAYER * m.layers / trainer.pp
             self._allreduce = (calls * alpha, calls * m.hidden * 2.0 * 2 * (tp - 1) / tp / beta)
             self.source += f"; tp {tp} all-reduces on {where}"
-        self.ep = trainer_ep(m, trainer)
+        domain = gpu.nvlink_domain
+        self.ep = trainer_ep(m, trainer, domain)
         self._all_to_all: tuple[float, float, float, float] | None = None  # all_to_all_s's link arguments
         if self.ep > 1 and all_to_all is not None:
             (nv_alpha, nv_beta, nv_where), (net_alpha, net_beta, net_where) = all_to_all
             self._all_to_all = (nv_beta, nv_alpha, net_beta, net_alpha)
-            where = nv_where if self.ep <= GPUS_PER_NODE else f"{nv_where} and {net_where}"
+            where = nv_where if self.ep <= domain else f"{nv_where} and {net_where}"
             self.source += f"; ep {self.ep} all-to-alls on {where}"
         self.dp_sync_s = 0.0  # the data-parallel gradient reduce-scatter and weight all-gather, once a step
         experts = expert_params(m)
@@ -142,7 +143,8 @@ class TrainCost:
             # all_to_all_s takes a whole group's tokens (a "worker" of ep GPUs in ep ranks): each GPU's
             # share of one micro-batch (sequence parallel splits the rank's over its tp GPUs) × ep
             gpu_tokens = tokens / (micro_batches * self.trainer.tp)
-            one = all_to_all_s(self.model, gpu_tokens * self.ep, self.ep, self.ep, *self._all_to_all)
+            one = all_to_all_s(self.model, gpu_tokens * self.ep, self.ep, self.ep, *self._all_to_all,
+                               domain=self.gpu.nvlink_domain)
             t += TP_COMM_PASSES * micro_batches / self.trainer.pp * one
         return t
 
@@ -172,17 +174,18 @@ RECOMPUTED_LAYER_BYTES_PER_TOKEN_HIDDEN = 34
 LOGIT_BYTES = 2 + 4
 
 
-def trainer_ep(model: ModelSpec, trainer: TrainerPlacement) -> int:
+def trainer_ep(model: ModelSpec, trainer: TrainerPlacement, domain: int = DEFAULT_NVLINK_DOMAIN) -> int:
     """Expert-parallel ranks a MoE trainer shards its experts over: ``placement.trainer.ep``; by
-    default the widest group inside one node, the largest ep ≤ 8 that divides both the experts and a
-    pipeline stage's GPUs (gpus / pp), as public Megatron MoE recipes run (Qwen3-30B-A3B at ep 8 in
-    slime's and NeMo-RL's examples): across nodes the all-to-all would leave NVLink for the NIC.
+    default the widest group inside one NVLink domain of ``domain`` GPUs (the trainer GPU type's
+    ``nvlink_domain``), the largest ep ≤ domain that divides both the experts and a pipeline stage's
+    GPUs (gpus / pp), as public Megatron MoE recipes run (Qwen3-30B-A3B at ep 8 on HGX nodes in
+    slime's and NeMo-RL's examples): beyond the domain the all-to-all would leave NVLink for the NIC.
     1 for a dense model."""
     if not model.moe_experts:
         return 1
     if trainer.ep:
         return trainer.ep
-    return max(d for d in _ep_choices(model, trainer.gpus // trainer.pp) if d <= GPUS_PER_NODE)
+    return max(d for d in _ep_choices(model, trainer.gpus // trainer.pp) if d <= domain)
 
 
 def _ep_choices(model: ModelSpec, stage: int) -> list[int]:
@@ -191,10 +194,13 @@ def _ep_choices(model: ModelSpec, stage: int) -> list[int]:
     return [d for d in range(1, min(stage, model.moe_experts) + 1) if stage % d == 0 and model.moe_experts % d == 0]
 
 
-def trainer_weight_shard_params(model: ModelSpec, trainer: TrainerPlacement) -> float:
-    """Parameters of the weights one trainer GPU holds: dense / (tp·pp) + experts / (ep·pp)."""
+def trainer_weight_shard_params(model: ModelSpec, trainer: TrainerPlacement,
+                                domain: int = DEFAULT_NVLINK_DOMAIN) -> float:
+    """Parameters of the weights one trainer GPU holds: dense / (tp·pp) + experts / (ep·pp), ep
+    :func:`trainer_ep` on GPUs of NVLink domain ``domain``."""
     experts = expert_params(model)
-    return (model.params - experts) / (trainer.tp * trainer.pp) + experts / (trainer_ep(model, trainer) * trainer.pp)
+    return ((model.params - experts) / (trainer.tp * trainer.pp)
+            + experts / (trainer_ep(model, trainer, domain) * trainer.pp))
 
 
 def activation_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int) -> float:
@@ -212,13 +218,14 @@ def activation_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int)
     return (max(first, last) + recomputed) / 2**30
 
 
-def trainer_memory_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int = 0) -> float:
+def trainer_memory_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int = 0,
+                       domain: int = DEFAULT_NVLINK_DOMAIN) -> float:
     """GiB one trainer GPU needs at least: its shard of the weights and gradients
     (:func:`trainer_weight_shard_params`: dense layers split over tp·pp, a MoE's experts over
     ep·pp), its 1/gpus of the fp32 master weights and Adam moments (sharded over every rank by the
     distributed optimizer), the activations of a ``seq_tokens`` sequence (:func:`activation_gib`)
-    and a fixed reserve."""
-    shard = trainer_weight_shard_params(model, trainer)
+    and a fixed reserve. ``domain``: the GPU type's ``nvlink_domain``, which bounds the default ep."""
+    shard = trainer_weight_shard_params(model, trainer, domain)
     optimizer = ADAM_STATE_BYTES_PER_PARAM * model.params / trainer.gpus
     return ((TRAIN_WEIGHT_GRAD_BYTES * shard + optimizer) / 2**30 + activation_gib(model, trainer, seq_tokens)
             + TRAIN_ACTIVATION_RESERVE_GIB)
@@ -226,7 +233,7 @@ def trainer_memory_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: 
 
 def trainer_fits(model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement, seq_tokens: int = 0) -> bool:
     """Whether each of the trainer's GPUs holds :func:`trainer_memory_gib`."""
-    return trainer_memory_gib(model, trainer, seq_tokens) <= gpu.memory_gb
+    return trainer_memory_gib(model, trainer, seq_tokens, gpu.nvlink_domain) <= gpu.memory_gb
 
 
 def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, trainer: TrainerPlacement,
@@ -234,7 +241,7 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
     """A one-line plan error when the trainer's GPUs cannot hold its state, else nothing."""
     if trainer_fits(model, gpu, trainer, seq_tokens):
         return []
-    need = trainer_memory_gib(model, trainer, seq_tokens)
+    need = trainer_memory_gib(model, trainer, seq_tokens, gpu.nvlink_domain)
     act = activation_gib(model, trainer, seq_tokens)
     fit = next((g for g in (2 ** k for k in range(20))
                 if trainer_fits(model, gpu, trainer.model_copy(update={"gpus": g * trainer.tp * trainer.pp}),
@@ -245,13 +252,14 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
         hint += " (the activations shrink with tp, not pp)"
     spread = "dense weights over tp·pp"
     if model.moe_experts:
-        ep = trainer_ep(model, trainer)
+        ep = trainer_ep(model, trainer, gpu.nvlink_domain)
         spread += f", experts over ep·pp (ep {ep})"
         # a wider expert-parallel group on these GPUs, if one fits
         wider = next((e for e in _ep_choices(model, trainer.gpus // trainer.pp)
                       if e > ep and trainer_fits(model, gpu, trainer.model_copy(update={"ep": e}), seq_tokens)), None)
         if wider is not None:
-            hint = f"set placement.trainer.ep={wider} (experts over more GPUs, all-to-all across nodes); or {hint}"
+            crossing = f"across {domain_name(gpu.nvlink_domain)}s" if wider > gpu.nvlink_domain else "on NVLink"
+            hint = f"set placement.trainer.ep={wider} (experts over more GPUs, all-to-all {crossing}); or {hint}"
     acts = (f"{act:.0f} GiB of activations for a {seq_tokens:,}-token sequence at tp {trainer.tp}" if act
             else "activations")
     return [f"placement.trainer.gpus: training {model.name} needs {need:.0f} GiB a GPU on {trainer.gpus} × {gpu_name} "
@@ -280,8 +288,9 @@ class ColocationSwitch:
     recomputed by the engine when it resumes (as after a weight update)."""
 
     def __init__(self, model: ModelSpec, trainer: TrainerPlacement, gen_tp: int, h2d_bytes_per_s: float,
-                 gen_ep: int = 1):
-        self.trainer_bytes = 2 * trainer_weight_shard_params(model, trainer) \
+                 gen_ep: int = 1, domain: int = DEFAULT_NVLINK_DOMAIN):
+        # domain: the trainer GPU type's nvlink_domain, which bounds its default ep (trainer_ep)
+        self.trainer_bytes = 2 * trainer_weight_shard_params(model, trainer, domain) \
             + ADAM_STATE_BYTES_PER_PARAM * model.params / trainer.gpus
         self.engine_bytes = worker_weight_bytes(model, gen_ep) / gen_tp
         self.h2d = h2d_bytes_per_s
