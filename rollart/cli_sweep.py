@@ -155,26 +155,39 @@ def _print_points(result: Any) -> None:
 
     from rollart.report import decimals_for
 
+    from rollart.sweep.results import rates
+
     front = {id(r) for r in result.front}
-    ok = sorted((r for r in result.rows if not r["error"]),
-                key=lambda r: -(r.get("trajectories_per_s") or 0.0))
+    ok = sorted((r for r in result.rows if not r["error"]), key=lambda r: -(rates(r)[0] or 0.0))
     bad = [r for r in result.rows if r["error"]]
+    short = [r for r in ok if not r.get("steady_trajectories_per_s")]
+    short_ids = {id(r) for r in short}
     table = Table(title=f"{len(result.rows)} points, fastest first; * the Pareto frontier ({len(result.front)}: "
-                        "cost per 1 000 trajectories vs throughput)", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+                        "cost per 1 000 trajectories vs throughput); rates and step s over the steady-state steps"
+                        + ("; † whole run: too short to pass the pipeline fill" if short else ""),
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("*", justify="center")
     for d in result.dims:
         table.add_column(d.path, justify="right")
     for col in ("traj/s", "$/1k traj", "$/h", "GPUs", "step s"):
         table.add_column(col, justify="right")
-    d = decimals_for([r.get("step_time_s_mean") or 0.0 for r in ok])
+    def step_key(r: dict[str, Any]) -> str:
+        return "steady_step_time_s_mean" if r.get("steady_trajectories_per_s") else "step_time_s_mean"
+
+    d = decimals_for([r.get(step_key(r)) or 0.0 for r in ok])
     for r in ok:
+        tps, c1k = rates(r)
+        dag = "†" if id(r) in short_ids else ""
         table.add_row("*" if id(r) in front else "", *(_fmt(r.get(dim.path)) for dim in result.dims),
-                      _num(r, "trajectories_per_s", ".3f"), _num(r, "cost_per_1k_trajectories_usd", ".2f"),
-                      _num(r, "cost_usd_per_hour", ",.0f"), _fmt(r.get("gpus")), _num(r, "step_time_s_mean", f".{d}f"))
+                      "-" if tps is None else f"{tps:.3f}{dag}", "-" if c1k is None else f"{c1k:.2f}",
+                      _num(r, "cost_usd_per_hour", ",.0f"), _fmt(r.get("gpus")), _num(r, step_key(r), f".{d}f"))
     for r in bad:
         table.add_row("", *(_fmt(r.get(dim.path)) for dim in result.dims), "[red]failed[/]", "-", "-", "-", "-")
     console.print(table)
+    if short:
+        need = max(r.get("steady_steps_needed") or 0 for r in short)
+        console.print(f"† {len(short)} point(s) ran too few steps to pass the pipeline fill (1 + α): their rates include "
+                      f"the start-up; --steps {need} or more ranks every point on its steady state", highlight=False)
     for r in bad:
         where = ", ".join(f"{dim.path}={_fmt(r.get(dim.path))}" for dim in result.dims)
         console.print(f"[red]failed[/] {escape(where)}: {escape(str(r['error']).splitlines()[0])}", highlight=False,
@@ -242,6 +255,7 @@ def plan(
     winner's neighbours. `rollart simulate PLAN.yaml` reproduces the winner's figures."""
     from rollart.planner import Budget, Space, plan_data, search, top_table, why_lines, write_plan
     from rollart.planner.search import OBJECTIVES
+    from rollart.report import plan_rates
     from rollart.sim.costs.price import require_prices
     from rollart.cli import check_output_file, show_progress
     from rollart.sweep.runner import RAY_EXTRA_HINT, ProcessPool, RayPool, SerialPool, ray_available
@@ -305,14 +319,16 @@ def plan(
         console.print(line, highlight=False)
     best = result.best
     sm = best.summary
+    tps, c1k, steady = plan_rates(sm)
     name = f"{base_plan.name}-plan"
     approx = " --scale-approx" if (best.record.get("scale_factor") or 1) > 1 else ""
     written = write_plan(plan_data(best, base, name), out, [
         f"written by `rollart plan` from {base_plan.name}: objective {objective}, budget {budget.describe()}",
         f"{best.candidate.label()}",
-        f"simulated: {sm['trajectories_per_s']:.4f} trajectories/s, step {sm['step_time_s_mean']:.1f} s mean"
-        + (f", ${sm['cost_usd_per_hour']:,.2f}/h, ${sm['cost_per_1k_trajectories_usd']:,.2f} per 1k trajectories"
-           if sm.get("cost_usd_per_hour") is not None else ""),
+        f"simulated ({'steady state' if steady else 'whole run'}): {tps:.4f} trajectories/s, step "
+        f"{(sm['steady'] if steady else sm)['step_time_s_mean']:.1f} s mean"
+        + (f", ${sm['cost_usd_per_hour']:,.2f}/h, ${c1k:,.2f} per 1k trajectories"
+           if sm.get("cost_usd_per_hour") is not None and c1k is not None else ""),
         f"reproduce: rollart simulate {out}{approx}",
     ])
     console.print(f"[dim]wrote {written} · rollart simulate {written}{approx} reproduces these figures[/]",

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rollart.core.stats import BREAKDOWN_KEYS, StepRecord
+from rollart.core.stats import BREAKDOWN_KEYS, StepRecord, steady_state
 from rollart.files import write_text_atomic
 
 SHORT = {"generation": "gen", "env_queue": "cpu", "env_reset": "reset", "env_step": "env", "reward": "reward", "train": "train",
@@ -79,7 +79,10 @@ class RunResult:
         write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 
-def summary_from_steps(steps: list[StepRecord]) -> dict[str, float]:
+def summary_from_steps(steps: list[StepRecord]) -> dict[str, Any]:
+    """The whole run's figures, and under ``steady`` the same rates past its cold first step
+    (:func:`~rollart.core.stats.steady_state`): what a long run converges to, and what plans are
+    compared by."""
     times = [s.time_s for s in steps]
     elapsed = steps[-1].end_s if steps else 0.0
     trajs = sum(s.trajectories for s in steps)
@@ -93,7 +96,28 @@ def summary_from_steps(steps: list[StepRecord]) -> dict[str, float]:
         "env_timeouts": sum(s.env_timeouts for s in steps),
         "breakdown_s_mean": {k: sum(s.breakdown_s.get(k, 0.0) for s in steps) / len(steps) if steps else 0.0
                              for k in BREAKDOWN_KEYS},
+        "steady": steady_state(steps),
     }
+
+
+def price_steady_state(summary: dict[str, Any]) -> None:
+    """Add the steady state's cost per 1k trajectories: the run's US$ an hour (placed GPUs and cores,
+    and its serverless spend averaged over the run) over the steady state's trajectories an hour."""
+    steady, usd_per_hour = summary.get("steady"), summary.get("cost_usd_per_hour")
+    if not steady:
+        return
+    tps = steady["trajectories_per_s"]
+    steady["cost_per_1k_trajectories_usd"] = (None if usd_per_hour is None else
+                                              1000.0 * usd_per_hour / (3600.0 * tps) if tps > 0 else 0.0)
+
+
+def plan_rates(summary: dict[str, Any]) -> tuple[float, float | None, bool]:
+    """(trajectories/s, US$ per 1k trajectories, steady) to compare plans by: the steady state's when
+    the run passed its warm-up, else the whole run's (False: a short run's cold first step included)."""
+    steady = summary.get("steady") or {}
+    if steady.get("settled") and steady.get("trajectories_per_s", 0.0) > 0:
+        return steady["trajectories_per_s"], steady.get("cost_per_1k_trajectories_usd"), True
+    return summary.get("trajectories_per_s") or 0.0, summary.get("cost_per_1k_trajectories_usd"), False
 
 
 # a task whose trained share falls short of its planned share by more than this is warned about
@@ -182,6 +206,8 @@ def summary_table(result: RunResult) -> Table:
     table.add_row("step time", f"{sm['step_time_s_mean']:.{d}f} s mean · {sm['step_time_s_p90']:.{d}f} s p90")
     table.add_row("throughput", f"{sm['trajectories_per_s']:.3f} trajectories/s · "
                                 f"{sm.get('tokens_per_s', 0.0):,.0f} generated tokens/s")
+    if sm.get("steady"):
+        table.add_row("steady state", steady_text(sm["steady"], result.steps))
     busy = " · ".join(f"{pool} {x:.0%}" for pool, x in sm.get("gpu_busy_fraction", {}).items())
     table.add_row("GPU busy", busy or "-")
     if sm.get("reward_gpu_busy_fraction") is not None:
@@ -230,6 +256,19 @@ def summary_table(result: RunResult) -> Table:
     return table
 
 
+def steady_text(steady: dict[str, Any], steps: list[StepRecord]) -> str:
+    """The steady-state rate in words, or why the run has none: what a long run of this plan does,
+    without the first step's cold rollout."""
+    if not steady["settled"]:
+        return (f"not reached: run --steps {steady['steps_needed']} or more for the long-run rate (the "
+                "throughput above is mostly the cold first step)")
+    last = steps[-1].step if steps else steady["from_step"]
+    c1k = steady.get("cost_per_1k_trajectories_usd")
+    return (f"{steady['trajectories_per_s']:.3f} trajectories/s"
+            + (f" · ${c1k:,.2f} per 1k trajectories" if c1k is not None else "")
+            + f" (steps {steady['from_step']}–{last}, past the cold first step)")
+
+
 def mixed_cost_models(calibration: dict[str, str]) -> str | None:
     """A warning when the generation pools mix calibrated profiles with the datasheet roofline: the
     roofline's efficiencies are assumed, so a comparison across those pools carries that assumption
@@ -252,17 +291,24 @@ def print_result(result: RunResult, console: Console | None = None) -> None:
 
 
 def compare_table(results: list[RunResult]) -> Table:
-    base = results[0].summary["trajectories_per_s"] or 1.0
-    table = Table(title=f"{results[0].scenario}: throughput normalised to {results[0].mode}", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
+    """The modes side by side, throughput normalised to the first: rates and step time past the cold
+    first step when every run has at least two more steps (what a long run of each converges to:
+    that step costs an asynchronous mode ~2-3 of its steady steps and Sync about one), else the
+    whole runs'."""
+    steady = all(plan_rates(r.summary)[2] for r in results)
+    figs = [r.summary["steady"] if steady else r.summary for r in results]
+    base = figs[0]["trajectories_per_s"] or 1.0
+    what = "steady state, past the first step" if steady else "whole run"
+    table = Table(title=f"{results[0].scenario}: throughput normalised to {results[0].mode} ({what})",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("mode", "step s", "traj/s", f"× {results[0].mode}", "GPU busy", "stale", "redundant"):
         table.add_column(col, justify="left" if col in ("mode", "GPU busy") else "right", no_wrap=col != "GPU busy",
                          min_width=len(col))
-    d = decimals_for([r.summary["step_time_s_mean"] for r in results])
-    for r in results:
+    d = decimals_for([f["step_time_s_mean"] for f in figs])
+    for r, f in zip(results, figs):
         sm = r.summary
         busy = " ".join(f"{p}:{x:.0%}" for p, x in sm.get("gpu_busy_fraction", {}).items())
-        table.add_row(r.mode, f"{sm['step_time_s_mean']:.{d}f}", f"{sm['trajectories_per_s']:.3f}",
-                      f"{sm['trajectories_per_s'] / base:.2f}", busy, str(sm["aborted_stale"]),
+        table.add_row(r.mode, f"{f['step_time_s_mean']:.{d}f}", f"{f['trajectories_per_s']:.3f}",
+                      f"{f['trajectories_per_s'] / base:.2f}", busy, str(sm["aborted_stale"]),
                       str(sm["aborted_redundant"]))
     return table

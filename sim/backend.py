@@ -26,7 +26,7 @@ from rollart.core.modes import ModeConfig, unused_settings, weight_sync_summary
 from rollart.core.stats import StepRecord
 from rollart.plan import Plan, PlanError
 from rollart.plan.schema import GenerationGroup
-from rollart.report import RunResult, summary_from_steps, task_share_summary
+from rollart.report import RunResult, price_steady_state, summary_from_steps, task_share_summary
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
 from rollart.sim.costs.train import ColocationSwitch, trainer_memory_problems
@@ -683,6 +683,7 @@ class SimOutcome:
             summary.update({"cost_per_step_usd": cost.per_step_usd,
                             "cost_per_1k_trajectories_usd": cost.per_1k_trajectories_usd,
                             "cost_usd_per_hour": cost.usd_per_hour})
+            price_steady_state(summary)
         calibration = dict(b.cost_sources)
         calibration["trainer"] = b.train_cost.source
         result = RunResult(scenario=b.plan.name, mode=b.mode.name, seed=b.envs.seed, backend="sim",

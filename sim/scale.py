@@ -413,7 +413,7 @@ def _with_tail(steps: list[Any], tail: "TailProbe | None") -> tuple[list[Any], f
 def scale_result(result: Any, full_plan: Plan, m: int, simulated_plan: Plan, tail: "TailProbe | None" = None) -> Any:
     """The simulated 1/m result as the full plan's: extensive figures × m, each batch's wait
     corrected for the tail (``tail``, see :func:`cohort_done_s`), cost on the full plan."""
-    from rollart.report import summary_from_steps
+    from rollart.report import price_steady_state, summary_from_steps
     from rollart.sim.costs.price import missing_prices, run_cost
 
     priced = tail.trained_tokens if tail is not None else {}
@@ -438,6 +438,7 @@ def scale_result(result: Any, full_plan: Plan, m: int, simulated_plan: Plan, tai
         summary.update({"cost_per_step_usd": cost.per_step_usd,
                         "cost_per_1k_trajectories_usd": cost.per_1k_trajectories_usd,
                         "cost_usd_per_hour": cost.usd_per_hour})
+        price_steady_state(summary)
     gens = simulated_plan.placement.generation
     summary["scale_approx"] = {
         "factor": m,

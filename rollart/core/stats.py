@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 BREAKDOWN_KEYS = ("generation", "env_queue", "env_reset", "env_step", "reward", "train", "weight_sync", "idle")
 
@@ -46,6 +47,55 @@ class RunStats:
     groups_completed_by_task: Counter[str] = field(default_factory=Counter)
     groups_abandoned_by_task: Counter[str] = field(default_factory=Counter)
     steps: list[StepRecord] = field(default_factory=list)
+
+
+# A steady-state figure needs at least this many steps past the warm-up: one step's time is half of
+# an alternating pair (a step that trains on an early-finished batch, then one that waits).
+STEADY_MIN_STEPS = 2
+# The warm-up a run's summary leaves out: its first step, which rolls out a whole batch cold with
+# nothing to overlap (at 128 GPUs 2-3x a steady step of an asynchronous mode). Measured
+# (benchmarks/planner_horizon.py): past it, 4 steps come within a few % of what 16 settle at, where
+# the whole run's rate is up to 30 % low; leaving out the 1 + α pipeline-fill steps as well
+# (:func:`fill_steps`) halves the sample of a short run for a smaller gain in bias.
+START_UP_STEPS = 1
+
+
+def fill_steps(alpha: int) -> int:
+    """Steps that fill the pipeline of a run whose staleness bound is ``alpha``: 1 + α. At version 0
+    the admission window spans 1 + α batches, so the first 1 + α steps train on batches whose rollout
+    began before any weight update (the steps after the first are short until those are used up)
+    and stale aborts cannot have happened yet: the warm-up ``rollart reproduce`` leaves out of its
+    figures (its runs are long enough to afford it)."""
+    return 1 + max(0, alpha)
+
+
+def steady_window(steps: list[StepRecord], warmup: int = START_UP_STEPS) -> tuple[list[StepRecord], bool]:
+    """The steady-state steps and whether the run reached them: those after the first ``warmup``
+    when at least :data:`STEADY_MIN_STEPS` remain (True); else, as the best a short run has, those
+    after the first step when at least two, else all (False)."""
+    if len(steps) - warmup >= STEADY_MIN_STEPS:
+        return steps[warmup:], True
+    return (steps[1:] if len(steps) >= 2 else steps), False
+
+
+def steady_state(steps: list[StepRecord], warmup: int = START_UP_STEPS) -> dict[str, Any]:
+    """Rates over the steady-state steps (:func:`steady_window`): trajectories and trained tokens per
+    second over their span, their mean step time and breakdown, the first of them and how many;
+    ``settled`` False when the run was too short to pass the warm-up, and ``steps_needed`` the run
+    length that would."""
+    window, settled = steady_window(steps, warmup)
+    span = window[-1].end_s - window[0].start_s if window else 0.0
+    return {
+        "settled": settled,
+        "from_step": window[0].step if window else 0,
+        "steps": len(window),
+        "steps_needed": warmup + STEADY_MIN_STEPS,
+        "trajectories_per_s": sum(s.trajectories for s in window) / span if span > 0 else 0.0,
+        "trained_tokens_per_s": sum(s.tokens for s in window) / span if span > 0 else 0.0,
+        "step_time_s_mean": sum(s.time_s for s in window) / len(window) if window else 0.0,
+        "breakdown_s_mean": {k: sum(s.breakdown_s.get(k, 0.0) for s in window) / len(window) if window else 0.0
+                             for k in BREAKDOWN_KEYS},
+    }
 
 
 def critical_path_breakdown(segments: list[tuple[float, float, str]], start: float, end: float) -> dict[str, float]:

@@ -14,13 +14,21 @@ from rich.table import Table
 
 from rollart.core.stats import BREAKDOWN_KEYS
 from rollart.planner.search import Evaluation, PlanSearch
+from rollart.report import plan_rates
 
 NAMES = {"generation": "generation", "env_queue": "waiting for env cores", "env_reset": "env reset", "env_step": "env", "reward": "reward",
          "train": "train", "weight_sync": "weight sync", "idle": "idle"}
 
 
+def _steady(ev: Evaluation) -> dict[str, Any]:
+    """The figures plans are ranked by: the steady state's when the run reached it (the planner
+    simulates every candidate past its pipeline fill), else the whole run's."""
+    sm = ev.summary
+    return sm["steady"] if (sm.get("steady") or {}).get("settled") else sm
+
+
 def _bd(ev: Evaluation) -> dict[str, float]:
-    return ev.summary.get("breakdown_s_mean") or {}
+    return _steady(ev).get("breakdown_s_mean") or {}
 
 
 def _pct(x: float) -> str:
@@ -41,10 +49,9 @@ def changes(a: Evaluation, b: Evaluation) -> list[str]:
 def reason(a: Evaluation, b: Evaluation, b_name: str) -> str:
     """Why ``a`` beats (or trails) ``b``: throughput and cost, the step-time components that
     moved most along the critical path, and what ``a`` chose differently."""
-    sa, sb = a.summary, b.summary
-    ta, tb = sa.get("trajectories_per_s", 0.0), sb.get("trajectories_per_s", 0.0)
+    sa, sb = _steady(a), _steady(b)
+    (ta, ca, _), (tb, cb, _) = plan_rates(a.summary), plan_rates(b.summary)
     parts = [f"vs {b_name}: {_pct(ta / tb - 1)} traj/s" if tb else f"vs {b_name}"]
-    ca, cb = sa.get("cost_per_1k_trajectories_usd"), sb.get("cost_per_1k_trajectories_usd")
     if ca is not None and cb:
         parts[0] += f", {_pct(ca / cb - 1)} $/1k traj"
     ba, bb = _bd(a), _bd(b)
@@ -75,15 +82,16 @@ def _money(x: Any, fmt: str) -> str:
 def top_table(result: PlanSearch, top: int = 5) -> Table:
     """The best plans (full-length simulations): throughput, cost, GPUs and the placement."""
     table = Table(title=f"top plans · objective {result.objective} · budget {result.budget.describe()} "
-                        f"(full-length simulations)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+                        f"(full-length simulations; rates over the steady-state steps)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("#", "traj/s", "$/h", "$/1k traj", "GPUs", "plan"):
         table.add_column(col, justify="left" if col == "plan" else "right", overflow="fold",
                          no_wrap=col != "plan")
     for i, ev in enumerate(result.ranked[:top]):
         sm = ev.summary
         mark = " (the scenario's)" if result.baseline is not None and ev.candidate == result.baseline.candidate else ""
-        table.add_row(str(i + 1), f"{sm['trajectories_per_s']:.3f}", _money(sm.get("cost_usd_per_hour"), "{:,.0f}"),
-                      _money(sm.get("cost_per_1k_trajectories_usd"), "{:,.2f}"), str(ev.candidate.total_gpus),
+        tps, c1k, _ = plan_rates(sm)
+        table.add_row(str(i + 1), f"{tps:.3f}", _money(sm.get("cost_usd_per_hour"), "{:,.0f}"),
+                      _money(c1k, "{:,.2f}"), str(ev.candidate.total_gpus),
                       ev.candidate.label() + mark)
     return table
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rollart.planner.space import Budget, Candidate, Space
+from rollart.report import plan_rates
 from rollart.sweep.runner import RayPool, SerialPool
 
 OBJECTIVES = ("throughput", "cost")
@@ -60,14 +61,16 @@ def score(ev: Evaluation, objective: str, budget: Budget) -> tuple[float, float]
     """Smaller is better; None when the run failed or broke the US$ budget (which counts the
     billed serverless time, known only after simulating). Throughput objective: throughput in
     1 % (``THROUGHPUT_TIE``) logarithmic bins, then cost per 1k trajectories; cost objective: cost,
-    then throughput."""
+    then throughput. Both past the cold first step where the run has at least two more
+    (:func:`~rollart.report.plan_rates`): over a scenario's 4 steps that step is a third of an
+    asynchronous plan's time and a quarter of a synchronous one's, which understated α ≥ 1 against
+    α = 0 and α 2–4 against α 1 by 10–30 % on 128 GPUs (benchmarks/planner_horizon.py)."""
     if ev.error or not ev.summary:
         return None
     sm = ev.summary
-    tps = sm.get("trajectories_per_s") or 0.0
+    tps, c1k, _ = plan_rates(sm)
     if tps <= 0:
         return None
-    c1k = sm.get("cost_per_1k_trajectories_usd")
     cph = sm.get("cost_usd_per_hour")
     if budget.usd_per_hour is not None and (cph is None or cph > budget.usd_per_hour * (1 + 1e-9)):
         return None

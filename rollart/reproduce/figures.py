@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+from rollart.core import stats
 from rollart.core.modes import mode_config
 from rollart.core.stats import StepRecord
 from rollart.reproduce.model import Outcome
@@ -13,21 +14,14 @@ NA = "—"
 
 
 def fill_steps(o: Outcome) -> int:
-    """Steps that fill the pipeline: 1 + α for a run whose staleness bound is α. At version 0 the
-    admission window spans 1 + α batches, so the first 1 + α steps train on batches whose rollout
-    began before any weight update (the steps after the first are short until they are used up),
-    and stale aborts cannot have happened yet. 1 when the run's plan is not known."""
-    return 1 if o.plan is None else 1 + mode_config(o.plan, o.variant.mode).alpha
+    """Steps that fill the pipeline of the variant's run (:func:`rollart.core.stats.fill_steps`: 1 + α
+    of its mode); 1 when the run's plan is not known."""
+    return 1 if o.plan is None else stats.fill_steps(mode_config(o.plan, o.variant.mode).alpha)
 
 
 def steady(o: Outcome) -> list[StepRecord]:
-    """The steady-state steps: those after the pipeline fill (:func:`fill_steps`) when at least two
-    remain, else those after the first when there are at least two, else all."""
-    recs = o.records
-    if len(recs) < 2:
-        return recs
-    fill = fill_steps(o)
-    return recs[fill:] if len(recs) - fill >= 2 else recs[1:]
+    """The steady-state steps: past the pipeline fill (:func:`rollart.core.stats.steady_window`)."""
+    return stats.steady_window(o.records, fill_steps(o))[0]
 
 
 def mean(xs: Iterable[float]) -> float:

@@ -6,27 +6,33 @@ import math
 from pathlib import Path
 from typing import Any
 
-X = "cost_per_1k_trajectories_usd"   # lower is better
-Y = "trajectories_per_s"             # higher is better
+from rollart.sweep.results import rates
+
+
+def _xy(r: dict[str, Any]) -> tuple[Any, Any]:
+    """(cost per 1k trajectories: lower is better, trajectories/s: higher is better), over the
+    steady-state steps where the point reached them (:func:`~rollart.sweep.results.rates`)."""
+    y, x = rates(r)
+    return x, y
 
 
 def _ok(r: dict[str, Any]) -> bool:
-    x, y = r.get(X), r.get(Y)
+    x, y = _xy(r)
     return (not r.get("error") and isinstance(x, (int, float)) and isinstance(y, (int, float))
             and math.isfinite(x) and math.isfinite(y) and y > 0)
 
 
 def pareto_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows no other row beats on both cost per 1 000 trajectories (lower) and throughput
-    (higher), cheapest first. Rows with an error or no throughput are left out; of exact
-    duplicates the first is kept."""
-    ok = sorted((r for r in rows if _ok(r)), key=lambda r: (r[X], -r[Y]))
+    (higher), cheapest first, both over the steady state where a point reached it. Rows with an
+    error or no throughput are left out; of exact duplicates the first is kept."""
+    ok = sorted((r for r in rows if _ok(r)), key=lambda r: (_xy(r)[0], -_xy(r)[1]))
     front: list[dict[str, Any]] = []
     best_y = -math.inf
     for r in ok:
-        if r[Y] > best_y:
+        if _xy(r)[1] > best_y:
             front.append(r)
-            best_y = r[Y]
+            best_y = _xy(r)[1]
     return front
 
 
@@ -41,15 +47,15 @@ def plot_pareto(rows: list[dict[str, Any]], front: list[dict[str, Any]], path: s
 
     ok = [r for r in rows if _ok(r)]
     fig, ax = plt.subplots(figsize=(7.5, 5), dpi=120)
-    ax.scatter([r[X] for r in ok], [r[Y] for r in ok], s=18, c="0.65", label=f"points ({len(ok)})")
+    ax.scatter([_xy(r)[0] for r in ok], [_xy(r)[1] for r in ok], s=18, c="0.65", label=f"points ({len(ok)})")
     if front:
-        ax.plot([r[X] for r in front], [r[Y] for r in front], "-o", c="tab:red", ms=5,
+        ax.plot([_xy(r)[0] for r in front], [_xy(r)[1] for r in front], "-o", c="tab:red", ms=5,
                 label=f"Pareto frontier ({len(front)})")
         for r in front if label_keys else []:
             text = ", ".join(f"{k.rsplit('.', 1)[-1]}={r.get(k)}" for k in label_keys)
-            ax.annotate(text, (r[X], r[Y]), textcoords="offset points", xytext=(4, 4), fontsize=6)
+            ax.annotate(text, _xy(r), textcoords="offset points", xytext=(4, 4), fontsize=6)
     ax.set_xlabel("cost per 1 000 trajectories (US$)")
-    ax.set_ylabel("throughput (trajectories/s)")
+    ax.set_ylabel("throughput (trajectories/s, steady state where reached)")
     ax.set_title(title or "sweep: cost vs throughput", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

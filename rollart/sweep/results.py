@@ -15,6 +15,16 @@ METRICS = ("trajectories_per_s", "tokens_per_s", "step_time_s_mean", "step_time_
            "aborted_redundant", "env_failures", "serverless_gpu_seconds", "serverless_serving_s", "steps_done",
            "simulated_s")
 
+STEADY_METRICS = ("trajectories_per_s", "cost_per_1k_trajectories_usd", "step_time_s_mean")
+
+
+def rates(row: dict[str, Any]) -> tuple[Any, Any]:
+    """(trajectories/s, US$ per 1k trajectories) a row is ranked by: the steady state's where the
+    point reached it, else the whole run's."""
+    if row.get("steady_trajectories_per_s"):
+        return row["steady_trajectories_per_s"], row.get("steady_cost_per_1k_trajectories_usd")
+    return row.get("trajectories_per_s"), row.get("cost_per_1k_trajectories_usd")
+
 
 def _cell(v: Any) -> Any:
     """Scalars stay as they are; lists and mappings become compact JSON (one CSV cell)."""
@@ -35,6 +45,13 @@ def result_row(key: str, point: dict[str, Any], record: dict[str, Any]) -> dict[
                 "gpus": sum(placed.values()) if placed else None, "gpus_by_pool": _cell(placed or None)})
     for m in METRICS:
         row[m] = sm.get(m)
+    # the steady state's rates (after the 1 + α pipeline-fill steps; empty when the run was too short
+    # to reach it): what the frontier and the table rank by where present
+    steady = sm.get("steady") or {}
+    settled = bool(steady.get("settled"))
+    for m in STEADY_METRICS:
+        row[f"steady_{m}"] = steady.get(m) if settled else None
+    row["steady_steps_needed"] = steady.get("steps_needed")
     bd = sm.get("breakdown_s_mean") or {}
     for k in BREAKDOWN_KEYS:
         row[f"breakdown_{k}_s"] = bd.get(k)
