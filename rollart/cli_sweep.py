@@ -231,7 +231,9 @@ def plan(
                                                                        "full length (stops when a round finds nothing better)"),
     gpu_step: Optional[int] = typer.Option(None, "--gpu-step", min=1, help="GPU counts move in steps of this "
                                                                             "(default 8, a node, for big budgets)"),
-    tp: str = typer.Option("1,2,4,8", "--tp", help="generation tensor-parallel degrees to try"),
+    tp: Optional[str] = typer.Option(None, "--tp", help="generation tensor-parallel degrees to try (default: "
+                                                          "the powers of two within each pool's NVLink domain, "
+                                                          "1,2,4,8 on HGX boards)"),
     alphas: str = typer.Option("0,1,2", "--alphas", help="staleness bounds α to try"),
     redundancies: str = typer.Option("0,0.25,0.5", "--redundancies", help="redundancy fractions to try"),
     fixed_affinity: bool = typer.Option(False, "--fixed-affinity", help="do not search the affinity map: "
@@ -275,7 +277,7 @@ def plan(
     try:
         if objective == "cost" or budget_usd_per_hour is not None:
             require_prices(base_plan)
-        space = Space.from_plan(base_plan, budget, step=gpu_step, tps=_csv(tp, int, "--tp", 1, 1024),
+        space = Space.from_plan(base_plan, budget, step=gpu_step, tps=None if tp is None else _csv(tp, int, "--tp", 1, 1024),
                                 alphas=_csv(alphas, int, "--alphas", 0, 1000),
                                 redundancies=_csv(redundancies, float, "--redundancies", 0, 16),
                                 search_affinity=not fixed_affinity)

@@ -335,3 +335,17 @@ def test_a_small_dollar_budget_leaves_room_for_generation_on_the_cheapest_pool()
     space = Space.from_plan(plan, Budget(usd_per_hour=30.0), tps=[1, 2], alphas=[1], redundancies=[0.0])
     assert 4 in space.trainer_gpus
     assert any(space.fits(c) and c.trainer_gpus == 4 for c in space.enumerate())
+
+
+def test_default_tp_degrees_span_each_pools_nvlink_domain():
+    """Without --tp the search tries the powers of two inside each pool's NVLink domain: 1-8 on an HGX
+    board (the presets), up to 64 on an NVL72-class type, whose wider workers stay on NVLink."""
+    nvl = ("cluster.custom_gpus.NVL={tflops_bf16: 2250, hbm_tbps: 8, memory_gb: 186, nvlink_gbps: 1800, "
+           "tflops_fp8: 4500, nvlink_domain: 72}")
+    _, plan = _base()
+    assert Space.from_plan(plan, Budget(gpus=64)).gen_tp["h800"] == [1, 2, 4, 8]
+    _, plan = _base([nvl, "cluster.gpu_pools.h20.gpu=NVL"])
+    space = Space.from_plan(plan, Budget(gpus=160))
+    assert space.gen_tp["h800"] == [1, 2, 4, 8]
+    # Qwen3-8B has 32 query heads: tp 64 cannot split them
+    assert space.gen_tp["h20"] == [1, 2, 4, 8, 16, 32]

@@ -40,6 +40,11 @@ class Budget:
         return " and ".join(parts) or "no budget"
 
 
+def _powers_of_two(limit: int) -> list[int]:
+    """1, 2, 4, … up to ``limit``: the tensor-parallel degrees a worker inside one NVLink domain takes."""
+    return [2 ** k for k in range(max(1, limit).bit_length()) if 2 ** k <= limit]
+
+
 @dataclass(frozen=True)
 class Candidate:
     trainer_pool: str
@@ -164,12 +169,14 @@ class Space:
     # ---- construction from a scenario -------------------------------------------------------
 
     @classmethod
-    def from_plan(cls, plan: Plan, budget: Budget, step: int | None = None, tps: list[int] = (1, 2, 4, 8),
+    def from_plan(cls, plan: Plan, budget: Budget, step: int | None = None, tps: list[int] | None = None,
                   alphas: list[int] = (0, 1, 2), redundancies: list[float] = (0.0, 0.25, 0.5),
                   reward_gpus: list[int] | None = None, search_affinity: bool = True) -> "Space":
         """The space a budget allows on the scenario's GPU pools (their GPU types; counts are
         free), in multiples of ``step`` GPUs (default: 8 — a node — for budgets of 64 GPUs or
-        more, else 4, 2 or 1)."""
+        more, else 4, 2 or 1). ``tps``: the generation tensor-parallel degrees to try; default the
+        powers of two within each pool's NVLink domain (1, 2, 4, 8 on an HGX board; up to 64 on an
+        NVL72 rack, where a wider worker stays on NVLink)."""
         from rollart.calibration import generation_cost
         from rollart.sim.costs.price import cpu_cores
 
@@ -240,7 +247,8 @@ class Space:
         for p in pools:
             gpu_name = c.gpu_pools[p].gpu
             ok = []
-            for tp in sorted(set(tps)):
+            domain = c.gpu_type(gpu_name).nvlink_domain
+            for tp in sorted(set(tps if tps is not None else _powers_of_two(domain))):
                 if plan.model.heads % tp:
                     continue
                 cost = generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp, c.gpu_pools[p].profile)
@@ -261,8 +269,9 @@ class Space:
             cap = int(in_flight * max(ok)) if ok else 0
             gen_gpus[p] = list(range(0, min(max_gpus(p), cap) + 1, step)) if ok else [0]
         if not any(len(v) > 1 for v in gen_gpus.values()):
+            tried = ", ".join(map(str, tps)) if tps is not None else "up to each pool's NVLink domain"
             raise PlanError([f"placement.generation: no GPU pool can serve {plan.model.name} at tp "
-                             f"{', '.join(map(str, tps))} with a {longest}-token context; allow a larger --tp"])
+                             f"{tried} with a {longest}-token context; allow a larger --tp"])
         rewards: list[tuple[str, str | None, int]] = []
         if any(t.reward == "llm_judge" for t in plan.tasks):
             if c.serverless is not None:
