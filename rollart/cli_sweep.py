@@ -154,40 +154,35 @@ def _print_points(result: Any) -> None:
     from rich.table import Table
 
     from rollart.report import decimals_for
-
-    from rollart.sweep.results import rates
+    from rollart.sweep.results import all_steady, rates
 
     front = {id(r) for r in result.front}
-    ok = sorted((r for r in result.rows if not r["error"]), key=lambda r: -(rates(r)[0] or 0.0))
+    steady = all_steady(result.rows)
+    ok = sorted((r for r in result.rows if not r["error"]), key=lambda r: -(rates(r, steady)[0] or 0.0))
     bad = [r for r in result.rows if r["error"]]
-    short = [r for r in ok if not r.get("steady_trajectories_per_s")]
-    short_ids = {id(r) for r in short}
+    over = "past the cold first step" if steady else "over the whole run"
     table = Table(title=f"{len(result.rows)} points, fastest first; * the Pareto frontier ({len(result.front)}: "
-                        "cost per 1 000 trajectories vs throughput); rates and step s over the steady-state steps"
-                        + ("; † whole run: too short to pass the pipeline fill" if short else ""),
+                        f"cost per 1 000 trajectories vs throughput); rates and step s {over}",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("*", justify="center")
     for d in result.dims:
         table.add_column(d.path, justify="right")
     for col in ("traj/s", "$/1k traj", "$/h", "GPUs", "step s"):
         table.add_column(col, justify="right")
-    def step_key(r: dict[str, Any]) -> str:
-        return "steady_step_time_s_mean" if r.get("steady_trajectories_per_s") else "step_time_s_mean"
-
-    d = decimals_for([r.get(step_key(r)) or 0.0 for r in ok])
+    step_key = "steady_step_time_s_mean" if steady else "step_time_s_mean"
+    d = decimals_for([r.get(step_key) or 0.0 for r in ok])
     for r in ok:
-        tps, c1k = rates(r)
-        dag = "†" if id(r) in short_ids else ""
+        tps, c1k = rates(r, steady)
         table.add_row("*" if id(r) in front else "", *(_fmt(r.get(dim.path)) for dim in result.dims),
-                      "-" if tps is None else f"{tps:.3f}{dag}", "-" if c1k is None else f"{c1k:.2f}",
-                      _num(r, "cost_usd_per_hour", ",.0f"), _fmt(r.get("gpus")), _num(r, step_key(r), f".{d}f"))
+                      "-" if tps is None else f"{tps:.3f}", "-" if c1k is None else f"{c1k:.2f}",
+                      _num(r, "cost_usd_per_hour", ",.0f"), _fmt(r.get("gpus")), _num(r, step_key, f".{d}f"))
     for r in bad:
         table.add_row("", *(_fmt(r.get(dim.path)) for dim in result.dims), "[red]failed[/]", "-", "-", "-", "-")
     console.print(table)
-    if short:
-        need = max(r.get("steady_steps_needed") or 0 for r in short)
-        console.print(f"† {len(short)} point(s) ran too few steps to pass the pipeline fill (1 + α): their rates include "
-                      f"the start-up; --steps {need} or more ranks every point on its steady state", highlight=False)
+    if ok and not steady:
+        need = max(r.get("steady_steps_needed") or 0 for r in ok)
+        console.print(f"every point is read over its whole run, cold first step included: a point ran fewer than "
+                      f"{need} steps; --steps {need} or more reads them past it, as a long run", highlight=False)
     for r in bad:
         where = ", ".join(f"{dim.path}={_fmt(r.get(dim.path))}" for dim in result.dims)
         console.print(f"[red]failed[/] {escape(where)}: {escape(str(r['error']).splitlines()[0])}", highlight=False,

@@ -298,7 +298,8 @@ def compare_table(results: list[RunResult]) -> Table:
     steady = all(plan_rates(r.summary)[2] for r in results)
     figs = [r.summary["steady"] if steady else r.summary for r in results]
     base = figs[0]["trajectories_per_s"] or 1.0
-    what = "steady state, past the first step" if steady else "whole run"
+    what = ("traj/s and step s past the cold first step; busy and aborts over the whole run" if steady
+            else "whole run")
     table = Table(title=f"{results[0].scenario}: throughput normalised to {results[0].mode} ({what})",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("mode", "step s", "traj/s", f"× {results[0].mode}", "GPU busy", "stale", "redundant"):

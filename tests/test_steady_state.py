@@ -17,7 +17,7 @@ from rollart.report import plan_rates
 from rollart.scenarios_catalog import default_scenario
 from rollart.sim import simulate_plan
 from rollart.sweep.pareto import pareto_front
-from rollart.sweep.results import rates
+from rollart.sweep.results import all_steady, rates
 
 
 def _steps(times: list[float], trajs: int = 8) -> list[StepRecord]:
@@ -58,19 +58,24 @@ def test_plan_rates_use_the_steady_state_only_once_reached():
     assert plan_rates(settled) == (1.2, 7.5, True)
     short = {**settled, "steady": {**settled["steady"], "settled": False}}
     assert plan_rates(short) == (1.0, 9.0, False)
-    assert rates({"trajectories_per_s": 1.0, "cost_per_1k_trajectories_usd": 9.0, "steady_trajectories_per_s": 1.2,
-                  "steady_cost_per_1k_trajectories_usd": 7.5}) == (1.2, 7.5)
-    assert rates({"trajectories_per_s": 1.0, "cost_per_1k_trajectories_usd": 9.0,
-                  "steady_trajectories_per_s": None}) == (1.0, 9.0)
 
 
-def test_the_frontier_ranks_points_by_their_steady_state():
+def _row(key: str, tps: float, c1k: float, steady_tps: float | None, steady_c1k: float | None) -> dict:
+    return {"key": key, "trajectories_per_s": tps, "cost_per_1k_trajectories_usd": c1k, "error": "",
+            "steady_trajectories_per_s": steady_tps, "steady_cost_per_1k_trajectories_usd": steady_c1k}
+
+
+def test_the_frontier_reads_every_point_on_one_basis():
     # whole run: a looks faster and cheaper; steady: b is (a's short run was flattered by its start-up)
-    a = {"key": "a", "trajectories_per_s": 1.5, "cost_per_1k_trajectories_usd": 8.0, "error": "",
-         "steady_trajectories_per_s": 1.0, "steady_cost_per_1k_trajectories_usd": 12.0}
-    b = {"key": "b", "trajectories_per_s": 1.2, "cost_per_1k_trajectories_usd": 10.0, "error": "",
-         "steady_trajectories_per_s": 1.4, "steady_cost_per_1k_trajectories_usd": 8.5}
-    assert [r["key"] for r in pareto_front([a, b])] == ["b"]
+    a, b = _row("a", 1.5, 8.0, 1.0, 12.0), _row("b", 1.2, 10.0, 1.4, 8.5)
+    assert all_steady([a, b]) and [r["key"] for r in pareto_front([a, b])] == ["b"]
+    assert rates(a, True) == (1.0, 12.0) and rates(a, False) == (1.5, 8.0)
+    # one point too short for a steady state: every point is read over its whole run, never a mix
+    short = _row("b", 1.2, 10.0, None, None)
+    assert not all_steady([a, short]) and [r["key"] for r in pareto_front([a, short])] == ["a"]
+    # a failed point does not decide the basis
+    failed = {**_row("c", 0.0, 0.0, None, None), "error": "boom"}
+    assert all_steady([a, b, failed])
 
 
 def test_a_short_run_understates_the_long_run_and_the_steady_state_less():

@@ -221,6 +221,9 @@ def test_sweep_command(local_ray, tmp_path):
     res = runner.invoke(_app(), args, env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "Pareto frontier" in res.output and "4 simulated, 0 already done, 0 failed" in res.output
+    # 2 steps cannot pass the cold first step: every point is read over its whole run, and told so
+    text = " ".join(res.output.split())
+    assert "rates and step s over the whole run" in text and "--steps 3 or more reads them past it" in text
     rerun = runner.invoke(_app(), args, env={"COLUMNS": "200"})
     assert rerun.exit_code == 0 and "0 simulated, 4 already done" in rerun.output
     sampled = runner.invoke(_app(), [*args, "--samples", "3", "--grid", "algorithm.group_size=4,8"],

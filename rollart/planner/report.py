@@ -21,8 +21,8 @@ NAMES = {"generation": "generation", "env_queue": "waiting for env cores", "env_
 
 
 def _steady(ev: Evaluation) -> dict[str, Any]:
-    """The figures plans are ranked by: the steady state's when the run reached it (the planner
-    simulates every candidate past its pipeline fill), else the whole run's."""
+    """The figures plans are ranked by: the steady state's (past the cold first step) when the run
+    reached it, else the whole run's."""
     sm = ev.summary
     return sm["steady"] if (sm.get("steady") or {}).get("settled") else sm
 
@@ -81,8 +81,11 @@ def _money(x: Any, fmt: str) -> str:
 
 def top_table(result: PlanSearch, top: int = 5) -> Table:
     """The best plans (full-length simulations): throughput, cost, GPUs and the placement."""
+    steady = all(plan_rates(ev.summary)[2] for ev in result.ranked[:top])
+    over = "past the cold first step" if steady else "over the whole run"
     table = Table(title=f"top plans · objective {result.objective} · budget {result.budget.describe()} "
-                        f"(full-length simulations; rates over the steady-state steps)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+                        f"(full-length simulations; rates {over})", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("#", "traj/s", "$/h", "$/1k traj", "GPUs", "plan"):
         table.add_column(col, justify="left" if col == "plan" else "right", overflow="fold",
                          no_wrap=col != "plan")

@@ -7,7 +7,9 @@
    the heuristic affinity) plus seeded random candidates that use the whole budget.
 2. **Rung 0** simulates each for ``min_steps`` training steps (two by default: step 0 is the
    start-up transient, with no overlap and no staleness, so one step cannot rank α or the
-   trainer/rollout split); a local search then simulates the
+   trainer/rollout split; two are read whole, which understates α ≥ 1 against α = 0, but a third
+   step costs a halving rung and found worse plans: see calibration/CHANGES.md, session 47); a
+   local search then simulates the
    untried neighbours (one move away: GPUs between pools, tp, one tag's affinity, α, redundancy,
    reward placement) of the leaders, ``local_rounds`` times.
 3. **Halving**: the best ``1/eta`` (at least ``finalists``) go on, each rung doubling the steps,

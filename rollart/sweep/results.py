@@ -18,11 +18,19 @@ METRICS = ("trajectories_per_s", "tokens_per_s", "step_time_s_mean", "step_time_
 STEADY_METRICS = ("trajectories_per_s", "cost_per_1k_trajectories_usd", "step_time_s_mean")
 
 
-def rates(row: dict[str, Any]) -> tuple[Any, Any]:
-    """(trajectories/s, US$ per 1k trajectories) a row is ranked by: the steady state's where the
-    point reached it, else the whole run's."""
-    if row.get("steady_trajectories_per_s"):
-        return row["steady_trajectories_per_s"], row.get("steady_cost_per_1k_trajectories_usd")
+def all_steady(rows: list[dict[str, Any]]) -> bool:
+    """Whether every successful point reached its steady state (ran at least 3 steps): only then are
+    the points compared past their cold first step, else all over their whole runs, so that no two
+    points are read on different bases."""
+    ok = [r for r in rows if not r.get("error")]
+    return bool(ok) and all(r.get("steady_trajectories_per_s") for r in ok)
+
+
+def rates(row: dict[str, Any], steady: bool) -> tuple[Any, Any]:
+    """(trajectories/s, US$ per 1k trajectories) a row is ranked by: its steady state's when the
+    sweep is read on that basis (:func:`all_steady`), else its whole run's."""
+    if steady:
+        return row.get("steady_trajectories_per_s"), row.get("steady_cost_per_1k_trajectories_usd")
     return row.get("trajectories_per_s"), row.get("cost_per_1k_trajectories_usd")
 
 
@@ -45,8 +53,8 @@ def result_row(key: str, point: dict[str, Any], record: dict[str, Any]) -> dict[
                 "gpus": sum(placed.values()) if placed else None, "gpus_by_pool": _cell(placed or None)})
     for m in METRICS:
         row[m] = sm.get(m)
-    # the steady state's rates (after the 1 + α pipeline-fill steps; empty when the run was too short
-    # to reach it): what the frontier and the table rank by where present
+    # the steady state's rates (past the cold first step; empty when the run was too short to reach
+    # it): what the frontier and the table rank by when every point has them
     steady = sm.get("steady") or {}
     settled = bool(steady.get("settled"))
     for m in STEADY_METRICS:
