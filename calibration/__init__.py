@@ -94,10 +94,16 @@ def _shipped_kernel_profile(gpu_name: str | None, gpu: "GpuType") -> "Path | Non
 
 
 def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, profile: str | None = None,  # noqa: ANN201
-                    ep: int = 1, network: "Link | None" = None, memory_utilization: float = 0.90):
+                    ep: int = 1, network: "Link | None" = None, memory_utilization: float = 0.90,
+                    domain: int | None = None):
     """The generation cost model for ``tp`` GPUs of type ``gpu_name`` serving ``model``, with ``ep``
-    expert-parallel ranks (MoE) whose all-to-all crosses ``network`` (the cluster's link) when a
-    worker is wider than a node; the engine may use ``memory_utilization`` of each GPU's memory."""
+    expert-parallel ranks (MoE) whose all-to-all, like the tensor-parallel ring, crosses ``network`` (the
+    cluster's link) where a worker does not fit one NVLink domain (the GPU type's ``nvlink_domain``); the
+    engine may use ``memory_utilization`` of each GPU's memory. ``domain``: the NVLink domain this worker's
+    collectives see where it straddles a domain boundary (:func:`~rollart.sim.costs.moe.worker_domain`:
+    the backend lays a generation group's workers out as ``tp`` consecutive GPUs each from a domain
+    boundary, so of 4 × tp 32 on 128 GPUs of 72-GPU racks the third, on GPUs 64–95, gets 8 and crosses the
+    network); None: the GPU type's ``nvlink_domain`` (a worker alone, from a boundary)."""
     from rollart.calibration.cost import EngineProfileGeneration, KernelProfileGeneration
     from rollart.calibration.links import inter_node_link
     from rollart.calibration.profiles import EngineProfile, TrainProfile
@@ -105,14 +111,15 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
 
     def roofline() -> RooflineGeneration:
         return RooflineGeneration(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
-                                  ep=ep, network=inter_node_link(network))
+                                  ep=ep, network=inter_node_link(network), domain=domain)
 
     if profile == "datasheet":
         return roofline()
     path = Path(profile) if profile else _shipped_kernel_profile(gpu_name, gpu)
     if path is None:  # no timings of this GPU: the measured reference's efficiencies on its datasheet
         moved = _transferred(gpu_name, gpu.tflops_bf16, gpu.hbm_tbps, gpu.nvlink_gbps, gpu.tflops_fp8)
-        return KernelProfileGeneration(model, gpu, tp, moved, f"{gpu_name} datasheet", ep, network, memory_utilization)
+        return KernelProfileGeneration(model, gpu, tp, moved, f"{gpu_name} datasheet", ep, network, memory_utilization,
+                                       domain)
     loaded = _load(str(path.resolve()))
     origin = path.name if profile is None else str(path)
     if isinstance(loaded, TrainProfile):
@@ -120,14 +127,15 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     if isinstance(loaded, EngineProfile):
         return EngineProfileGeneration(model, gpu, tp, loaded, origin,  # measured end to end: as measured
                                        memory_utilization=memory_utilization)
-    return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network, memory_utilization)
+    return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network, memory_utilization, domain)
 
 
 # GPUs in the ring the shipped NCCL all-reduce fits were measured on (an 8×H100 DGX, calibration.datasets)
 NCCL_FIT_GPUS = 8
 
 
-def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link | None" = None) -> tuple[float, float, str]:
+def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link | None" = None,
+                 gpus: int | None = None) -> tuple[float, float, str]:
     """(latency s, bus bytes/s, where from) of a training tensor-parallel all-reduce (large messages:
     NCCL, not the serving engines' custom kernel). Within one NVLink domain (tp ≤ the GPU type's
     ``nvlink_domain``: 8 on an HGX board, 72 in an NVL72 rack): the NCCL fit of the GPU's shipped kernel
@@ -135,12 +143,25 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
     GPU's NVLink ÷ that preset's; a ring of more than :data:`NCCL_FIT_GPUS` inside a wider domain keeps
     that fit (NCCL's bus bandwidth is the per-GPU link rate whatever the ring's length; its α, measured
     on 8 GPUs, is not extrapolated). A group wider than the domain: a ring through the domain's NVLink and
-    :func:`cluster_network`, at its slowest hop's pace (``moe.ring_link``, the engines' rule)."""
+    :func:`cluster_network`, at its slowest hop's pace (``moe.ring_link``, the engines' rule).
+
+    ``gpus``: the GPUs the groups of ``tp`` are laid out over, consecutive from a domain boundary (the
+    trainer's: its tp groups, its data-parallel rings over a pipeline stage); a group that straddles a
+    domain boundary (tp 16 on 144 GPUs of 72-GPU racks: GPUs 64–79) crosses the network too, and the step
+    waits for it (:func:`~rollart.sim.costs.moe.effective_domain`). None: one group alone."""
     from rollart.calibration.profiles import KernelProfile, shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS
-    from rollart.sim.costs.moe import domain_name, ring_link
+    from rollart.sim.costs.moe import domain_name, effective_domain, ring_link
 
     domain = gpu.nvlink_domain
+    piece = effective_domain(tp, gpus, domain) if gpus else domain
+    if tp <= domain and piece < tp:  # inside the domain's size, but some group straddles a boundary
+        nv_latency, nv_rate, _ = tp_allreduce(gpu_name, gpu, tp)
+        net_latency, net_rate, where = cluster_network(network)
+        rate, latency = ring_link(tp, (nv_rate, nv_latency), (net_rate, net_latency), piece)
+        return (latency, rate,
+                f"{where}, {tp}-GPU rings over {gpus} GPUs straddling {domain_name(domain)}s (as few as {piece} "
+                "on one side) at their slowest hop's pace")
     if tp > domain:
         # the generation engines' rule (moe.ring_link): the ring's slowest hop sets its pace
         node_latency, node_rate, _ = tp_allreduce(gpu_name, gpu, domain)
@@ -163,8 +184,9 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
 
 
 def cluster_network(network: "Link | None" = None) -> tuple[float, float, str]:
-    """(latency s, bytes/s, where from) of the network between a cluster's nodes: the plan's
-    intra-cluster link when it names one, else the InfiniBand fit of the link table."""
+    """(latency s, bytes/s, where from) of the network between a cluster's NVLink domains (HGX boards,
+    NVL72 racks): the plan's intra-cluster link when it names one, else the InfiniBand fit of the link
+    table."""
     from rollart.calibration.links import inter_node_link
 
     rate, latency = inter_node_link(network)
@@ -175,7 +197,8 @@ def ep_all_to_all(gpu_name: str | None, gpu: "GpuType", network: "Link | None" =
                   ) -> tuple[tuple[float, float, str], tuple[float, float, str]]:
     """The (latency s, bytes/s, where from) an expert-parallel all-to-all moves at inside one NVLink
     domain (the GPU type's ``nvlink_domain``) and across domains: NVLink as :func:`tp_allreduce` prices
-    a group within the domain, and :func:`cluster_network`."""
+    a group within the domain, and :func:`cluster_network`. Which share of a group's traffic takes which
+    is the caller's (``TrainCost``: ``moe.all_to_all_s`` at the ep groups' ``moe.effective_domain``)."""
     return tp_allreduce(gpu_name, gpu, min(gpu.nvlink_domain, NCCL_FIT_GPUS)), cluster_network(network)
 
 
@@ -184,7 +207,9 @@ def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement", 
     """The training cost model: the trainer placement's ``profile:`` (a measured train
     profile) when set, else the FLOPs/MFU model with the tensor-parallel all-reduces, a MoE's
     expert-parallel all-to-alls and the data-parallel gradient sync on the links of the trainer's GPU
-    type ``gpu_name`` (across nodes: ``network``)."""
+    type ``gpu_name``: NVLink inside one NVLink domain (the type's ``nvlink_domain``), ``network`` (the
+    cluster's link) across domains, also for a group that straddles a domain boundary (groups are laid
+    out as consecutive GPUs over the trainer's ``gpus``)."""
     from rollart.calibration.cost import ProfiledTrainCost
     from rollart.calibration.profiles import TrainProfile
     from rollart.sim.costs.train import TrainCost, trainer_ep
@@ -192,10 +217,10 @@ def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement", 
     if not trainer.profile:
         stage = trainer.gpus // trainer.pp  # a data-parallel ring's span: the stage's GPUs
         return TrainCost(model, gpu, trainer,
-                         tp_allreduce(gpu_name, gpu, trainer.tp, network) if trainer.tp > 1 else None,
+                         tp_allreduce(gpu_name, gpu, trainer.tp, network, trainer.gpus) if trainer.tp > 1 else None,
                          ep_all_to_all(gpu_name, gpu, network) if trainer_ep(model, trainer, gpu.nvlink_domain) > 1
                          else None,
-                         tp_allreduce(gpu_name, gpu, stage, network) if stage > 1 else None)
+                         tp_allreduce(gpu_name, gpu, stage, network, trainer.gpus) if stage > 1 else None)
     loaded = _load(str(Path(trainer.profile).resolve()))
     if not isinstance(loaded, TrainProfile):
         raise ValueError(f"placement.trainer.profile: {trainer.profile} is a {loaded.kind} profile, not a train "

@@ -50,16 +50,19 @@ from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import (DecodeLine, RooflineEfficiency, decode_attention_flops, kv_capacity,
                                    kv_heads_per_gpu, prefill_attention_flops)
 from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, busiest_rank_share, rank_expert_rows,
-                                   rank_experts_touched, ring_link)
+                                   rank_experts_touched, ring_link, straddle_note)
 
 _TOKEN_MEMO = 1 << 14  # entries of KernelProfileGeneration._token_terms' memo (≈ 2.5 MB at most)
 
 
 class KernelProfileGeneration:
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: KernelProfile, origin: str,
-                 ep: int = 1, network: Link | None = None, memory_utilization: float = 0.90):
+                 ep: int = 1, network: Link | None = None, memory_utilization: float = 0.90,
+                 domain: int | None = None):
         self.model, self.tp, self.ep, self.profile = model, tp, ep, profile
-        self._domain = gpu.nvlink_domain  # GPUs on one NVLink; wider groups cross self._network
+        # GPUs on one NVLink; wider groups cross self._network. ``domain``: this worker's smallest piece
+        # where it straddles a domain boundary (moe.worker_domain), else the GPU type's
+        self._domain = gpu.nvlink_domain if domain is None else domain
         self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
                                               ep)
         self._peak = profile.peak_tflops_bf16 * 1e12
@@ -174,6 +177,7 @@ class KernelProfileGeneration:
                        f"{profile.fit_error.decode_mape_heldout:.1%} held-out"
                        + (f" on other GPUs' timings: no term measured on an {profile.gpu}, their fitted "
                           "efficiencies applied to its datasheet" if borrowed else ""))
+        self.source += straddle_note(tp, gpu.nvlink_domain, self._domain)
 
     def _gemms(self, m: float, shapes: list[tuple[float, float]], kind: tuple | None = None) -> float:
         """Σ gemm_time(m, k, n) — the same formula as ``kernels.gemm_time`` (a 64-row tile at least)."""

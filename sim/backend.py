@@ -29,6 +29,7 @@ from rollart.plan.schema import GenerationGroup
 from rollart.report import RunResult, price_steady_state, summary_from_steps, task_share_summary
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
+from rollart.sim.costs.moe import effective_domain, worker_domain
 from rollart.sim.costs.train import ColocationSwitch, trainer_memory_problems
 from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
@@ -129,29 +130,48 @@ class SimBackend:
         for gi, g in enumerate(plan.placement.generation):
             tp_of += [(gi, g)] * g.workers
         # One cost model per generation group, shared by its engines: it is a pure function of the
-        # group's GPU, tp and ep, and its memoised decode lines and step terms then serve them all.
-        group_costs: dict[int, Any] = {}
+        # group's GPU, tp and ep, and its memoised decode lines and step terms then serve them all; another
+        # for its workers that straddle an NVLink domain boundary, if any (_worker_domain: one per piece).
+        group_costs: dict[tuple[int, int], Any] = {}
+        first: dict[int, int] = {}  # each group's first worker id
         for w in build_workers(plan):
             gi, g = tp_of[w.id]
             gpu_name = plan.cluster.gpu_pools[g.pool].gpu
-            cost = group_costs.get(gi)
+            domain = self._worker_domain(gi, g, w.id - first.setdefault(gi, w.id))
+            cost = group_costs.get((gi, domain))
             if cost is None:
-                cost = group_costs[gi] = self._generation_cost(gi, g)
-            self.cost_sources[gpu_name] = cost.source
+                cost = group_costs[(gi, domain)] = self._generation_cost(gi, g, domain)
+            if "straddling" not in self.cost_sources.get(gpu_name, ""):  # the report flags a straddling worker
+                self.cost_sources[gpu_name] = cost.source
             span = self._worker_span(g.pool, w.id)
             self.engines.append(GenerationEngine(self.env, w.id, g.pool, cost, g.max_num_seqs,
                                                  plan.placement.prefix_cache, span))
             self.ctl.proxy.workers[w.id].kv_capacity_tokens = cost.kv_capacity_tokens  # routing sees KV room
 
-    def _generation_cost(self, gi: int, g: GenerationGroup) -> Any:
-        """The cost model of generation group ``gi``; a plan error when the group cannot hold one
-        context of the longest task."""
+    def _worker_domain(self, gi: int, g: GenerationGroup, index: int) -> int:
+        """The NVLink domain the collectives of worker ``index`` of generation group ``gi`` see. A group's
+        workers are laid out as tp consecutive GPUs each from a domain boundary of its pool (worker i on
+        GPUs i·tp … (i+1)·tp − 1), so one that straddles a boundary crosses the network with its smallest
+        piece (moe.worker_domain: of 4 × tp 32 on 72-GPU racks, the third, on GPUs 64–95). Under
+        --scale-approx the simulated 1/m of the workers cannot say which of the full plan's they stand
+        for: each gets the full group's worst (moe.effective_domain), a conservative price."""
+        domain = self.plan.cluster.gpu_type(self.plan.cluster.gpu_pools[g.pool].gpu).nvlink_domain
+        if self.scale > 1:
+            full = self.full_plan.placement.generation[gi]
+            return effective_domain(full.tp, full.workers * full.tp, domain)
+        return worker_domain(index * g.tp, g.tp, domain)
+
+    def _generation_cost(self, gi: int, g: GenerationGroup, domain: int | None = None) -> Any:
+        """The cost model of generation group ``gi`` (for its workers whose collectives see an NVLink domain
+        of ``domain`` GPUs: :meth:`_worker_domain`); a plan error when the group cannot hold one context of
+        the longest task."""
         plan = self.plan
         pool = plan.cluster.gpu_pools[g.pool]
         gpu_name = pool.gpu
         try:
             cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile,
-                                   g.ep, plan.cluster.links.get("intra_cluster"), g.gpu_memory_utilization)
+                                   g.ep, plan.cluster.links.get("intra_cluster"), g.gpu_memory_utilization,
+                                   domain)
         except (OSError, ValueError) as exc:
             raise PlanError([f"cluster.gpu_pools.{g.pool}.profile: {exc}"]) from None
         longest = plan.longest_context_tokens
@@ -233,16 +253,26 @@ class SimBackend:
             raise PlanError([f"placement.reward.gpus: mode '{mode.name}' runs the LLM judge on dedicated GPUs; "
                              "set placement.reward.pool and gpus"])
         pool = plan.cluster.gpu_pools[r.pool]
-        cost = self._judge_cost("placement.reward.tp", pool.gpu, r.tp, pool.profile)
+        # the judges: r.gpus / tp workers laid out as the generation groups' (_worker_domain); under
+        # --scale-approx each gets the full plan's worst
+        nvlink = plan.cluster.gpu_type(pool.gpu).nvlink_domain
+        worst = effective_domain(r.tp, self.full_plan.placement.reward.gpus, nvlink)
+        costs: dict[int, Any] = {}
         for i in range(r.gpus // r.tp):  # the plan checks that tp divides gpus
+            domain = worst if self.scale > 1 else worker_domain(i * r.tp, r.tp, nvlink)
+            cost = costs.get(domain)
+            if cost is None:
+                cost = costs[domain] = self._judge_cost("placement.reward.tp", pool.gpu, r.tp, pool.profile, domain)
             self.judges.append(GenerationEngine(self.env, 10_000 + i, r.pool, cost, r.max_num_seqs, False, None))
 
-    def _judge_cost(self, field: str, gpu_name: str, tp: int, profile: str | None = None) -> Any:
-        """The LLM judge's cost model on ``tp`` × ``gpu_name``; a plan error naming ``field`` when it
-        cannot hold the longest judge call (as a generation worker must hold the longest context)."""
+    def _judge_cost(self, field: str, gpu_name: str, tp: int, profile: str | None = None,
+                    domain: int | None = None) -> Any:
+        """The LLM judge's cost model on ``tp`` × ``gpu_name`` (``domain``: the NVLink domain its collectives
+        see, :meth:`_worker_domain`; None: the GPU type's); a plan error naming ``field`` when it cannot hold
+        the longest judge call (as a generation worker must hold the longest context)."""
         plan = self.plan
         cost = generation_cost(plan.reward_model, gpu_name, plan.cluster.gpu_type(gpu_name), tp, profile,
-                               network=plan.cluster.links.get("intra_cluster"))
+                               network=plan.cluster.links.get("intra_cluster"), domain=domain)
         judged = max(t.max_context_tokens for t in plan.tasks if t.reward == "llm_judge")
         longest = judge_input_tokens(judged, self.judge_window) + plan.placement.reward.output_tokens
         if cost.kv_capacity_tokens < longest:

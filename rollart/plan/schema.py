@@ -77,7 +77,10 @@ class GpuType(_Strict):
         "GPUs that share one NVLink/NVSwitch domain: a tensor-, expert- or data-parallel group of at most this "
         "many GPUs communicates over NVLink (nvlink_gbps), a wider one crosses the cluster's network. 8 for an "
         "HGX board (H100, H200, H800, H20, A100), 72 for a GB200/GB300 NVL72 rack. A pool whose count is not a "
-        "multiple of it ends in a partial domain; groups are priced by whether they fit in one"))
+        "multiple of it ends in a partial domain. Groups are laid out as consecutive GPUs from a domain boundary "
+        "(a generation group's workers, tp GPUs each; the trainer's tp and ep groups over its GPUs): one that "
+        "straddles two domains (tp 16 on GPUs 64-79 of 72-GPU racks) crosses the network too; the trainer's "
+        "step waits for its worst group, and a straddling engine worker is priced as crossing"))
 
 
 class GpuPool(_Strict):
@@ -458,13 +461,15 @@ class TrainerPlacement(_Strict):
     pp: Count = 1
     mfu: Annotated[float, Field(gt=0, le=1)] = Field(0.35, description=(
         "model-FLOPs utilisation of the compute alone: the tensor-parallel all-reduces are priced beside it "
-        "(on the GPUs' NVLink, across nodes the intra-cluster link), so an end-to-end MFU measured at tp > 1 "
-        "counts them twice"))
+        "(on the GPUs' NVLink inside the GPU type's NVLink domain, nvlink_domain; on the intra-cluster link for "
+        "a group wider than the domain or straddling two), so an end-to-end MFU measured at tp > 1 counts them "
+        "twice"))
     micro_batches: Count = 16
     ep: Count | None = Field(None, description=(
         "expert-parallel ranks a MoE trainer shards its experts over (each GPU holds 1/ep of them and every MoE "
         "layer sends its tokens to their experts' GPUs and back); default the widest inside one NVLink domain: the "
-        "largest ep ≤ the trainer GPU type's nvlink_domain (8 on HGX boards) dividing the experts and gpus / pp"))
+        "largest ep ≤ the trainer GPU type's nvlink_domain (8 on HGX boards) dividing the experts and gpus / pp "
+        "whose groups of ep consecutive GPUs straddle no domain boundary (ep 8 on 128 GPUs of 72-GPU racks)"))
     profile: str | None = Field(None, description="measured train profile YAML (written by `rollart validate`): "
                                                   "step time and weight hand-off instead of the FLOPs/MFU model")
 

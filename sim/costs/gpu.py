@@ -15,7 +15,7 @@ from rollart.plan.schema import GpuType, ModelSpec
 from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, busiest_rank_share, embedding_params,
                                    expert_weight_bytes, input_embedding_params,
                                    rank_expert_rows, rank_experts_touched, replicated_params, ring_link,
-                                   served_weight_bytes, weight_element_bytes, worker_weight_bytes)
+                                   served_weight_bytes, straddle_note, weight_element_bytes, worker_weight_bytes)
 
 
 @dataclass(frozen=True)
@@ -203,15 +203,21 @@ class RooflineGeneration:
     :func:`decode_attention_flops` per cached token for the decoding ones (absorbed form), and
     ``kv`` is the latent every GPU of a rank reads whole; its replicated down-projections are read
     by every GPU.
+
+    The TP ring and the EP all-to-all ride NVLink within one NVLink domain of ``domain`` GPUs and
+    ``network`` beyond it: the GPU type's ``nvlink_domain``, or, for a worker that straddles a domain
+    boundary, its smallest piece on one side (``moe.worker_domain``), so they cross the network.
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency | None = None,
-                 ep: int = 1, network: tuple[float, float] | None = None):
+                 ep: int = 1, network: tuple[float, float] | None = None, domain: int | None = None):
         self.model, self.gpu, self.tp, self.ep = model, gpu, tp, ep
+        self._domain = gpu.nvlink_domain if domain is None else domain
         fp8_peak_ratio = gpu.tflops_fp8 / gpu.tflops_bf16 if gpu.tflops_fp8 else 1.0
         self.eff = eff or RooflineEfficiency()
         self.source = self.eff.source + (f"; FP8 weights at {fp8_peak_ratio:g} × the BF16 peak"
-                                          if model.weight_dtype == "fp8" else "") + (f"; ep {ep}" if ep > 1 else "")
+                                          if model.weight_dtype == "fp8" else "") + (f"; ep {ep}" if ep > 1 else "") \
+            + straddle_note(tp, gpu.nvlink_domain, self._domain)
         self._rank_tp = tp // ep  # GPUs of one expert-parallel rank (sim.costs.moe); tp when ep = 1
         self._peak = self._rank_tp * gpu.tflops_bf16 * 1e12  # one rank's
         self._bw = self._rank_tp * gpu.hbm_tbps * 1e12
@@ -264,13 +270,13 @@ class RooflineGeneration:
         ``rank_tokens`` (an even ``tokens / ep`` when not given)."""
         rank_tokens = tokens / self.ep if rank_tokens is None else rank_tokens
         comm = all_to_all_s(self.model, tokens, self.ep, self.tp, self._nvlink, self.eff.allreduce_latency_s,
-                            *self._network, rank_tokens=rank_tokens, domain=self.gpu.nvlink_domain)
+                            *self._network, rank_tokens=rank_tokens, domain=self._domain)
         n = self._rank_tp
         if n == 1:
             return comm
         nbytes = rank_tokens * self.model.hidden * 2
         rate, latency = ring_link(n, (self._nvlink, self.eff.allreduce_latency_s), self._network,
-                                  self.gpu.nvlink_domain)
+                                  self._domain)
         per = latency + 2 * (n - 1) / n * nbytes / rate
         return comm + 2 * self.model.layers * per
 

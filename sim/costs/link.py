@@ -22,13 +22,15 @@ HBM_COPY_EFFICIENCY = 0.7  # a strided layout conversion on the GPU reads and wr
 MEASURED = Path(__file__).resolve().parents[2] / "calibration" / "data" / "weight_transfer" / "measured.yaml"
 
 
-def all_gather_s(nbytes: float, n: int, gpu_name: str, gpu: GpuType, network: Link | None) -> float:
+def all_gather_s(nbytes: float, n: int, gpu_name: str, gpu: GpuType, network: Link | None,
+                 gpus: int | None = None) -> float:
     """A ring all-gather of ``nbytes`` sharded over ``n`` trainer GPUs: each receives the (n−1)/n it
     lacks at the bus rate of the trainer's all-reduce fit (:func:`~rollart.calibration.tp_allreduce`:
-    NVLink's one-way rate inside the GPU type's NVLink domain, the cluster's network beyond); 0 for one GPU."""
+    NVLink's one-way rate inside the GPU type's NVLink domain, the cluster's network beyond, and for the
+    groups of ``n`` laid out over the trainer's ``gpus`` that straddle a domain boundary); 0 for one GPU."""
     if n <= 1:
         return 0.0
-    _, bus_bytes_per_s, _ = tp_allreduce(gpu_name, gpu, n, network)
+    _, bus_bytes_per_s, _ = tp_allreduce(gpu_name, gpu, n, network, gpus)
     return nbytes * (n - 1) / n / bus_bytes_per_s
 
 
@@ -96,8 +98,8 @@ class WeightTransferCost:
         stage = self.trainer_bytes / tr.pp
         experts = 2.0 * expert_params(plan.model) / tr.pp  # a stage's experts in BF16, as weight_bytes
         gpu_name, intra = pools[tr.pool].gpu, links.get("intra_cluster")
-        self.gather_s = all_gather_s(stage - experts, tr.tp, gpu_name, gpu, intra) \
-            + all_gather_s(experts, trainer_ep(plan.model, tr, gpu.nvlink_domain), gpu_name, gpu, intra)
+        self.gather_s = all_gather_s(stage - experts, tr.tp, gpu_name, gpu, intra, tr.gpus) \
+            + all_gather_s(experts, trainer_ep(plan.model, tr, gpu.nvlink_domain), gpu_name, gpu, intra, tr.gpus)
         # read the BF16 stage, write it in the served dtype
         self.convert_s = (stage + self.weight_bytes / tr.pp) / (gpu.hbm_tbps * 1e12 * HBM_COPY_EFFICIENCY)
         self.stage_s = self.weight_bytes / tr.pp / self.h2d_bytes_per_s

@@ -107,6 +107,55 @@ def domain_name(domain: int) -> str:
     return "node" if domain == DEFAULT_NVLINK_DOMAIN else f"{domain}-GPU NVLink domain"
 
 
+def effective_domain(group: int, total: int, domain: int = DEFAULT_NVLINK_DOMAIN) -> int:
+    """The NVLink domain size a cost should price a ``group``-GPU collective with, for the worst of the
+    ``total // group`` groups laid out as consecutive GPUs from a domain boundary (GPUs 0…group−1,
+    group…2·group−1, …: the trainer's tp and ep groups over its GPUs, a generation group's workers of tp
+    GPUs each), in NVLink domains of ``domain`` GPUs (GPUs 0…domain−1, domain…2·domain−1, …).
+
+    ``domain`` itself when no group is cut unevenly by a domain boundary: the groups fit one domain
+    (``total ≤ domain``), tile it (``domain % group == 0``) or are whole domains (``group % domain == 0``).
+    Else the fewest of a cut group's GPUs that share one domain: over the domain boundaries b = k·domain
+    inside the groups' span with r = b mod group ≠ 0, ``min(domain, r, group − r)`` (a group wider than a
+    domain also has whole domains in its middle, never smaller). With it ``ring_link(group, …,
+    domain=eff)`` crosses the network (eff < group), and ``all_to_all_s``'s off-domain share
+    ``(ep − ranks_per_domain) / (ep − 1)`` is that of a rank in the smallest piece, the worst group's
+    worst rank; the step waits for it. 72-GPU domains: a group of 16 on 144 GPUs (GPUs 64–79: 8 on each
+    side) → 8; 64 on 128 (GPUs 64–127: 8 in the first rack) → 8; 32 on 64 → 72 (one rack). A group wider
+    than a domain and cut unevenly (64 on 128 GPUs of 36) gets its smallest piece too (8: GPUs 64–71),
+    where ``domain`` alone would give each rank a whole domain of peers. Cost: one pass over the
+    ``total / domain`` boundaries."""
+    if total <= domain or domain % group == 0 or group % domain == 0:
+        return domain
+    span = (total // group) * group  # the GPUs the groups cover
+    piece = domain
+    for b in range(domain, span, domain):
+        r = b % group  # GPUs of the group cut at b that lie before it
+        if r:
+            piece = min(piece, r, group - r)
+    return piece
+
+
+def worker_domain(start: int, group: int, domain: int = DEFAULT_NVLINK_DOMAIN) -> int:
+    """:func:`effective_domain` of the one group on GPUs ``start`` … ``start + group − 1`` (a generation
+    worker, ``start`` its index × tp): ``domain`` unless a domain boundary cuts it unevenly, else its
+    smallest piece on one side of a boundary. The minimum over a layout's groups is
+    :func:`effective_domain`. 72-GPU racks: the third tp-32 worker (GPUs 64–95) → 8, the others → 72."""
+    piece = domain
+    for b in range((start // domain + 1) * domain, start + group, domain):
+        piece = min(piece, b - start, start + group - b)
+    return piece
+
+
+def straddle_note(group: int, domain: int, effective: int) -> str:
+    """What a cost model's source adds when its ``group``-GPU worker straddles NVLink domains of ``domain``
+    GPUs (``effective`` < ``domain``, from :func:`worker_domain`); nothing otherwise."""
+    if effective >= domain:
+        return ""
+    return (f"; a tp-{group} worker straddling {domain_name(domain)}s (as few as {effective} of its GPUs on one "
+            "side): its collectives priced across the network")
+
+
 def busiest_rank_sequences(batch: float, ep: int) -> float:
     """Sequences the busiest of ``ep`` data-parallel attention ranks holds for a decode batch of
     ``batch``: a sequence lives on one rank, so ⌈batch/ep⌉ (one sequence alone is all on one rank)."""
@@ -176,7 +225,9 @@ def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, floa
     """(bytes/s, latency s) that pace a ring collective (a tensor-parallel all-reduce) over ``gpus``
     GPUs: NVLink within one NVLink domain of ``domain`` GPUs (the GPU type's ``nvlink_domain``: an HGX
     node of 8, an NVL72 rack of 72); a ring wider than a domain crosses the cluster's network at every
-    domain boundary, and its slowest hop sets the pace (the lower rate, the higher latency)."""
+    domain boundary, and its slowest hop sets the pace (the lower rate, the higher latency). A caller
+    whose groups are laid out over more GPUs than one domain passes :func:`effective_domain`, so a ring
+    that straddles a boundary crosses too."""
     if gpus <= domain:
         return nvlink
     return min(nvlink[0], network[0]), max(nvlink[1], network[1])
@@ -190,9 +241,11 @@ def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes
     back; the (ep−1)/ep that leave the rank are spread over its tp/ep GPUs. Within one NVLink domain
     of ``domain`` GPUs (the GPU type's ``nvlink_domain``) it moves over NVLink; a worker wider than a
     domain sends the off-domain share over the cluster's network (``net``), and the slower path sets
-    the time. ``rank_tokens``: the busiest rank's tokens when they are not an even ``tokens / ep`` (a
-    prompt prefills on one rank, so a step of fewer prompts than ranks sends all of a prompt's tokens
-    from one); it sends them all, and the step waits for it. 0 when ep = 1."""
+    the time (the two paths run in parallel). A caller whose groups straddle domain boundaries passes
+    :func:`effective_domain` (the worst group's smallest piece on one side) or, for one worker,
+    :func:`worker_domain`. ``rank_tokens``: the busiest rank's tokens when they are not an even
+    ``tokens / ep`` (a prompt prefills on one rank, so a step of fewer prompts than ranks sends all of a
+    prompt's tokens from one); it sends them all, and the step waits for it. 0 when ep = 1."""
     if ep <= 1 or not model.moe_experts:
         return 0.0
     k = max(1, model.moe_active_experts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 
 from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
-from rollart.sim.costs.moe import (DEFAULT_NVLINK_DOMAIN, all_to_all_s, domain_name, expert_params,
+from rollart.sim.costs.moe import (DEFAULT_NVLINK_DOMAIN, all_to_all_s, domain_name, effective_domain, expert_params,
                                   input_embedding_params, worker_weight_bytes)
 
 # GRPO step: forward + backward (6·P per token) plus two extra forwards for the
@@ -54,6 +54,10 @@ class TrainCost:
       GPUs each sending its T_r / (m_r · tp) tokens of a micro-batch (sequence parallel splits a rank's
       tokens over its tp GPUs) to their k experts' GPUs and back, NVLink within the GPU type's
       ``nvlink_domain`` (an HGX node of 8, an NVL72 rack of 72), the cluster's network across domains.
+      The ep groups are consecutive GPUs over all the trainer's (a stage is a contiguous block, and ep
+      divides it): where a group straddles a domain boundary (ep 16 on 144 GPUs of 72-GPU racks: GPUs
+      64–79) the worst group's smallest piece sets the off-domain share
+      (:func:`~rollart.sim.costs.moe.effective_domain`), and the step waits for that group.
 
     Once a step, dp > 1: the data-parallel gradient reduce-scatter (fp32) and weight all-gather (bf16)
     of the GPU's shard, given ``dp_link`` = (α s, bus bytes/s, where) of a ring over the stage's
@@ -87,11 +91,16 @@ class TrainCost:
             self.source += f"; tp {tp} all-reduces on {where}"
         domain = gpu.nvlink_domain
         self.ep = trainer_ep(m, trainer, domain)
+        # the domain the ep groups' all-to-all sees: the worst group's smallest piece where one straddles
+        self._a2a_domain = effective_domain(self.ep, trainer.gpus, domain)
         self._all_to_all: tuple[float, float, float, float] | None = None  # all_to_all_s's link arguments
         if self.ep > 1 and all_to_all is not None:
             (nv_alpha, nv_beta, nv_where), (net_alpha, net_beta, net_where) = all_to_all
             self._all_to_all = (nv_beta, nv_alpha, net_beta, net_alpha)
-            where = nv_where if self.ep <= domain else f"{nv_where} and {net_where}"
+            where = nv_where if self.ep <= self._a2a_domain else f"{nv_where} and {net_where}"
+            if self._a2a_domain < domain:
+                where += (f" (ep groups over {trainer.gpus} GPUs straddle {domain_name(domain)}s: as few as "
+                          f"{self._a2a_domain} of a group on one side)")
             self.source += f"; ep {self.ep} all-to-alls on {where}"
         self.dp_sync_s = 0.0  # the data-parallel gradient reduce-scatter and weight all-gather, once a step
         experts = expert_params(m)
@@ -144,7 +153,7 @@ class TrainCost:
             # share of one micro-batch (sequence parallel splits the rank's over its tp GPUs) × ep
             gpu_tokens = tokens / (micro_batches * self.trainer.tp)
             one = all_to_all_s(self.model, gpu_tokens * self.ep, self.ep, self.ep, *self._all_to_all,
-                               domain=self.gpu.nvlink_domain)
+                               domain=self._a2a_domain)
             t += TP_COMM_PASSES * micro_batches / self.trainer.pp * one
         return t
 
@@ -178,14 +187,20 @@ def trainer_ep(model: ModelSpec, trainer: TrainerPlacement, domain: int = DEFAUL
     """Expert-parallel ranks a MoE trainer shards its experts over: ``placement.trainer.ep``; by
     default the widest group inside one NVLink domain of ``domain`` GPUs (the trainer GPU type's
     ``nvlink_domain``), the largest ep ≤ domain that divides both the experts and a pipeline stage's
-    GPUs (gpus / pp), as public Megatron MoE recipes run (Qwen3-30B-A3B at ep 8 on HGX nodes in
-    slime's and NeMo-RL's examples): beyond the domain the all-to-all would leave NVLink for the NIC.
-    1 for a dense model."""
+    GPUs (gpus / pp) and whose groups, ep consecutive GPUs over all the trainer's, straddle no domain
+    boundary (:func:`~rollart.sim.costs.moe.effective_domain` is the domain itself), as public
+    Megatron MoE recipes run (Qwen3-30B-A3B at ep 8 on HGX nodes in slime's and NeMo-RL's examples):
+    beyond the domain, or across a boundary, the all-to-all would leave NVLink for the NIC. On 128 GPUs
+    of 72-GPU racks that is ep 8 (ep 64's second group has 8 GPUs in the first rack; ep 16's on GPUs
+    64–79 and ep 32's on 64–95 straddle too); on 64 of them ep 64, on 144 ep 8 (ep 16 straddles at
+    GPU 72). ep 1 always qualifies; on HGX boards with power-of-two choices nothing changes. 1 for a
+    dense model."""
     if not model.moe_experts:
         return 1
     if trainer.ep:
         return trainer.ep
-    return max(d for d in _ep_choices(model, trainer.gpus // trainer.pp) if d <= domain)
+    return max(d for d in _ep_choices(model, trainer.gpus // trainer.pp)
+               if d <= domain and effective_domain(d, trainer.gpus, domain) == domain)
 
 
 def _ep_choices(model: ModelSpec, stage: int) -> list[int]:
@@ -258,7 +273,8 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
         wider = next((e for e in _ep_choices(model, trainer.gpus // trainer.pp)
                       if e > ep and trainer_fits(model, gpu, trainer.model_copy(update={"ep": e}), seq_tokens)), None)
         if wider is not None:
-            crossing = f"across {domain_name(gpu.nvlink_domain)}s" if wider > gpu.nvlink_domain else "on NVLink"
+            crossing = ("on NVLink" if effective_domain(wider, trainer.gpus, gpu.nvlink_domain) >= wider
+                        else f"across {domain_name(gpu.nvlink_domain)}s")
             hint = f"set placement.trainer.ep={wider} (experts over more GPUs, all-to-all {crossing}); or {hint}"
     acts = (f"{act:.0f} GiB of activations for a {seq_tokens:,}-token sequence at tp {trainer.tp}" if act
             else "activations")
