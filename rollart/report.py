@@ -111,13 +111,20 @@ def price_steady_state(summary: dict[str, Any]) -> None:
                                               1000.0 * usd_per_hour / (3600.0 * tps) if tps > 0 else 0.0)
 
 
-def plan_rates(summary: dict[str, Any]) -> tuple[float, float | None, bool]:
-    """(trajectories/s, US$ per 1k trajectories, steady) to compare plans by: the steady state's when
-    the run passed its warm-up, else the whole run's (False: a short run's cold first step included)."""
+def plan_figures(summary: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The figures to compare plans by, and whether they are the steady state's: ``summary["steady"]``
+    when the run passed its warm-up with trajectories to show, else the whole run's ``summary`` (False:
+    a short run's cold first step included). Both carry the same rate, cost, step-time and breakdown keys."""
     steady = summary.get("steady") or {}
     if steady.get("settled") and steady.get("trajectories_per_s", 0.0) > 0:
-        return steady["trajectories_per_s"], steady.get("cost_per_1k_trajectories_usd"), True
-    return summary.get("trajectories_per_s") or 0.0, summary.get("cost_per_1k_trajectories_usd"), False
+        return steady, True
+    return summary, False
+
+
+def plan_rates(summary: dict[str, Any]) -> tuple[float, float | None, bool]:
+    """(trajectories/s, US$ per 1k trajectories, steady) of :func:`plan_figures`."""
+    figs, steady = plan_figures(summary)
+    return figs.get("trajectories_per_s") or 0.0, figs.get("cost_per_1k_trajectories_usd"), steady
 
 
 # a task whose trained share falls short of its planned share by more than this is warned about
@@ -295,8 +302,8 @@ def compare_table(results: list[RunResult]) -> Table:
     first step when every run has at least two more steps (what a long run of each converges to:
     that step costs an asynchronous mode ~2-3 of its steady steps and Sync about one), else the
     whole runs'."""
-    steady = all(plan_rates(r.summary)[2] for r in results)
-    figs = [r.summary["steady"] if steady else r.summary for r in results]
+    steady = all(plan_figures(r.summary)[1] for r in results)
+    figs = [r.summary["steady"] if steady else r.summary for r in results]  # one basis for every mode
     base = figs[0]["trajectories_per_s"] or 1.0
     what = ("traj/s and step s past the cold first step; busy and aborts over the whole run" if steady
             else "whole run")

@@ -137,7 +137,8 @@ class SimBackend:
         for w in build_workers(plan):
             gi, g = tp_of[w.id]
             gpu_name = plan.cluster.gpu_pools[g.pool].gpu
-            domain = self._worker_domain(gi, g, w.id - first.setdefault(gi, w.id))
+            full = self.full_plan.placement.generation[gi]
+            domain = self._worker_domain(gpu_name, g.tp, w.id - first.setdefault(gi, w.id), full.workers * full.tp)
             cost = group_costs.get((gi, domain))
             if cost is None:
                 cost = group_costs[(gi, domain)] = self._generation_cost(gi, g, domain)
@@ -148,18 +149,18 @@ class SimBackend:
                                                  plan.placement.prefix_cache, span))
             self.ctl.proxy.workers[w.id].kv_capacity_tokens = cost.kv_capacity_tokens  # routing sees KV room
 
-    def _worker_domain(self, gi: int, g: GenerationGroup, index: int) -> int:
-        """The NVLink domain the collectives of worker ``index`` of generation group ``gi`` see. A group's
-        workers are laid out as tp consecutive GPUs each from a domain boundary of its pool (worker i on
-        GPUs i·tp … (i+1)·tp − 1), so one that straddles a boundary crosses the network with its smallest
-        piece (moe.worker_domain: of 4 × tp 32 on 72-GPU racks, the third, on GPUs 64–95). Under
-        --scale-approx the simulated 1/m of the workers cannot say which of the full plan's they stand
-        for: each gets the full group's worst (moe.effective_domain), a conservative price."""
-        domain = self.plan.cluster.gpu_type(self.plan.cluster.gpu_pools[g.pool].gpu).nvlink_domain
+    def _worker_domain(self, gpu_name: str, tp: int, index: int, full_gpus: int) -> int:
+        """The NVLink domain the collectives of worker ``index`` of a group of tp-GPU workers see (a
+        generation group's, the dedicated judges'). The workers are laid out as tp consecutive GPUs each
+        from a domain boundary of their pool (worker i on GPUs i·tp … (i+1)·tp − 1), so one that straddles
+        a boundary crosses the network with its smallest piece (moe.worker_domain: of 4 × tp 32 on 72-GPU
+        racks, the third, on GPUs 64–95). Under --scale-approx the simulated 1/m of the workers cannot say
+        which of the full plan's ``full_gpus`` they stand for: each gets the full group's worst
+        (moe.effective_domain), a conservative price."""
+        domain = self.plan.cluster.gpu_type(gpu_name).nvlink_domain
         if self.scale > 1:
-            full = self.full_plan.placement.generation[gi]
-            return effective_domain(full.tp, full.workers * full.tp, domain)
-        return worker_domain(index * g.tp, g.tp, domain)
+            return effective_domain(tp, full_gpus, domain)
+        return worker_domain(index * tp, tp, domain)
 
     def _generation_cost(self, gi: int, g: GenerationGroup, domain: int | None = None) -> Any:
         """The cost model of generation group ``gi`` (for its workers whose collectives see an NVLink domain
@@ -253,13 +254,10 @@ class SimBackend:
             raise PlanError([f"placement.reward.gpus: mode '{mode.name}' runs the LLM judge on dedicated GPUs; "
                              "set placement.reward.pool and gpus"])
         pool = plan.cluster.gpu_pools[r.pool]
-        # the judges: r.gpus / tp workers laid out as the generation groups' (_worker_domain); under
-        # --scale-approx each gets the full plan's worst
-        nvlink = plan.cluster.gpu_type(pool.gpu).nvlink_domain
-        worst = effective_domain(r.tp, self.full_plan.placement.reward.gpus, nvlink)
+        # the judges: r.gpus / tp workers laid out as the generation groups' (_worker_domain)
         costs: dict[int, Any] = {}
         for i in range(r.gpus // r.tp):  # the plan checks that tp divides gpus
-            domain = worst if self.scale > 1 else worker_domain(i * r.tp, r.tp, nvlink)
+            domain = self._worker_domain(pool.gpu, r.tp, i, self.full_plan.placement.reward.gpus)
             cost = costs.get(domain)
             if cost is None:
                 cost = costs[domain] = self._judge_cost("placement.reward.tp", pool.gpu, r.tp, pool.profile, domain)

@@ -14,17 +14,15 @@ from rich.table import Table
 
 from rollart.core.stats import BREAKDOWN_KEYS
 from rollart.planner.search import Evaluation, PlanSearch
-from rollart.report import plan_rates
+from rollart.report import plan_figures, plan_rates
 
 NAMES = {"generation": "generation", "env_queue": "waiting for env cores", "env_reset": "env reset", "env_step": "env", "reward": "reward",
          "train": "train", "weight_sync": "weight sync", "idle": "idle"}
 
 
 def _steady(ev: Evaluation) -> dict[str, Any]:
-    """The figures plans are ranked by: the steady state's (past the cold first step) when the run
-    reached it, else the whole run's."""
-    sm = ev.summary
-    return sm["steady"] if (sm.get("steady") or {}).get("settled") else sm
+    """The figures plans are ranked by (:func:`~rollart.report.plan_figures`)."""
+    return plan_figures(ev.summary)[0]
 
 
 def _bd(ev: Evaluation) -> dict[str, float]:

@@ -124,16 +124,10 @@ def effective_domain(group: int, total: int, domain: int = DEFAULT_NVLINK_DOMAIN
     side) → 8; 64 on 128 (GPUs 64–127: 8 in the first rack) → 8; 32 on 64 → 72 (one rack). A group wider
     than a domain and cut unevenly (64 on 128 GPUs of 36) gets its smallest piece too (8: GPUs 64–71),
     where ``domain`` alone would give each rank a whole domain of peers. Cost: one pass over the
-    ``total / domain`` boundaries."""
+    ``total / group`` groups (:func:`worker_domain` of each)."""
     if total <= domain or domain % group == 0 or group % domain == 0:
         return domain
-    span = (total // group) * group  # the GPUs the groups cover
-    piece = domain
-    for b in range(domain, span, domain):
-        r = b % group  # GPUs of the group cut at b that lie before it
-        if r:
-            piece = min(piece, r, group - r)
-    return piece
+    return min((worker_domain(i * group, group, domain) for i in range(total // group)), default=domain)
 
 
 def worker_domain(start: int, group: int, domain: int = DEFAULT_NVLINK_DOMAIN) -> int:
