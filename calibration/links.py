@@ -53,10 +53,27 @@ def default_network() -> tuple[float, float]:
     return ib["bandwidth_gbps"] * 1e9 / 8, ib["latency_us"] * 1e-6
 
 
+# Share of a link's line rate that bulk traffic reaches: a weight transfer, and NCCL's collectives
+# (trainer gradient and TP rings, all-to-alls, engines' TP across nodes) over the same wire. ASSUMED
+# (not measurable here: loopback TCP says nothing about 200 Gbps Ethernet): TCP pays per-flow congestion
+# control and kernel copies, RDMA/IB run near line rate. The one measured point is lower: the table's
+# NCCL send/recv fit across DGX nodes reaches 288.5 Gbps, 0.72 of a 400 Gbps NIC, point to point.
+# NVLink/PCIe line rates are used as given; a measured rate (that fit, used when the plan gives no
+# bandwidth) as it is.
+LINK_EFFICIENCY = {"tcp": 0.6, "rdma": 0.9, "ib": 0.9}
+
+
+def effective_bytes_per_s(link: "Link") -> float:
+    """The rate bulk traffic reaches on ``link``: its line rate times its kind's share
+    (:data:`LINK_EFFICIENCY`), or a measured throughput as it is."""
+    return link.bytes_per_s if link.measured_rate else link.bytes_per_s * LINK_EFFICIENCY.get(link.kind, 1.0)
+
+
 def inter_node_link(network: "Link | None") -> tuple[float, float]:
-    """(bytes/s, latency s) between a cluster's nodes: the plan's intra-cluster ``network`` link when
-    it names one, else :func:`default_network`."""
-    return (network.bytes_per_s, network.latency_s) if network is not None else default_network()
+    """(bytes/s, latency s) between a cluster's nodes: the plan's intra-cluster ``network`` link at
+    the rate bulk traffic reaches on it (:func:`effective_bytes_per_s`) when it names one, else
+    :func:`default_network`."""
+    return (effective_bytes_per_s(network), network.latency_s) if network is not None else default_network()
 
 
 @lru_cache(maxsize=1)

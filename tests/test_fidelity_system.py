@@ -309,7 +309,7 @@ def _transfer(overrides: list[str] | None = None):
 def test_transfer_runs_at_the_effective_not_the_nominal_rate() -> None:
     """A bulk transfer over TCP does not reach the line rate: the broadcast of W bytes takes
     longer than W / nominal bandwidth, and over RDMA it is faster than over TCP."""
-    from rollart.sim.costs.link import LINK_EFFICIENCY
+    from rollart.calibration.links import LINK_EFFICIENCY
 
     w = _transfer()
     nominal = w.weight_bytes / w.cross.bytes_per_s
@@ -342,6 +342,23 @@ def test_the_plan_can_set_the_stores_per_bucket_cost() -> None:
         buckets * (measured.publish_overhead_s - 0.0005) + measured.pull_overhead_s - 0.0005)
 
 
+@pytest.mark.parametrize("overrides", [[], ["cluster.links.cross_cluster.bandwidth_gbps=800"],
+                                       ["weight_sync.h2d_gbps=50"], ["weight_sync.bucket_mb=64"]])
+def test_staging_and_publishing_overlap_bucket_by_bucket(overrides: list[str]) -> None:
+    """Bucket i crosses the wire while bucket i + 1 is copied into the host store, so the store path costs
+    the slower of staging and publishing plus one bucket of the other: never the two end to end, never
+    less than either alone."""
+    w = _transfer(overrides)
+    buckets = math.ceil(w.weight_bytes / w.bucket_bytes)
+    publish = buckets * (w.cross.latency_s + w.publish_overhead_s) + w.weight_bytes / w.effective_bytes_per_s(w.cross)
+    pull = w.publish_pull_s() - w.gather_s - w.convert_s
+    last = min(w.bucket_bytes, w.weight_bytes)
+    pull_one = w.intra.latency_s + w.pull_overhead_s + last / w.effective_bytes_per_s(w.intra)
+    pipelined = pull - pull_one
+    assert pipelined == pytest.approx(max(w.stage_s, publish) + min(w.stage_s, publish) / buckets)
+    assert max(w.stage_s, publish) <= pipelined < w.stage_s + publish
+
+
 def test_fully_colocated_plans_send_no_weights_even_with_a_measured_profile() -> None:
     """Every engine on the trainer's GPUs: the switch loads the weights, so neither the model nor a
     measured hand-off (a train profile's broadcast / publish + pull) is paid on top."""
@@ -361,9 +378,9 @@ def test_a_measured_link_rate_is_not_discounted_again() -> None:
     """Without a bandwidth in the plan an IB link takes the calibrated NCCL throughput (already what a
     transfer reaches, 288.5 Gbps fitted), so no line-rate share applies on top; a given line rate
     (400 Gbps) is discounted to what a bulk transfer reaches."""
-    from rollart.calibration.links import calibrated_links
+    from rollart.calibration.links import LINK_EFFICIENCY, calibrated_links
     from rollart.plan.schema import Link
-    from rollart.sim.costs.link import LINK_EFFICIENCY, WeightTransferCost
+    from rollart.sim.costs.link import WeightTransferCost
 
     fitted = calibrated_links()["ib"]["bandwidth_gbps"] * 1e9 / 8
     assert WeightTransferCost.effective_bytes_per_s(Link(kind="ib")) == pytest.approx(fitted)

@@ -29,13 +29,14 @@ from rollart.plan.presets import GPU_PRESETS
 from rollart.plan.schema import GpuType, Link, ModelSpec, TrainerPlacement
 from rollart.scenarios_catalog import resolve
 from rollart.sim import SimBackend
-from rollart.sim.costs.link import all_gather_s
+from rollart.sim.costs.link import WeightTransferCost, all_gather_s
 from rollart.sim.costs.moe import all_to_all_s, effective_domain, ring_link, worker_domain
 from rollart.sim.costs.train import trainer_ep, trainer_memory_gib
 
 QWEN_MOE = ModelSpec.model_validate("Qwen3-30B-A3B")  # 128 experts, 8 active
 QWEN_235B = ModelSpec.model_validate("Qwen3-235B-A22B")  # 128 experts, 8 active
 DSV3 = ModelSpec.model_validate("DeepSeek-V3")  # 256 experts, MLA, dense first layers
+GPU_PRESETS_H800 = GpuType(**GPU_PRESETS["H800"])
 GB200 = {"tflops_bf16": 2250, "hbm_tbps": 8, "memory_gb": 186, "nvlink_gbps": 1800, "tflops_fp8": 4500}
 LENS = [1500 + 131 * i for i in range(128)]  # a GRPO batch's sequence lengths
 
@@ -324,6 +325,43 @@ def test_engines_straddling_a_rack_are_priced_across_the_network() -> None:
         assert rack.decode_line(64) == alone.decode_line(64)
         assert generation_cost(QWEN_235B, "GB200", nvl, 32, profile, 32, domain=8).prefill_time(
             8192, 8192**2 / 2, 1) > alone.prefill_time(8192, 8192**2 / 2, 1)
+
+
+def _broadcast(overrides: list[str]) -> WeightTransferCost:
+    return WeightTransferCost(load_plan(resolve("default"), ["weight_sync.transport=nccl_broadcast",
+                                                             "placement.hw_affinity={default: h800}", *overrides]))
+
+
+def test_a_broadcast_inside_one_nvlink_domain_rides_nvlink() -> None:
+    """NCCL broadcasts the new weights over the fastest path every hop has: when the trainer and every engine
+    share one pool and its GPUs in use fit one NVLink domain, that is NVLink at the bus rate of a ring
+    that size (a broadcast's bus rate is its algorithm rate); one engine beyond the domain, or on another
+    pool, and the ring's slowest hop is the network, priced as before."""
+    board = _broadcast(["cluster.gpu_pools.h800.count=8", "placement.trainer.gpus=4",
+                        "placement.generation=[{pool: h800, workers: 4, tp: 1}]"])
+    two_boards = _broadcast(["cluster.gpu_pools.h800.count=16", "placement.trainer.gpus=8",
+                             "placement.generation=[{pool: h800, workers: 8, tp: 1}]"])
+    latency, rate, _ = tp_allreduce("H800", GPU_PRESETS_H800, 8)
+    assert board.nvlink_broadcast == (latency, rate) and two_boards.nvlink_broadcast is None
+    wire = board.broadcast_s() - board.gather_s - board.convert_s
+    assert wire == pytest.approx(latency + board.weight_bytes / rate)
+    ib = two_boards.cross
+    assert two_boards.broadcast_s() - two_boards.gather_s - two_boards.convert_s == pytest.approx(
+        ib.latency_s + two_boards.weight_bytes / two_boards.effective_bytes_per_s(ib))
+    assert rate > two_boards.effective_bytes_per_s(ib)  # so one board's broadcast is the quicker
+    # the default plan's H20 engines sit on another pool: the ring crosses the network, as before
+    assert _broadcast([]).nvlink_broadcast is None
+    # the bucketed store stages through host memory either way: the domain does not change it
+    assert board.publish_pull_s() == pytest.approx(_broadcast([
+        "cluster.gpu_pools.h800.count=8", "placement.trainer.gpus=4", "weight_sync.transport=bucketed_store",
+        "placement.generation=[{pool: h800, workers: 4, tp: 1}]"]).publish_pull_s())
+    # a 72-GPU rack holds 32 train + 40 rollout GPUs, not 64 + 16
+    sheet = "{" + ", ".join(f"{k}: {v}" for k, v in {**GB200, "nvlink_domain": 72}.items()) + "}"
+    rack = [f"cluster.custom_gpus.GB200={sheet}", "cluster.gpu_pools.h800.gpu=GB200"]
+    assert _broadcast([*rack, "cluster.gpu_pools.h800.count=72", "placement.trainer.gpus=32",
+                       "placement.generation=[{pool: h800, workers: 40, tp: 1}]"]).nvlink_broadcast is not None
+    assert _broadcast([*rack, "cluster.gpu_pools.h800.count=80", "placement.trainer.gpus=64",
+                       "placement.generation=[{pool: h800, workers: 16, tp: 1}]"]).nvlink_broadcast is None
 
 
 def test_simulate_a_gb200_nvl72_pool_end_to_end(tmp_path: Path) -> None:

@@ -181,8 +181,10 @@ def test_a_tensor_parallel_group_wider_than_a_node_all_reduces_over_infiniband()
     # no faster than the NVLink hops inside each node
     from rollart.plan.schema import Link
 
+    from rollart.calibration.links import LINK_EFFICIENCY
+
     fast = tp_allreduce("H800", h800, 16, Link(kind="rdma", bandwidth_gbps=800, latency_us=5))
-    assert fast[:2] == pytest.approx((nvlink[0], 100e9)) and "intra-cluster link" in fast[2]
+    assert fast[:2] == pytest.approx((nvlink[0], 100e9 * LINK_EFFICIENCY["rdma"])) and "intra-cluster link" in fast[2]
     assert fast[1] > ib[1]
     fabric = tp_allreduce("H800", h800, 16, Link(kind="rdma", bandwidth_gbps=3200, latency_us=5))
     assert fabric[1] == pytest.approx(nvlink[1])
@@ -355,6 +357,33 @@ def test_data_parallel_ranks_sync_gradients_and_weights_once_a_step() -> None:
     tcp = train_cost(ModelSpec.model_validate("Qwen3-8B"), GpuType(**GPU_PRESETS["H800"]),
                      TrainerPlacement(pool="p", gpus=64, tp=2), "H800", Link(kind="tcp", bandwidth_gbps=100))
     assert tcp.step_time(lens) > slow + 0.5
+
+
+def test_collectives_reach_the_share_of_a_links_line_rate_a_transfer_does() -> None:
+    """NCCL's rings and all-to-alls over a cluster's network reach the same share of its line rate as a
+    weight transfer over that wire (calibration/links.LINK_EFFICIENCY): 0.6 on TCP, 0.9 on InfiniBand; so
+    a TCP network trains slower than InfiniBand of the same line rate. A link without a bandwidth takes
+    the measured NCCL fit, which no share discounts again."""
+    from rollart.calibration import cluster_network, train_cost
+    from rollart.calibration.links import LINK_EFFICIENCY, calibrated_links
+    from rollart.plan.schema import Link
+
+    for kind in ("tcp", "ib", "rdma"):
+        link = Link(kind=kind, bandwidth_gbps=400)
+        assert cluster_network(link)[1] == pytest.approx(400e9 / 8 * LINK_EFFICIENCY[kind])
+    assert cluster_network(Link(kind="ib"))[1] == pytest.approx(calibrated_links()["ib"]["bandwidth_gbps"] * 1e9 / 8)
+    lens = [8000] * 128
+
+    def dp_sync(kind: str) -> float:
+        return train_cost(ModelSpec.model_validate("Qwen3-8B"), H800, TrainerPlacement(pool="p", gpus=64, tp=2),
+                          "H800", Link(kind=kind, bandwidth_gbps=400)).dp_sync_s
+
+    assert dp_sync("tcp") > 1.4 * dp_sync("ib")  # ~0.9 / 0.6, less the latency and the NVLink hops
+    tcp = train_cost(ModelSpec.model_validate("Qwen3-8B"), H800, TrainerPlacement(pool="p", gpus=64, tp=2),
+                     "H800", Link(kind="tcp", bandwidth_gbps=400))
+    ib = train_cost(ModelSpec.model_validate("Qwen3-8B"), H800, TrainerPlacement(pool="p", gpus=64, tp=2),
+                    "H800", Link(kind="ib", bandwidth_gbps=400))
+    assert tcp.step_time(lens) > ib.step_time(lens)
 
 
 def test_replicated_experts_and_pipeline_stages_sync_their_own_shards() -> None:

@@ -10,14 +10,11 @@ from typing import Any
 import yaml
 
 from rollart.calibration import tp_allreduce
+from rollart.calibration.links import effective_bytes_per_s
 from rollart.plan.schema import GpuType, Link, Plan
 from rollart.sim.costs.moe import expert_params, served_weight_bytes
 from rollart.sim.costs.train import trainer_ep
 
-# Share of a link's line rate a bulk weight transfer reaches. ASSUMED (not measurable here:
-# loopback TCP says nothing about 200 Gbps Ethernet): TCP pays per-flow congestion control and
-# kernel copies, RDMA/IB run near line rate. NVLink/PCIe rates are used as given.
-LINK_EFFICIENCY = {"tcp": 0.6, "rdma": 0.9, "ib": 0.9}
 HBM_COPY_EFFICIENCY = 0.7  # a strided layout conversion on the GPU reads and writes every byte
 MEASURED = Path(__file__).resolve().parents[2] / "calibration" / "data" / "weight_transfer" / "measured.yaml"
 
@@ -60,15 +57,18 @@ class WeightTransferCost:
     4. the **store** path also stages the buckets into the CPU-resident store, ``(W/pp) / h2d``,
        and pays a per-bucket registration + put + handshake ``o_pub`` when publishing and
        ``o_pull`` when pulling (measured through the real Mooncake store, or the plan's
-       ``weight_sync.bucket_overhead_s``); the workers pull
-       bucket i over their intra-cluster link as soon as it lands, so the pull adds one bucket;
+       ``weight_sync.bucket_overhead_s``). Staging and publishing are a two-stage pipeline over
+       the n buckets (bucket i on the wire while bucket i + 1 is staged): the slower of the two
+       plus 1/n of the other. The workers pull bucket i over their intra-cluster link as soon as it
+       lands, so the pull adds one bucket;
     5. **receive**: each worker copies its ``W/tp`` shard host → device and re-shards it
        (``swap_s``; a blocking NCCL broadcast lands on the GPU and only re-shards).
 
     Synchronous (NCCL broadcast): 1 + 2 + ``lat + W/(bw·eff)``, rollout stalled throughout (the
-    receiving engines sit in the collective). Asynchronous (bucketed store): 1 + 2 + 4 +
-    ``n·(lat + o_pub) + W/(bw·eff)`` + one pulled bucket, overlapped with rollout; then ``swap_s`` on
-    the update. When trainer and workers share a physical cluster the intra-cluster link carries
+    receiving engines sit in the collective); when the trainer and every engine share one NVLink domain
+    the broadcast rides NVLink instead. Asynchronous (bucketed store): 1 + 2 + the staging pipelined
+    with ``n·(lat + o_pub) + W/(bw·eff)`` + one pulled bucket, overlapped with rollout; then ``swap_s``
+    on the update. When trainer and workers share a physical cluster the intra-cluster link carries
     both. Colocated: the engines on the trainer's GPUs load the new weights in the switch
     (:class:`~rollart.sim.costs.train.ColocationSwitch`), so when every engine is colocated there is
     nothing left to send.
@@ -87,6 +87,17 @@ class WeightTransferCost:
         same = all(pools[g.pool].cluster == train_cluster for g in plan.placement.generation)
         self.intra: Link = links.get("intra_cluster", links[ws.link])
         self.cross: Link = self.intra if same else links[ws.link]
+        gpu = plan.gpu_of_pool(tr.pool)
+        gpu_name = pools[tr.pool].gpu
+        # Trainer and every engine on one pool whose GPUs in use fit one NVLink domain (4 train + 4 rollout
+        # on an HGX board, a whole plan in an NVL72 rack): NCCL's broadcast never leaves NVLink, so it runs
+        # at the NVLink bus rate of a ring that size (a broadcast's bus rate is its algorithm rate).
+        in_use = plan.placement.gpus_by_pool().get(tr.pool, 0)
+        self.nvlink_broadcast: tuple[float, float] | None = None
+        if not self.all_colocated and all(g.pool == tr.pool for g in plan.placement.generation) \
+                and in_use <= gpu.nvlink_domain:
+            latency, rate, _ = tp_allreduce(gpu_name, gpu, in_use)
+            self.nvlink_broadcast = (latency, rate)
         # The trainer gathers its BF16 weights and converts them to the engines' format (FP8 when they
         # serve FP8) before the wire: what crosses, lands in the store and is swapped in is what the
         # engines hold (served bytes: half the BF16 copy's linear layers in FP8).
@@ -94,10 +105,9 @@ class WeightTransferCost:
         self.weight_bytes = served_weight_bytes(plan.model)
         self.bucket_bytes = ws.bucket_mb * 2**20
         self.h2d_bytes_per_s = ws.h2d_gbps * 1e9 / 8
-        gpu = plan.gpu_of_pool(tr.pool)
         stage = self.trainer_bytes / tr.pp
         experts = 2.0 * expert_params(plan.model) / tr.pp  # a stage's experts in BF16, as weight_bytes
-        gpu_name, intra = pools[tr.pool].gpu, links.get("intra_cluster")
+        intra = links.get("intra_cluster")
         self.gather_s = all_gather_s(stage - experts, tr.tp, gpu_name, gpu, intra, tr.gpus) \
             + all_gather_s(experts, trainer_ep(plan.model, tr, gpu.nvlink_domain), gpu_name, gpu, intra, tr.gpus)
         # read the BF16 stage, write it in the served dtype
@@ -120,19 +130,15 @@ class WeightTransferCost:
         the workers fetch and swap it at the update."""
         return self.measured is None
 
-    @staticmethod
-    def effective_bytes_per_s(link: Link) -> float:
-        """The line rate times the kind's share (``LINK_EFFICIENCY``); a rate that is already a
-        measured throughput (a calibrated NCCL fit, when the plan gives no bandwidth) as it is."""
-        return link.bytes_per_s if link.measured_rate else link.bytes_per_s * LINK_EFFICIENCY.get(link.kind, 1.0)
+    effective_bytes_per_s = staticmethod(effective_bytes_per_s)  # the rate bulk traffic reaches (links.py)
 
     def broadcast_s(self) -> float:
         if self.all_colocated:
             return 0.0  # the engines load the new weights in the colocation switch (ColocationSwitch)
         if self.measured is not None:
             return self.measured.broadcast_s
-        wire = self.cross.latency_s + self.weight_bytes / self.effective_bytes_per_s(self.cross)
-        return self.gather_s + self.convert_s + wire
+        latency, rate = self.nvlink_broadcast or (self.cross.latency_s, self.effective_bytes_per_s(self.cross))
+        return self.gather_s + self.convert_s + latency + self.weight_bytes / rate
 
     def publish_pull_s(self) -> float:
         if self.all_colocated:
@@ -144,7 +150,9 @@ class WeightTransferCost:
             + self.weight_bytes / self.effective_bytes_per_s(self.cross)
         last_bucket = min(self.bucket_bytes, self.weight_bytes)
         pull = self.intra.latency_s + self.pull_overhead_s + last_bucket / self.effective_bytes_per_s(self.intra)
-        return self.gather_s + self.convert_s + self.stage_s + publish + pull
+        # bucket i crosses the wire while bucket i + 1 is staged: the slower stage plus one bucket of the other
+        staged_and_published = max(self.stage_s, publish) + min(self.stage_s, publish) / buckets
+        return self.gather_s + self.convert_s + staged_and_published + pull
 
     def swap_s(self, tp: int) -> float:
         if self.measured is not None:
