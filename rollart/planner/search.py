@@ -61,9 +61,9 @@ THROUGHPUT_TIE = 0.01
 
 def score(ev: Evaluation, objective: str, budget: Budget) -> tuple[float, float] | None:
     """Smaller is better; None when the run failed or broke the US$ budget (which counts the
-    billed serverless time, known only after simulating). Throughput objective: throughput in
-    1 % (``THROUGHPUT_TIE``) logarithmic bins, then cost per 1k trajectories; cost objective: cost,
-    then throughput. Both past the cold first step where the run has at least two more
+    billed serverless time, known only after simulating). Throughput objective: (−throughput, cost per
+    1k trajectories), which :func:`rank_evaluations` ranks with ties within ``THROUGHPUT_TIE`` of the
+    best; cost objective: (cost, −throughput). Both past the cold first step where the run has at least two more
     (:func:`~rollart.report.plan_rates`): over a scenario's 4 steps that step is a third of an
     asynchronous plan's time and a quarter of a synchronous one's, which understated α ≥ 1 against
     α = 0 and α 2–4 against α 1 by 10–30 % on 128 GPUs (benchmarks/planner_horizon.py)."""
