@@ -1,6 +1,6 @@
 """How well a short simulation predicts a long run: the whole run's rate against the rate past the
-cold first step (what ``rollart simulate``'s *steady state*, ``sweep`` and ``plan`` use), and past
-the 1 + α pipeline-fill steps (what ``rollart reproduce`` uses on its longer runs).
+cold first step (what ``rollart simulate``'s *steady state*, ``compare``, ``sweep``, ``plan`` and
+``reproduce`` use), and past the 1 + α pipeline-fill steps (``reproduce``'s rule until session 48).
 
 Two regimes, measured in one run:
 
@@ -13,7 +13,12 @@ Two regimes, measured in one run:
   Spearman correlation with the truth, and how often it orders the α 1 and α 2 versions of the same
   placement as the truth does (pairs more than 3 % apart).
 
+And, only when named, **reproduce's comparisons** (``--only modes``): the throughput experiment's
+Sync, AReaL-style and ROLLART plans of Qwen3-8B/14B/32B at seeds 0 and 1. Printed: each estimator's
+error on a run's rate and on ROLLART ÷ AReaL-style and ÷ Sync, and the long runs' ratios.
+
     python benchmarks/planner_horizon.py            # ~6 min on 2 cores
+    python benchmarks/planner_horizon.py --only modes --short 10 --long 24   # ~10 min on 2 cores
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Callable
 
 from scipy.stats import spearmanr
 
-from rollart.core.stats import START_UP_STEPS, fill_steps
+from rollart.core.stats import START_UP_STEPS
 from rollart.plan import apply_overrides, load_plan, read_yaml
 from rollart.planner import Budget, Space
 from rollart.scenarios_catalog import default_scenario, resolve
@@ -42,7 +47,8 @@ def estimators(short: int) -> dict[str, Callable[[Steps, int], float]]:
     return {
         "whole run": lambda st, a: rate(st, 0, short),
         "past the first step": lambda st, a: rate(st, START_UP_STEPS, short),
-        "past the 1 + α fill": lambda st, a: rate(st, min(fill_steps(a), short - 1), short),
+        # the rule reproduce used until session 48: also skip the 1 + α batches admitted at version 0
+        "past the 1 + α fill": lambda st, a: rate(st, min(1 + a, short - 1), short),
     }
 
 
@@ -98,15 +104,47 @@ def small_space(short: int, long: int, workers: int) -> None:
               f"{spearmanr(score, truth).statistic:.3f} · α 1 vs 2 ordered right {right}/{len(pairs_apart)}")
 
 
+def modes(short: int, long: int, workers: int) -> None:
+    """The ``reproduce`` throughput experiment's comparisons (ROLLART against AReaL-style and Sync, each
+    on its own placement as the paper sets it up), read off ``short`` of ``long`` steps."""
+    from rollart.reproduce.experiments.common import BASES
+    from rollart.reproduce.experiments.throughput import baseline_placement
+
+    keys = [(m, mode, seed) for m in BASES for mode in ("sync", "areal", "rollart") for seed in (0, 1)]
+    runs = _simulate([("|".join(map(str, k)), apply_overrides(read_yaml(resolve(BASES[k[0]])), [
+        *baseline_placement(k[0], k[1]), f"algorithm.mode={k[1]}", f"algorithm.seed={k[2]}", f"algorithm.steps={long}"]))
+        for k in keys], workers)
+    truth = {k: rate(st, long // 2, long) for k, st in runs.items()}
+    print(f"the reproduce throughput plans (Qwen3-8B/14B/32B × Sync, AReaL-style, ROLLART × seeds 0, 1); "
+          f"truth: steps {long // 2}–{long - 1}")
+    for name, f in estimators(short).items():
+        read = {k: f(st, 0 if "|sync|" in k else 1) for k, st in runs.items()}
+        run_err = [abs(read[k] / truth[k] - 1) for k in runs]
+        ratio_err = [abs((read[f"{m}|rollart|{s}"] / read[f"{m}|{d}|{s}"]) / (truth[f"{m}|rollart|{s}"] / truth[f"{m}|{d}|{s}"]) - 1)
+                     for m in BASES for d in ("areal", "sync") for s in (0, 1)]
+        print(f"  {name:>20} at {short} steps: a run's rate off by {sum(run_err) / len(run_err):.1%} on average "
+              f"(worst {max(run_err):.1%}) · ROLLART ÷ AReaL-style and ÷ Sync off by "
+              f"{sum(ratio_err) / len(ratio_err):.1%} on average (worst {max(ratio_err):.1%})")
+    for m in BASES:
+        print(f"  {m} truth: ROLLART ÷ AReaL-style "
+              + " · ".join(f"{truth[f'{m}|rollart|{s}'] / truth[f'{m}|areal|{s}']:.2f}" for s in (0, 1))
+              + ", ÷ Sync " + " · ".join(f"{truth[f'{m}|rollart|{s}'] / truth[f'{m}|sync|{s}']:.2f}" for s in (0, 1)))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--short", type=int, default=4, help="steps of the short runs (the paper scenarios' 4)")
     ap.add_argument("--long", type=int, default=16, help="steps of the long runs (the truth: their second half)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--only", choices=("paper", "small"))
+    ap.add_argument("--only", choices=("paper", "small", "modes"),
+                    help="one regime; 'modes' (reproduce's throughput plans, ~10 min on 2 cores) runs only when named, "
+                         "as --only modes --short 10 --long 24")
     a = ap.parse_args(argv)
     if a.short < 3 or a.long < 2 * a.short:
         ap.error("need --short ≥ 3 and --long ≥ 2 × --short (the truth is the long run's second half)")
+    if a.only == "modes":
+        modes(a.short, a.long, a.workers)
+        return 0
     if a.only != "small":
         paper_scale(a.short, a.long, a.workers)
     if a.only != "paper":

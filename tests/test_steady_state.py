@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from rollart.core import mode_config
-from rollart.core.stats import START_UP_STEPS, STEADY_MIN_STEPS, StepRecord, fill_steps, steady_state, steady_window
+from rollart.core.stats import START_UP_STEPS, STEADY_MIN_STEPS, StepRecord, steady_state, steady_window
 from rollart.plan import load_plan
 from rollart.report import plan_rates
 from rollart.scenarios_catalog import default_scenario
@@ -44,12 +44,11 @@ def test_the_window_leaves_out_exactly_the_warm_up_once_the_run_passes_it(times,
         assert s["trajectories_per_s"] == pytest.approx(8 * len(window) / span)
 
 
-def test_a_summary_leaves_out_the_cold_first_step_and_reproduce_the_pipeline_fill():
-    # the summary's warm-up is the first step whatever α (a short run keeps its fill steps' sample);
-    # `rollart reproduce`, whose runs are longer, leaves out the 1 + α fill steps
-    assert START_UP_STEPS == 1 and [fill_steps(a) for a in (0, 1, 2, 4)] == [1, 2, 3, 5]
+def test_a_summary_leaves_out_the_cold_first_step_whatever_alpha():
+    # one warm-up for every figure: the first step (a short run keeps the fill steps' sample)
+    assert START_UP_STEPS == 1
     steps = _steps([300.0, 100.0, 120.0, 110.0, 130.0])
-    assert steady_state(steps)["from_step"] == 1 and steady_state(steps, fill_steps(2))["from_step"] == 3
+    assert steady_state(steps)["from_step"] == 1 and steady_state(steps, 3)["from_step"] == 3
 
 
 def test_plan_rates_use_the_steady_state_only_once_reached():
@@ -80,17 +79,21 @@ def test_the_frontier_reads_every_point_on_one_basis():
 
 def test_a_short_run_understates_the_long_run_and_the_steady_state_less():
     """The first step rolls out a whole batch cold with nothing to overlap, so over 6 steps the whole
-    run's rate falls well short of what 24 steps settle at (1.100 against 1.276 trajectories/s,
-    -14 %); past that step the same 6 steps come within 5 % (1.214). Default scenario, α 1."""
-    plan = load_plan(default_scenario(), ["algorithm.steps=24"])
-    long = simulate_plan(plan, mode_config(plan), 0).to_result().summary
-    short_plan = load_plan(default_scenario(), ["algorithm.steps=6"])
-    short = simulate_plan(short_plan, mode_config(short_plan), 0).to_result().summary
-    truth = long["steady"]["trajectories_per_s"]
-    assert long["steady"]["settled"] and short["steady"]["settled"] and short["steady"]["from_step"] == 1
-    whole_err = abs(short["trajectories_per_s"] / truth - 1)
-    steady_err = abs(short["steady"]["trajectories_per_s"] / truth - 1)
-    assert whole_err > 0.1 and steady_err < 0.4 * whole_err, (whole_err, steady_err)
+    run's rate falls well short of what 24 steps settle at; past that step the same 6 steps come much
+    closer. Default scenario, α 1, seeds 0-2 (session 48: whole run -15 / -10 / -14 %, past the first
+    step -6 / +6 / -1 %; one seed's short run is noisy, so the errors are compared on average)."""
+    whole_err, steady_err = [], []
+    for seed in range(3):
+        plan = load_plan(default_scenario(), ["algorithm.steps=24"])
+        long = simulate_plan(plan, mode_config(plan), seed).to_result().summary
+        short_plan = load_plan(default_scenario(), ["algorithm.steps=6"])
+        short = simulate_plan(short_plan, mode_config(short_plan), seed).to_result().summary
+        truth = long["steady"]["trajectories_per_s"]
+        assert long["steady"]["settled"] and short["steady"]["settled"] and short["steady"]["from_step"] == 1
+        whole_err.append(abs(short["trajectories_per_s"] / truth - 1))
+        steady_err.append(abs(short["steady"]["trajectories_per_s"] / truth - 1))
+    assert min(whole_err) > 0.05 and sum(whole_err) / 3 > 0.1, whole_err
+    assert sum(steady_err) < 0.5 * sum(whole_err), (whole_err, steady_err)
     # priced: the run's US$/h over the steady trajectories an hour
     assert short["steady"]["cost_per_1k_trajectories_usd"] == pytest.approx(
         1000 * short["cost_usd_per_hour"] / (3600 * short["steady"]["trajectories_per_s"]))

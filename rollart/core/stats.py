@@ -52,21 +52,14 @@ class RunStats:
 # A steady-state figure needs at least this many steps past the warm-up: one step's time is half of
 # an alternating pair (a step that trains on an early-finished batch, then one that waits).
 STEADY_MIN_STEPS = 2
-# The warm-up a run's summary leaves out: its first step, which rolls out a whole batch cold with
-# nothing to overlap (at 128 GPUs 2-3x a steady step of an asynchronous mode). Measured
-# (benchmarks/planner_horizon.py): past it, 4 steps come within a few % of what 16 settle at, where
-# the whole run's rate is up to 30 % low; leaving out the 1 + α pipeline-fill steps as well
-# (:func:`fill_steps`) halves the sample of a short run for a smaller gain in bias.
+# The warm-up every steady-state figure leaves out (a run's summary, compare, sweep, plan and
+# reproduce alike): the first step, which rolls out a whole batch cold with nothing to overlap (at
+# 128 GPUs 2-3x a steady step of an asynchronous mode). Measured (benchmarks/planner_horizon.py):
+# past it 4 steps of a paper plan come within a few % of the long run, where the whole run's rate is
+# up to 30 % low. Leaving out the 1 + α pipeline-fill steps as well (the batches admitted at version
+# 0) erred more, not less: on reproduce's throughput plans, 10 steps against the last 12 of 24, a
+# ROLLART ÷ AReaL-style or ÷ Sync ratio was off by 5.6 % on average against 4.5 % (--only modes).
 START_UP_STEPS = 1
-
-
-def fill_steps(alpha: int) -> int:
-    """Steps that fill the pipeline of a run whose staleness bound is ``alpha``: 1 + α. At version 0
-    the admission window spans 1 + α batches, so the first 1 + α steps train on batches whose rollout
-    began before any weight update (the steps after the first are short until those are used up)
-    and stale aborts cannot have happened yet: the warm-up ``rollart reproduce`` leaves out of its
-    figures (its runs are long enough to afford it)."""
-    return 1 + max(0, alpha)
 
 
 def steady_window(steps: list[StepRecord], warmup: int = START_UP_STEPS) -> tuple[list[StepRecord], bool]:

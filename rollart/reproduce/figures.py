@@ -6,22 +6,16 @@ import math
 from typing import Iterable
 
 from rollart.core import stats
-from rollart.core.modes import mode_config
 from rollart.core.stats import StepRecord
 from rollart.reproduce.model import Outcome
 
 NA = "—"
 
 
-def fill_steps(o: Outcome) -> int:
-    """Steps that fill the pipeline of the variant's run (:func:`rollart.core.stats.fill_steps`: 1 + α
-    of its mode); 1 when the run's plan is not known."""
-    return 1 if o.plan is None else stats.fill_steps(mode_config(o.plan, o.variant.mode).alpha)
-
-
 def steady(o: Outcome) -> list[StepRecord]:
-    """The steady-state steps: past the pipeline fill (:func:`rollart.core.stats.steady_window`)."""
-    return stats.steady_window(o.records, fill_steps(o))[0]
+    """The steady-state steps: past the cold first step, the rule every run's summary uses
+    (:func:`rollart.core.stats.steady_window`)."""
+    return stats.steady_window(o.records)[0]
 
 
 def mean(xs: Iterable[float]) -> float:

@@ -268,7 +268,7 @@ def alpha(outs: list[Outcome], path: Path, bases: dict, alphas: tuple, step_s: C
         ax1.plot(alphas, ys, marker="o^s"[i % 3], color=COLORS[i], label=model)
     ax1.set_xticks(alphas)
     ax1.set_xlabel("staleness bound α")
-    ax1.set_ylabel("mean step time over the run (s)")
+    ax1.set_ylabel("steady step time, past the first step (s)")
     ax1.set_title("Step time vs α (ROLLART)")
     ax1.legend()
     series = []

@@ -19,10 +19,9 @@ EXP = "paper/experiments/"
 MODES = ("sync", "sync+", "one-off", "areal", "rollart")
 MODE_LABEL = {"sync": "Sync", "sync+": "Sync+", "one-off": "One-off", "areal": "AReaL-style", "rollart": "ROLLART"}
 
-STEADY_NOTE = ("Steady state = the steps after the pipeline fill, which is the first 1 + α steps (the admission "
-               "window at version 0 spans 1 + α batches, so those steps train on batches whose rollout began before "
-               "any weight update and before anything could go stale; α = 0: the first step). With fewer than two "
-               "steps left after it, the steps after the first.")
+STEADY_NOTE = ("Steady state = the steps after the first, which rolls out a whole batch cold with nothing to "
+               "overlap: the rule of `rollart simulate`'s steady-state line, `compare`, `sweep` and `plan` "
+               "(`core/stats.steady_window`).")
 TIME_TO_SCORE_CAVEAT = ("The paper's 32B figures (2.05× Sync+, 1.35× One-off, 1.31× AReaL) are *time to reach a "
                         "score of 0.85*, not throughput: they also depend on how many steps each method needs, "
                         "which staleness changes. The simulator models time, not learning, so it can only give "
