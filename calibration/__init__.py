@@ -16,6 +16,7 @@ The returned model's ``source`` says which, and every report prints it."""
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,15 +55,35 @@ def _timing_preset(gpu: "GpuType") -> str | None:
     return None
 
 
-def transfer_reference(gpu_name: str | None) -> str:
+def transfer_reference(gpu_name: str | None, gpu: "GpuType | None" = None) -> str:
     """The preset whose measured kernel efficiencies price a GPU type without a profile of its own:
     the preset ``gpu_name`` names when it ships one (a custom variant of a measured GPU keeps its
-    kernels' measured fractions of peak), else H100 (``profiles.TRANSFER_REFERENCE``)."""
-    from rollart.calibration.profiles import TRANSFER_REFERENCE, shipped_profile_path
-    from rollart.plan.presets import canonical_gpu
+    kernels' measured fractions of peak). Else the measured reference (``profiles.RIDGE_REFERENCES``)
+    most like ``gpu``'s datasheet:
+
+    * of its architecture class: with FP8 tensor cores (``tflops_fp8``) Hopper's H100 and H20,
+      without them Ampere's A100;
+    * of those, the ones ``gpu`` is at least as good as in every timing figure, when there are any
+      (so an H20 with faster HBM is never priced slower than an H20);
+    * of those, the nearest in ridge point (BF16 FLOP per HBM byte, on a log scale). The ridge decides
+      which side of the roofline a kernel runs on: H20 (37) was timed where small-batch GEMMs are
+      compute-floored, H100 (295) where they read weights.
+
+    Without a datasheet, H100 (``profiles.TRANSFER_REFERENCE``)."""
+    from rollart.calibration.profiles import RIDGE_REFERENCES, TRANSFER_REFERENCE, shipped_profile_path
+    from rollart.plan.presets import GPU_PRESETS, canonical_gpu
 
     preset = canonical_gpu(gpu_name) if gpu_name else None
-    return preset if preset is not None and shipped_profile_path(preset) is not None else TRANSFER_REFERENCE
+    if preset is not None and shipped_profile_path(preset) is not None:
+        return preset
+    if gpu is None:
+        return TRANSFER_REFERENCE
+    same_class = [r for r in RIDGE_REFERENCES if (GPU_PRESETS[r].get("tflops_fp8") is None) == (gpu.tflops_fp8 is None)]
+    dominated = [r for r in same_class if all(getattr(gpu, f) >= v for f in TIMING_FIELDS
+                                              if (v := GPU_PRESETS[r].get(f)) is not None)]
+    ridge = math.log(gpu.tflops_bf16 / gpu.hbm_tbps)
+    return min(dominated or same_class, key=lambda r: (
+        abs(ridge - math.log(GPU_PRESETS[r]["tflops_bf16"] / GPU_PRESETS[r]["hbm_tbps"])), r != TRANSFER_REFERENCE))
 
 
 @lru_cache(maxsize=32)
@@ -70,8 +91,10 @@ def _transferred(gpu_name: str, tflops_bf16: float, hbm_tbps: float, nvlink_gbps
                  tflops_fp8: float | None) -> "KernelProfile":
     from rollart.calibration.profiles import shipped_profile_path, transferred_profile
     from rollart.plan.presets import GPU_PRESETS
+    from rollart.plan.schema import GpuType
 
-    ref = transfer_reference(gpu_name)
+    ref = transfer_reference(gpu_name, GpuType(tflops_bf16=tflops_bf16, hbm_tbps=hbm_tbps, memory_gb=1.0,
+                                               nvlink_gbps=nvlink_gbps, tflops_fp8=tflops_fp8))
     reference = _load(str(shipped_profile_path(ref).resolve()))
     return transferred_profile(reference, gpu_name, tflops_bf16, hbm_tbps, nvlink_gbps,
                                GPU_PRESETS[ref]["nvlink_gbps"], tflops_fp8)
@@ -176,7 +199,7 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
     if isinstance(profile, KernelProfile):
         p = profile.allreduce.params
         return p["alpha_s"], p["beta_gbps"] * 1e9 / 8, f"NVLink ({profile.gpu} NCCL all-reduce fit{inside})"
-    ref = transfer_reference(gpu_name)
+    ref = transfer_reference(gpu_name, gpu)
     fit = _load(str(shipped_profile_path(ref).resolve())).allreduce.params
     scale = gpu.nvlink_gbps / GPU_PRESETS[ref]["nvlink_gbps"]
     return (fit["alpha_s"], fit["beta_gbps"] * scale * 1e9 / 8,

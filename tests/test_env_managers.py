@@ -69,3 +69,10 @@ def test_a_baseline_says_which_rollart_settings_it_does_not_use() -> None:
         assert any(n.startswith("algorithm.redundancy=0.25:") for n in notes), (mode, notes)
         assert any(n.startswith("placement.hw_affinity:") for n in notes), (mode, notes)
     assert run_sim(plan, "rollart").to_result().summary["unused_settings"] == []
+    # α: Sync and Sync+ run in lockstep, One-off one batch ahead, whatever the plan's algorithm.alpha
+    plan = small_plan([*BASE, "algorithm.alpha=3"])
+    for mode, alpha in (("sync", 0), ("sync+", 0), ("one-off", 1)):
+        notes = run_sim(plan, mode).to_result().summary["unused_settings"]
+        assert any(n.startswith(f"algorithm.alpha=3: mode {mode} runs with α = {alpha}") for n in notes), (mode, notes)
+    for mode in ("areal", "rollart"):
+        assert not any(n.startswith("algorithm.alpha") for n in run_sim(plan, mode).to_result().summary["unused_settings"])

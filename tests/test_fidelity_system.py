@@ -401,7 +401,7 @@ def test_gather_runs_at_the_trainers_all_reduce_bus_rate_and_gathers_experts_ove
     tp 1 it still gathers."""
     from rollart.calibration import tp_allreduce
     from rollart.plan.presets import GPU_PRESETS
-    from rollart.plan.schema import GpuType
+    from rollart.plan.schema import GpuType, ModelSpec
     from rollart.sim.costs.moe import expert_params
 
     h800 = GpuType(**GPU_PRESETS["H800"])
@@ -410,7 +410,7 @@ def test_gather_runs_at_the_trainers_all_reduce_bus_rate_and_gathers_experts_ove
     assert t.gather_s == pytest.approx(t.weight_bytes / 2 / bus)
     assert bus < h800.nvlink_gbps * 1e9 / 2
     moe = _transfer(["model=Qwen3-30B-A3B", "placement.trainer.tp=1", "placement.trainer.gpus=8"])  # ep 8
-    experts = 2 * expert_params(load_plan(resolve("paper/qwen3-32b-128gpu"), ["model=Qwen3-30B-A3B"]).model)
+    experts = 2 * expert_params(ModelSpec.model_validate("Qwen3-30B-A3B"))
     assert moe.gather_s == pytest.approx(experts * 7 / 8 / tp_allreduce("H800", h800, 8)[1])
 
 

@@ -18,6 +18,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollart.calibration import generation_cost
 from rollart.calibration.cost import KernelProfileGeneration
@@ -696,45 +698,70 @@ def test_the_knee_stays_as_fitted_on_a_gpu_as_fast_or_faster() -> None:
     assert _decode("Qwen3-8B", "H100", 1) > 1.3 * fast.decode_line(1).total(CTX, 1, 1)
 
 
-def test_a_type_like_h20_without_a_profile_is_priced_near_h20s_own_kernels() -> None:
-    """A custom GPU type with H20's datasheet, priced by the H100's efficiencies (the transfer), decodes
-    and prefills within 1.45× of the shipped H20 profile (its own measured kernels), BF16 or FP8 weights
-    (what is left: H20 computes at a higher share of its lower peak, e_max 0.95 against 0.77 in BF16).
-    Carried as rows, the H100's GEMM knees made it 2.4-5× slower: a buyer's custom low-peak GPU looked
-    unusable."""
+def test_a_type_like_h20_without_a_profile_keeps_h20s_efficiencies() -> None:
+    """A custom GPU type with H20's datasheet under another name is priced by H20's own measured kernel
+    efficiencies (its ridge point, 37 BF16 FLOP per HBM byte, is H20's: calibration.transfer_reference),
+    so it decodes and prefills as the shipped H20 profile does. With the H100's efficiencies (before
+    session 48) it came out up to 1.45x slower; with the H100's GEMM knees carried as rows, 2.4-5x."""
     for model in ("Qwen3-8B", "Qwen3-32B", "Qwen3-30B-A3B"):
         for dtype in ("bf16", "fp8"):
             m = _spec(model, weight_dtype=dtype)
             own = generation_cost(m, "H20", GpuType(**GPU_PRESETS["H20"]), 1)
             # NVLink 1 GB/s off H20's (no all-reduce at tp 1), so no preset has its exact numbers
             twin = generation_cost(m, "GX", GpuType(**{**GPU_PRESETS["H20"], "nvlink_gbps": 901.0}), 1)
-            assert twin.source.startswith("H100 kernel profile on the GX datasheet")
-            ratios = [twin.decode_line(b).total(b * CTX, b, 1) / own.decode_line(b).total(b * CTX, b, 1)
-                      for b in (1, 16, 64, 256)]
-            ratios += [twin.prefill_time(n, n * n / 2) / own.prefill_time(n, n * n / 2) for n in (128, 1024, 8192)]
-            assert all(0.9 < r < 1.45 for r in ratios), (model, dtype, [round(r, 2) for r in ratios])
+            assert twin.source.startswith("H20 kernel profile on the GX datasheet")
+            for b in (1, 16, 64, 256):
+                assert twin.decode_line(b).total(b * CTX, b, 1) == pytest.approx(own.decode_line(b).total(b * CTX, b, 1))
+            for n in (128, 1024, 8192):
+                assert twin.prefill_time(n, n * n / 2) == pytest.approx(own.prefill_time(n, n * n / 2))
+
+
+TIMING = ("tflops_bf16", "tflops_fp8", "hbm_tbps", "nvlink_gbps", "memory_gb")
+
+
+@settings(max_examples=60, deadline=None)
+@given(preset=st.sampled_from(["H20", "H100", "H800", "H200", "A100"]),
+       gains=st.tuples(*[st.sampled_from([1.0, 1.01, 1.2, 1.5, 2.0, 4.0])] * len(TIMING)),
+       model=st.sampled_from(["Qwen3-8B", "Qwen3-30B-A3B"]), dtype=st.sampled_from(["bf16", "fp8"]),
+       tp=st.sampled_from([1, 2]))
+def test_a_custom_type_at_least_as_good_as_a_preset_is_never_priced_slower(preset, gains, model, dtype, tp) -> None:
+    """A buyer's custom datasheet that matches or beats a preset in every figure (an H20 with faster HBM, an
+    A100 with more FLOP/s) decodes and prefills no slower than that preset: its reference is a measured GPU it
+    beats, nearest in ridge point (calibration.transfer_reference). Before session 48 every custom name took
+    the H100's efficiencies, and an H20 with 4.8 TB/s HBM ran 12 % slower than an H20."""
+    base = GPU_PRESETS[preset]
+    sheet = {k: v * g if v is not None else v for (k, g), v in zip(zip(TIMING, gains), (base.get(k) for k in TIMING))}
+    m = _spec(model, weight_dtype=dtype)
+    own = generation_cost(m, preset, GpuType(**base), tp)
+    custom = generation_cost(m, "GX", GpuType(**{**base, **sheet}), tp)
+    for b in (1, 16, 64, 256):
+        assert custom.decode_line(b).total(b * CTX, b, 1) <= own.decode_line(b).total(b * CTX, b, 1) * (1 + 1e-9), b
+    for n in (128, 1024, 8192):
+        assert custom.prefill_time(n, n * n / 2) <= own.prefill_time(n, n * n / 2) * (1 + 1e-9), n
 
 
 def test_a_gpu_type_without_timings_is_priced_with_the_h100s_efficiencies_on_its_datasheet() -> None:
-    """A custom GPU type (or any without a shipped profile) goes through the same composition as the
-    measured GPUs, with the H100's fitted efficiencies on its own datasheet, as the shipped H200
-    profile is built: a custom type with H200's datasheet prices every step as the H200 profile does.
-    Without FP8 tensor cores (no `tflops_fp8` on its datasheet), FP8 weights compute in BF16."""
+    """A custom Hopper-like GPU type (FP8 tensor cores, a ridge point near the H100's) goes through the same
+    composition as the measured GPUs, with the H100's fitted efficiencies on its own datasheet, as the shipped
+    H200 profile is built: a custom type with H200's datasheet prices every step as the H200 profile does.
+    Without FP8 tensor cores (no `tflops_fp8` on its datasheet) it is priced as Ampere (the A100's
+    efficiencies), and FP8 weights compute in BF16."""
     m = ModelSpec.model_validate("Qwen3-32B")
     h200 = generation_cost(m, "H200", GpuType(**GPU_PRESETS["H200"]), 2)
-    # H200's datasheet without its FP8 peak (no preset has exactly these numbers; BF16 weights never read it)
-    sheet = {k: v for k, v in GPU_PRESETS["H200"].items() if k != "tflops_fp8"}
-    twin = generation_cost(m, "GX", GpuType(**sheet), 2)
+    # H200's datasheet with 1 GB/s more NVLink (no preset has exactly these numbers)
+    twin = generation_cost(m, "GX", GpuType(**{**GPU_PRESETS["H200"], "nvlink_gbps": 901.0}), 2)
     assert isinstance(twin, KernelProfileGeneration) and twin.source.startswith("H100 kernel profile on the GX datasheet")
     for batch in (1, 32, 256):
         assert twin.decode_line(batch).total(batch * CTX, batch, 1) == pytest.approx(
-            h200.decode_line(batch).total(batch * CTX, batch, 1), rel=1e-6)
-    assert twin.prefill_time(8192, 8192 ** 2 / 2) == pytest.approx(h200.prefill_time(8192, 8192 ** 2 / 2), rel=1e-6)
-    # FP8 compute where the datasheet gives an FP8 peak; without one, FP8 weights compute in BF16
+            h200.decode_line(batch).total(batch * CTX, batch, 1), rel=1e-3)
+    assert twin.prefill_time(8192, 8192 ** 2 / 2) == pytest.approx(h200.prefill_time(8192, 8192 ** 2 / 2), rel=1e-3)
+    # FP8 compute where the datasheet gives an FP8 peak; without one, Ampere's efficiencies and BF16 compute
+    sheet = {k: v for k, v in GPU_PRESETS["H200"].items() if k != "tflops_fp8"}
     fp8 = _spec("Qwen3-32B", weight_dtype="fp8")
     with_fp8 = generation_cost(fp8, "GX", _datasheet_of("H200"), 1)
     assert with_fp8.source.startswith("calibrated kernel profile H200")  # H200's exact numbers: its profile
     without = generation_cost(fp8, "GX", GpuType(**sheet), 1)
+    assert without.source.startswith("A100 kernel profile on the GX datasheet")
     assert "FP8 GEMM compute" in with_fp8.source and "no FP8 tensor cores" in without.source
     assert with_fp8.prefill_time(8192, 8192 ** 2 / 2) < 0.7 * without.prefill_time(8192, 8192 ** 2 / 2)
     # the datasheet roofline stays one pool setting away

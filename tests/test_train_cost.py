@@ -189,14 +189,17 @@ def test_a_tensor_parallel_group_wider_than_a_node_all_reduces_over_infiniband()
     fabric = tp_allreduce("H800", h800, 16, Link(kind="rdma", bandwidth_gbps=3200, latency_us=5))
     assert fabric[1] == pytest.approx(nvlink[1])
     assert tp_allreduce("H800", h800, 8, Link(kind="rdma", bandwidth_gbps=800))[:2] == nvlink[:2]  # inside a node
-    # a GPU without a shipped profile (a custom type): H100's fit scaled by its NVLink, as the shipped
-    # A100 profile scales it
-    custom = tp_allreduce("GX", GpuType(**{**GPU_PRESETS["A100"], "tflops_bf16": 300.0}), 4)
+    # a GPU without a shipped profile (a custom type): its reference's fit (calibration.transfer_reference)
+    # scaled by its NVLink; a Hopper-like type (FP8 tensor cores, a high ridge) scales H100's
     h100 = tp_allreduce("H100", GpuType(**GPU_PRESETS["H100"]), 4)
-    assert "× 0.667" in custom[2] and custom[1] == pytest.approx(h100[1] * 600 / 900)
+    custom = tp_allreduce("GX", GpuType(**{**GPU_PRESETS["H100"], "tflops_bf16": 1000.0, "nvlink_gbps": 600.0}), 4)
+    assert "H100 NCCL all-reduce fit × 0.667" in custom[2] and custom[1] == pytest.approx(h100[1] * 600 / 900)
     # a type named like a preset but with other numbers is not that preset: its own NVLink scales H100's fit
     assert tp_allreduce("H100", h800, 4)[1] == pytest.approx(h100[1] * 400 / 900)
-    assert tp_allreduce("A100", GpuType(**GPU_PRESETS["A100"]), 4)[1] == pytest.approx(custom[1], rel=1e-5)
+    # an Ampere-like type (no FP8 tensor cores) keeps the A100's fit, as the shipped A100 profile
+    ampere = tp_allreduce("GX", GpuType(**{**GPU_PRESETS["A100"], "tflops_bf16": 320.0}), 4)
+    assert "A100 NCCL all-reduce fit × 1" in ampere[2]
+    assert tp_allreduce("A100", GpuType(**GPU_PRESETS["A100"]), 4)[1] == pytest.approx(ampere[1], rel=1e-5)
 
 
 def test_pipeline_stages_all_reduce_only_their_own_layers() -> None:
@@ -307,6 +310,33 @@ def test_an_explicit_trainer_ep_sets_the_expert_shard_and_the_all_to_all() -> No
     lens = [2000] * 128
     one, no_ep = (_planned("H800", 1, gpus=8, model="Qwen3-30B-A3B", ep=ep) for ep in (None, 1))
     assert no_ep.ep == 1 and "all-to-all" not in no_ep.source and no_ep.step_time(lens) < one.step_time(lens)
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["placement.trainer.tp=3", "placement.trainer.gpus=3"], "placement.trainer.tp: 3 does not divide the model's 32 heads"),
+    (["model=Qwen3-235B-A22B", "placement.trainer.tp=8", "placement.trainer.gpus=8", "cluster.gpu_pools.h800.count=16"],
+     "placement.trainer.tp: 8 does not divide the model's 4 KV heads"),
+    (["placement.trainer.pp=64", "placement.trainer.tp=1", "placement.trainer.gpus=64", "cluster.gpu_pools.h800.count=72"],
+     "placement.trainer.pp: 64 pipeline stages for the model's 36 layers"),
+])
+def test_a_trainer_split_megatron_cannot_run_is_a_plan_error(overrides: list[str], words: str) -> None:
+    """Megatron splits query heads and KV groups over the tensor-parallel ranks and gives each pipeline
+    stage whole layers: a trainer tp that does not divide both, or more stages than layers, is refused
+    naming the field, where it was priced with fractional heads and layers."""
+    from rollart.plan import PlanError, load_plan
+    from rollart.scenarios_catalog import default_scenario
+
+    with pytest.raises(PlanError) as err:
+        load_plan(default_scenario(), overrides)
+    assert any(p.startswith(words) for p in err.value.problems), err.value.problems
+    # DeepSeek-V3's MLA caches no KV groups: only its 128 heads bound the trainer's tp
+    from rollart.plan.schema import trainer_split_problems
+
+    plan = load_plan(default_scenario())
+    wide = plan.placement.model_copy(update={"trainer": plan.placement.trainer.model_copy(update={"tp": 16})})
+    assert trainer_split_problems(plan.model_copy(update={"model": ModelSpec.model_validate("DeepSeek-V3"),
+                                                          "placement": wide})) == []
+    assert trainer_split_problems(plan.model_copy(update={"placement": wide})) != []  # Qwen3-8B: 8 KV heads
 
 
 def test_trainer_ep_is_validated_against_its_gpus_and_the_experts() -> None:

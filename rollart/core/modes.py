@@ -107,5 +107,8 @@ def unused_settings(plan: Plan, mode: ModeConfig) -> list[str]:
     if plan.placement.hw_affinity and not mode.hw_affinity:
         notes.append(f"placement.hw_affinity: mode {mode.name} routes every request to the least-loaded "
                      "worker")
+    if plan.algorithm.alpha != mode.alpha:
+        notes.append(f"algorithm.alpha={plan.algorithm.alpha}: mode {mode.name} runs with α = {mode.alpha} "
+                     f"({'lockstep' if mode.alpha == 0 else 'one batch ahead'})")
     return notes
 

@@ -795,6 +795,7 @@ def _cross_problems(plan: Plan) -> list[str]:
                    "context is each task's max_context_tokens")
     if p.trainer.gpus % (p.trainer.tp * p.trainer.pp):
         out.append(f"placement.trainer.gpus: {p.trainer.gpus} is not a multiple of tp × pp = {p.trainer.tp * p.trainer.pp}")
+    out.extend(trainer_split_problems(plan))
     out.extend(p.trainer.ep_problems(plan.model))
     for i, g in enumerate(p.generation):
         if plan.model.heads % g.tp:
@@ -849,6 +850,23 @@ def _cross_problems(plan: Plan) -> list[str]:
                            f"({t.max_context_tokens})")
     if not out:
         out.extend(work_problems(plan))
+    return out
+
+
+def trainer_split_problems(plan: Plan) -> list[str]:
+    """Megatron splits each attention layer's query heads and KV groups over the trainer's tp ranks, so
+    tp must divide both (an MLA model caches no KV groups: its heads only), and gives each pipeline
+    stage whole layers, so pp cannot exceed the layers."""
+    m, t, out = plan.model, plan.placement.trainer, []
+    groups = [("heads", m.heads)] + ([] if m.kv_lora_rank else [("KV heads", m.kv_heads)])
+    for what, n in groups:
+        if n % t.tp:
+            out.append(f"placement.trainer.tp: {t.tp} does not divide the model's {n} {what} (Megatron splits them "
+                       "over the tensor-parallel ranks); pick a divisor")
+            break
+    if t.pp > m.layers:
+        out.append(f"placement.trainer.pp: {t.pp} pipeline stages for the model's {m.layers} layers; at most "
+                   f"{m.layers}")
     return out
 
 
