@@ -112,15 +112,18 @@ def modes(short: int, long: int, workers: int) -> None:
 
     keys = [(m, mode, seed) for m in BASES for mode in ("sync", "areal", "rollart") for seed in (0, 1)]
     runs = _simulate([("|".join(map(str, k)), apply_overrides(read_yaml(resolve(BASES[k[0]])), [
-        *baseline_placement(k[0], k[1]), f"algorithm.mode={k[1]}", f"algorithm.seed={k[2]}", f"algorithm.steps={long}"]))
-        for k in keys], workers)
+        *baseline_placement(k[0], k[1]), f"algorithm.mode={k[1]}", f"algorithm.seed={k[2]}",
+        f"algorithm.steps={long}"])) for k in keys], workers)
     truth = {k: rate(st, long // 2, long) for k, st in runs.items()}
     print(f"the reproduce throughput plans (Qwen3-8B/14B/32B × Sync, AReaL-style, ROLLART × seeds 0, 1); "
           f"truth: steps {long // 2}–{long - 1}")
     for name, f in estimators(short).items():
         read = {k: f(st, 0 if "|sync|" in k else 1) for k, st in runs.items()}
         run_err = [abs(read[k] / truth[k] - 1) for k in runs]
-        ratio_err = [abs((read[f"{m}|rollart|{s}"] / read[f"{m}|{d}|{s}"]) / (truth[f"{m}|rollart|{s}"] / truth[f"{m}|{d}|{s}"]) - 1)
+        def ratio(rates: dict[str, float], m: str, d: str, s: int) -> float:
+            return rates[f"{m}|rollart|{s}"] / rates[f"{m}|{d}|{s}"]
+
+        ratio_err = [abs(ratio(read, m, d, s) / ratio(truth, m, d, s) - 1)
                      for m in BASES for d in ("areal", "sync") for s in (0, 1)]
         print(f"  {name:>20} at {short} steps: a run's rate off by {sum(run_err) / len(run_err):.1%} on average "
               f"(worst {max(run_err):.1%}) · ROLLART ÷ AReaL-style and ÷ Sync off by "

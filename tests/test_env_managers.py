@@ -75,4 +75,5 @@ def test_a_baseline_says_which_rollart_settings_it_does_not_use() -> None:
         notes = run_sim(plan, mode).to_result().summary["unused_settings"]
         assert any(n.startswith(f"algorithm.alpha=3: mode {mode} runs with α = {alpha}") for n in notes), (mode, notes)
     for mode in ("areal", "rollart"):
-        assert not any(n.startswith("algorithm.alpha") for n in run_sim(plan, mode).to_result().summary["unused_settings"])
+        notes = run_sim(plan, mode).to_result().summary["unused_settings"]
+        assert not any(n.startswith("algorithm.alpha") for n in notes), (mode, notes)

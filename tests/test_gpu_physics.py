@@ -711,7 +711,8 @@ def test_a_type_like_h20_without_a_profile_keeps_h20s_efficiencies() -> None:
             twin = generation_cost(m, "GX", GpuType(**{**GPU_PRESETS["H20"], "nvlink_gbps": 901.0}), 1)
             assert twin.source.startswith("H20 kernel profile on the GX datasheet")
             for b in (1, 16, 64, 256):
-                assert twin.decode_line(b).total(b * CTX, b, 1) == pytest.approx(own.decode_line(b).total(b * CTX, b, 1))
+                assert twin.decode_line(b).total(b * CTX, b, 1) == pytest.approx(
+                    own.decode_line(b).total(b * CTX, b, 1))
             for n in (128, 1024, 8192):
                 assert twin.prefill_time(n, n * n / 2) == pytest.approx(own.prefill_time(n, n * n / 2))
 

@@ -313,11 +313,12 @@ def test_an_explicit_trainer_ep_sets_the_expert_shard_and_the_all_to_all() -> No
 
 
 @pytest.mark.parametrize("overrides, words", [
-    (["placement.trainer.tp=3", "placement.trainer.gpus=3"], "placement.trainer.tp: 3 does not divide the model's 32 heads"),
+    (["placement.trainer.tp=3", "placement.trainer.gpus=3"],
+     "placement.trainer.tp: 3 does not divide the model's 32 heads"),
     (["model=Qwen3-235B-A22B", "placement.trainer.tp=8", "placement.trainer.gpus=8", "cluster.gpu_pools.h800.count=16"],
      "placement.trainer.tp: 8 does not divide the model's 4 KV heads"),
-    (["placement.trainer.pp=64", "placement.trainer.tp=1", "placement.trainer.gpus=64", "cluster.gpu_pools.h800.count=72"],
-     "placement.trainer.pp: 64 pipeline stages for the model's 36 layers"),
+    (["placement.trainer.pp=64", "placement.trainer.tp=1", "placement.trainer.gpus=64",
+      "cluster.gpu_pools.h800.count=72"], "placement.trainer.pp: 64 pipeline stages for the model's 36 layers"),
 ])
 def test_a_trainer_split_megatron_cannot_run_is_a_plan_error(overrides: list[str], words: str) -> None:
     """Megatron splits query heads and KV groups over the tensor-parallel ranks and gives each pipeline

@@ -41,9 +41,9 @@ def _analyse_alpha(outs: list[Outcome]) -> Section:
     notes = ["Steady step s is the mean step past the cold first step, the rule of every steady-state figure; the "
              "run mean includes that step. Aborted counts are totals over the run; *stale* = trajectories whose group "
              "fell out of the α window, *redundant* = surplus members of full groups.",
-             "At version 0 the admission window spans 1 + α batches, consumed by the following steps, so at a large α "
-             "the first steady steps are short until the prefetched batches run out; stale aborts need at least "
-             "α + 2 steps to appear.",
+             "At version 0 the admission window spans 1 + α batches, consumed by the following steps, so at a "
+             "large α the first steady steps are short until the prefetched batches run out; stale aborts need at "
+             "least α + 2 steps to appear.",
              "Convergence (α = 2 faster early, slightly later overall) is a learning effect the simulator does not "
              "model."] + _failures(outs)
     return Section(table, comparison, notes, headline=head)
