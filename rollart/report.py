@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rollart.core.stats import BREAKDOWN_KEYS, StepRecord, steady_state
+from rollart.core.stats import BREAKDOWN_KEYS, StepRecord, steady_state, warmup_steps
 from rollart.files import write_text_atomic
 
 SHORT = {"generation": "gen", "env_queue": "cpu", "env_reset": "reset", "env_step": "env", "reward": "reward", "train": "train",
@@ -79,10 +79,11 @@ class RunResult:
         write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 
-def summary_from_steps(steps: list[StepRecord]) -> dict[str, Any]:
-    """The whole run's figures, and under ``steady`` the same rates past its cold first step
-    (:func:`~rollart.core.stats.steady_state`): what a long run converges to, and what plans are
-    compared by."""
+def summary_from_steps(steps: list[StepRecord], alpha: int = 0) -> dict[str, Any]:
+    """The whole run's figures, and under ``steady`` the same rates past its warm-up
+    (:func:`~rollart.core.stats.steady_state`; the cold first step, or 1 + ``alpha`` steps in a run
+    bound by the weight transfer: :func:`~rollart.core.stats.warmup_steps`): what a long run
+    converges to, and what plans are compared by."""
     times = [s.time_s for s in steps]
     elapsed = steps[-1].end_s if steps else 0.0
     trajs = sum(s.trajectories for s in steps)
@@ -96,7 +97,7 @@ def summary_from_steps(steps: list[StepRecord]) -> dict[str, Any]:
         "env_timeouts": sum(s.env_timeouts for s in steps),
         "breakdown_s_mean": {k: sum(s.breakdown_s.get(k, 0.0) for s in steps) / len(steps) if steps else 0.0
                              for k in BREAKDOWN_KEYS},
-        "steady": steady_state(steps),
+        "steady": steady_state(steps, warmup_steps(steps, alpha)),
     }
 
 

@@ -413,6 +413,7 @@ def _with_tail(steps: list[Any], tail: "TailProbe | None") -> tuple[list[Any], f
 def scale_result(result: Any, full_plan: Plan, m: int, simulated_plan: Plan, tail: "TailProbe | None" = None) -> Any:
     """The simulated 1/m result as the full plan's: extensive figures × m, each batch's wait
     corrected for the tail (``tail``, see :func:`cohort_done_s`), cost on the full plan."""
+    from rollart.core.modes import mode_config
     from rollart.report import price_steady_state, summary_from_steps
     from rollart.sim.costs.price import missing_prices, run_cost
 
@@ -423,7 +424,7 @@ def scale_result(result: Any, full_plan: Plan, m: int, simulated_plan: Plan, tai
              for s in result.steps]
     steps, added_s, corrected = _with_tail(steps, tail)
     summary = dict(result.summary)
-    summary.update(summary_from_steps(steps))
+    summary.update(summary_from_steps(steps, mode_config(full_plan, result.mode).alpha))
     for key in _EXTENSIVE:
         if summary.get(key) is not None:
             summary[key] = summary[key] * m

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from rollart.core import mode_config
-from rollart.core.stats import START_UP_STEPS, STEADY_MIN_STEPS, StepRecord, steady_state, steady_window
+from rollart.core.stats import (START_UP_STEPS, STEADY_MIN_STEPS, WEIGHT_BOUND_SHARE, StepRecord, steady_state,
+                                steady_window, warmup_steps)
 from rollart.plan import load_plan
 from rollart.report import plan_rates
 from rollart.scenarios_catalog import default_scenario
@@ -49,6 +50,34 @@ def test_a_summary_leaves_out_the_cold_first_step_whatever_alpha():
     assert START_UP_STEPS == 1
     steps = _steps([300.0, 100.0, 120.0, 110.0, 130.0])
     assert steady_state(steps)["from_step"] == 1 and steady_state(steps, 3)["from_step"] == 3
+
+
+def test_a_run_bound_by_the_weight_transfer_also_leaves_out_its_alpha_steps_ahead():
+    """When each step waits on its weights (a slow cross-cluster link), steps 1..α run ahead on the version
+    the engines already hold, and only then does the wait set the pace: the warm-up is 1 + α. Otherwise,
+    whatever α, it is the cold first step (WEIGHT_BOUND_SHARE of the later steps' time decides)."""
+    def run(waits: list[float], alpha: int) -> int:  # a cold step, α short steps ahead, then steps that wait
+        steps = _steps([85.0] + [40.0] * alpha + [220.0] * len(waits))
+        for s, w in zip(steps[1 + alpha:], waits):
+            s.breakdown_s["weight_sync"] = w
+        return warmup_steps(steps, alpha)
+
+    bound = 220.0 * WEIGHT_BOUND_SHARE
+    assert run([bound] * 6, 1) == 2 and run([bound] * 6, 2) == 3 and run([bound * 0.99] * 6, 1) == START_UP_STEPS
+    assert run([150.0] * 6, 0) == START_UP_STEPS  # α 0: nothing runs ahead
+    assert warmup_steps(_steps([85.0]), 1) == START_UP_STEPS  # nothing after the steps ahead to judge by
+
+    def steady(bandwidth: int, alpha: int, steps: int) -> dict:
+        plan = load_plan(default_scenario(), [f"cluster.links.cross_cluster.bandwidth_gbps={bandwidth}",
+                                              f"algorithm.alpha={alpha}", f"algorithm.steps={steps}"])
+        return simulate_plan(plan, mode_config(plan), 0).to_result().summary["steady"]
+
+    # the default scenario over a 1 Gbps cross-cluster link: publishing a version takes ~220 s, a step ~50 s
+    long, short = steady(1, 1, 16), steady(1, 1, 6)
+    assert long["from_step"] == short["from_step"] == 2 and steady(1, 2, 6)["from_step"] == 3
+    # 6 steps now read within 5 % of 16 (past the first step alone they read 18 % short)
+    assert short["step_time_s_mean"] == pytest.approx(long["step_time_s_mean"], rel=0.05)
+    assert steady(200, 1, 6)["from_step"] == 1  # as shipped: the weights keep up
 
 
 def test_plan_rates_use_the_steady_state_only_once_reached():

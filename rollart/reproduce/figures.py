@@ -13,9 +13,13 @@ NA = "—"
 
 
 def steady(o: Outcome) -> list[StepRecord]:
-    """The steady-state steps: past the cold first step, the rule every run's summary uses
-    (:func:`rollart.core.stats.steady_window`)."""
-    return stats.steady_window(o.records)[0]
+    """The steady-state steps: those the run's own summary reads (its ``steady.from_step``: past the
+    cold first step, or past 1 + α in a run bound by the weight transfer, :func:`rollart.core.stats.
+    warmup_steps`); past the first step for a run without one."""
+    first = (o.summary.get("steady") or {}).get("from_step")
+    if first is None:
+        return stats.steady_window(o.records)[0]
+    return [r for r in o.records if r.step >= first]
 
 
 def mean(xs: Iterable[float]) -> float:

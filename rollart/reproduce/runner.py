@@ -244,7 +244,7 @@ class Runner:
             error = (f"stopped by the reproduce watchdog after {self.variant_timeout_s:g} s of wall time with "
                      f"{len(records)} of {steps} steps done (the simulation stalled or is far slower than a "
                      "paper-scale step)")
-            summary = summary_from_steps(records) if records else {}
+            summary = summary_from_steps(records, cfg.alpha) if records else {}
             result = RunResult(plan.name, cfg.name, plan.algorithm.seed, "sim", records, summary, {}, error) \
                 if records else None
             return Outcome(variant, plan, result, error, time.perf_counter() - t0, steps, extra_overrides=extra,

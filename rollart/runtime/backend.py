@@ -739,7 +739,7 @@ class RuntimeOutcome:
         busy[tr.pool] = busy.get(tr.pool, 0.0) + min(1.0, trainer_s / max(elapsed, 1e-9)) * tr.gpus
         n[tr.pool] = n.get(tr.pool, 0) + tr.gpus
         effects = b.driver.effects_handled if hasattr(b, "driver") else 0
-        summary: dict[str, Any] = summary_from_steps(steps)
+        summary: dict[str, Any] = summary_from_steps(steps, b.mode.alpha)
         summary.update(task_share_summary(b.plan, steps, ctl.stats))
         summary.update({
             "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
