@@ -117,12 +117,12 @@ def modes(short: int, long: int, workers: int) -> None:
     truth = {k: rate(st, long // 2, long) for k, st in runs.items()}
     print(f"the reproduce throughput plans (Qwen3-8B/14B/32B × Sync, AReaL-style, ROLLART × seeds 0, 1); "
           f"truth: steps {long // 2}–{long - 1}")
+    def ratio(rates: dict[str, float], m: str, d: str, s: int) -> float:  # ROLLART ÷ mode d, model m, seed s
+        return rates[f"{m}|rollart|{s}"] / rates[f"{m}|{d}|{s}"]
+
     for name, f in estimators(short).items():
         read = {k: f(st, 0 if "|sync|" in k else 1) for k, st in runs.items()}
         run_err = [abs(read[k] / truth[k] - 1) for k in runs]
-        def ratio(rates: dict[str, float], m: str, d: str, s: int) -> float:
-            return rates[f"{m}|rollart|{s}"] / rates[f"{m}|{d}|{s}"]
-
         ratio_err = [abs(ratio(read, m, d, s) / ratio(truth, m, d, s) - 1)
                      for m in BASES for d in ("areal", "sync") for s in (0, 1)]
         print(f"  {name:>20} at {short} steps: a run's rate off by {sum(run_err) / len(run_err):.1%} on average "

@@ -87,14 +87,12 @@ def transfer_reference(gpu_name: str | None, gpu: "GpuType | None" = None) -> st
 
 
 @lru_cache(maxsize=32)
-def _transferred(gpu_name: str, tflops_bf16: float, hbm_tbps: float, nvlink_gbps: float,
+def _transferred(gpu_name: str, ref: str, tflops_bf16: float, hbm_tbps: float, nvlink_gbps: float,
                  tflops_fp8: float | None) -> "KernelProfile":
+    """Preset ``ref``'s measured efficiencies on the datasheet given (cached by its numbers)."""
     from rollart.calibration.profiles import shipped_profile_path, transferred_profile
     from rollart.plan.presets import GPU_PRESETS
-    from rollart.plan.schema import GpuType
 
-    ref = transfer_reference(gpu_name, GpuType(tflops_bf16=tflops_bf16, hbm_tbps=hbm_tbps, memory_gb=1.0,
-                                               nvlink_gbps=nvlink_gbps, tflops_fp8=tflops_fp8))
     reference = _load(str(shipped_profile_path(ref).resolve()))
     return transferred_profile(reference, gpu_name, tflops_bf16, hbm_tbps, nvlink_gbps,
                                GPU_PRESETS[ref]["nvlink_gbps"], tflops_fp8)
@@ -140,7 +138,8 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
         return roofline()
     path = Path(profile) if profile else _shipped_kernel_profile(gpu_name, gpu)
     if path is None:  # no timings of this GPU: the measured reference's efficiencies on its datasheet
-        moved = _transferred(gpu_name, gpu.tflops_bf16, gpu.hbm_tbps, gpu.nvlink_gbps, gpu.tflops_fp8)
+        moved = _transferred(gpu_name, transfer_reference(gpu_name, gpu), gpu.tflops_bf16, gpu.hbm_tbps,
+                             gpu.nvlink_gbps, gpu.tflops_fp8)
         return KernelProfileGeneration(model, gpu, tp, moved, f"{gpu_name} datasheet", ep, network, memory_utilization,
                                        domain)
     loaded = _load(str(path.resolve()))

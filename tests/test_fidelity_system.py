@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from rollart.calibration.links import effective_bytes_per_s
 from rollart.plan import PlanError, load_plan
 from rollart.scenarios_catalog import resolve
 from rollart.sim.costs.train import ADAM_STATE_BYTES_PER_PARAM, SWITCH_FIXED_S, ColocationSwitch
@@ -326,7 +327,7 @@ def test_fp8_engines_receive_fp8_weights() -> None:
     assert fp8.trainer_bytes == bf16.trainer_bytes == bf16.weight_bytes
     assert 0.5 * bf16.weight_bytes < fp8.weight_bytes < 0.6 * bf16.weight_bytes  # embeddings stay BF16
     assert fp8.gather_s == bf16.gather_s and fp8.convert_s < bf16.convert_s
-    wire = lambda w: w.weight_bytes / w.effective_bytes_per_s(w.cross)  # noqa: E731
+    wire = lambda w: w.weight_bytes / effective_bytes_per_s(w.cross)  # noqa: E731
     assert bf16.broadcast_s() - fp8.broadcast_s() >= 0.99 * (wire(bf16) - wire(fp8))
     assert fp8.publish_pull_s() < bf16.publish_pull_s() and fp8.swap_s(1) < 0.6 * bf16.swap_s(1)
 
@@ -350,10 +351,10 @@ def test_staging_and_publishing_overlap_bucket_by_bucket(overrides: list[str]) -
     less than either alone."""
     w = _transfer(overrides)
     buckets = math.ceil(w.weight_bytes / w.bucket_bytes)
-    publish = buckets * (w.cross.latency_s + w.publish_overhead_s) + w.weight_bytes / w.effective_bytes_per_s(w.cross)
+    publish = buckets * (w.cross.latency_s + w.publish_overhead_s) + w.weight_bytes / effective_bytes_per_s(w.cross)
     pull = w.publish_pull_s() - w.gather_s - w.convert_s
     last = min(w.bucket_bytes, w.weight_bytes)
-    pull_one = w.intra.latency_s + w.pull_overhead_s + last / w.effective_bytes_per_s(w.intra)
+    pull_one = w.intra.latency_s + w.pull_overhead_s + last / effective_bytes_per_s(w.intra)
     pipelined = pull - pull_one
     assert pipelined == pytest.approx(max(w.stage_s, publish) + min(w.stage_s, publish) / buckets)
     assert max(w.stage_s, publish) <= pipelined < w.stage_s + publish
@@ -380,12 +381,11 @@ def test_a_measured_link_rate_is_not_discounted_again() -> None:
     (400 Gbps) is discounted to what a bulk transfer reaches."""
     from rollart.calibration.links import LINK_EFFICIENCY, calibrated_links
     from rollart.plan.schema import Link
-    from rollart.sim.costs.link import WeightTransferCost
 
     fitted = calibrated_links()["ib"]["bandwidth_gbps"] * 1e9 / 8
-    assert WeightTransferCost.effective_bytes_per_s(Link(kind="ib")) == pytest.approx(fitted)
+    assert effective_bytes_per_s(Link(kind="ib")) == pytest.approx(fitted)
     line = Link(kind="ib", bandwidth_gbps=400)
-    assert WeightTransferCost.effective_bytes_per_s(line) == pytest.approx(400e9 / 8 * LINK_EFFICIENCY["ib"])
+    assert effective_bytes_per_s(line) == pytest.approx(400e9 / 8 * LINK_EFFICIENCY["ib"])
 
 
 def test_gather_grows_with_tp_and_vanishes_at_tp1() -> None:

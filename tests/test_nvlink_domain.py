@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from rollart.calibration import ep_all_to_all, generation_cost, tp_allreduce, train_cost
+from rollart.calibration.links import effective_bytes_per_s
 from rollart.core import mode_config
 from rollart.plan.loader import load_plan
 from rollart.plan.presets import GPU_PRESETS
@@ -347,8 +348,8 @@ def test_a_broadcast_inside_one_nvlink_domain_rides_nvlink() -> None:
     assert wire == pytest.approx(latency + board.weight_bytes / rate)
     ib = two_boards.cross
     assert two_boards.broadcast_s() - two_boards.gather_s - two_boards.convert_s == pytest.approx(
-        ib.latency_s + two_boards.weight_bytes / two_boards.effective_bytes_per_s(ib))
-    assert rate > two_boards.effective_bytes_per_s(ib)  # so one board's broadcast is the quicker
+        ib.latency_s + two_boards.weight_bytes / effective_bytes_per_s(ib))
+    assert rate > effective_bytes_per_s(ib)  # so one board's broadcast is the quicker
     # the default plan's H20 engines sit on another pool: the ring crosses the network, as before
     assert _broadcast([]).nvlink_broadcast is None
     # the bucketed store stages through host memory either way: the domain does not change it

@@ -130,14 +130,12 @@ class WeightTransferCost:
         the workers fetch and swap it at the update."""
         return self.measured is None
 
-    effective_bytes_per_s = staticmethod(effective_bytes_per_s)  # the rate bulk traffic reaches (links.py)
-
     def broadcast_s(self) -> float:
         if self.all_colocated:
             return 0.0  # the engines load the new weights in the colocation switch (ColocationSwitch)
         if self.measured is not None:
             return self.measured.broadcast_s
-        latency, rate = self.nvlink_broadcast or (self.cross.latency_s, self.effective_bytes_per_s(self.cross))
+        latency, rate = self.nvlink_broadcast or (self.cross.latency_s, effective_bytes_per_s(self.cross))
         return self.gather_s + self.convert_s + latency + self.weight_bytes / rate
 
     def publish_pull_s(self) -> float:
@@ -147,9 +145,9 @@ class WeightTransferCost:
             return self.measured.publish_pull_s
         buckets = max(1, math.ceil(self.weight_bytes / self.bucket_bytes))
         publish = buckets * (self.cross.latency_s + self.publish_overhead_s) \
-            + self.weight_bytes / self.effective_bytes_per_s(self.cross)
+            + self.weight_bytes / effective_bytes_per_s(self.cross)
         last_bucket = min(self.bucket_bytes, self.weight_bytes)
-        pull = self.intra.latency_s + self.pull_overhead_s + last_bucket / self.effective_bytes_per_s(self.intra)
+        pull = self.intra.latency_s + self.pull_overhead_s + last_bucket / effective_bytes_per_s(self.intra)
         # bucket i crosses the wire while bucket i + 1 is staged: the slower stage plus one bucket of the other
         staged_and_published = max(self.stage_s, publish) + min(self.stage_s, publish) / buckets
         return self.gather_s + self.convert_s + staged_and_published + pull
