@@ -424,7 +424,8 @@ def scale_result(result: Any, full_plan: Plan, m: int, simulated_plan: Plan, tai
              for s in result.steps]
     steps, added_s, corrected = _with_tail(steps, tail)
     summary = dict(result.summary)
-    summary.update(summary_from_steps(steps, mode_config(full_plan, result.mode).alpha))
+    mode = mode_config(full_plan, result.mode)
+    summary.update(summary_from_steps(steps, mode.alpha))
     for key in _EXTENSIVE:
         if summary.get(key) is not None:
             summary[key] = summary[key] * m
@@ -433,9 +434,9 @@ def scale_result(result: Any, full_plan: Plan, m: int, simulated_plan: Plan, tai
         summary["tokens_per_s"] = summary["tokens_per_s"] * elapsed / (elapsed + added_s)  # a rate over the longer run
         summary["simulated_s"] = elapsed + added_s
     summary["trajectories"] = {k: v * m for k, v in summary["trajectories"].items()}
-    if not missing_prices(full_plan) and steps:
+    if not missing_prices(full_plan, mode) and steps:
         cost = run_cost(full_plan, steps[-1].end_s, len(steps), sum(s.trajectories for s in steps),
-                        summary["serverless_gpu_seconds"])
+                        summary["serverless_gpu_seconds"], mode)
         summary.update({"cost_per_step_usd": cost.per_step_usd,
                         "cost_per_1k_trajectories_usd": cost.per_1k_trajectories_usd,
                         "cost_usd_per_hour": cost.usd_per_hour})

@@ -99,7 +99,8 @@ def weight_sync_summary(plan: Plan, mode: ModeConfig) -> str:
 def unused_settings(plan: Plan, mode: ModeConfig) -> list[str]:
     """The plan's ROLLART settings that ``mode`` does not apply, one line each: the baselines run
     without redundant envs and route least-loaded, whatever the plan says, and a run should say so
-    rather than ignore a setting silently."""
+    rather than ignore a setting silently. Dedicated reward GPUs (``placement.reward.gpus``) that
+    the run does not use (reward on the serverless platform, by the mode or the plan) are named too."""
     notes = []
     if plan.algorithm.redundancy > 0 and mode.redundancy == 0:
         notes.append(f"algorithm.redundancy={plan.algorithm.redundancy:g}: mode {mode.name} runs no "
@@ -110,5 +111,11 @@ def unused_settings(plan: Plan, mode: ModeConfig) -> list[str]:
     if plan.algorithm.alpha != mode.alpha:
         notes.append(f"algorithm.alpha={plan.algorithm.alpha}: mode {mode.name} runs with α = {mode.alpha} "
                      f"({'lockstep' if mode.alpha == 0 else 'one batch ahead'})")
+    r = plan.placement.reward
+    if r.gpus > 0 and mode.serverless_reward:
+        # the run neither places nor bills them (sim/costs/price.py: dedicated_reward_used)
+        who = f"mode {mode.name}" if r.where == "dedicated" else "placement.reward.where=serverless"
+        notes.append(f"placement.reward.gpus={r.gpus}: {who} sends LLM-judge calls to the serverless platform; "
+                     f"the {r.gpus} {r.pool} GPUs are not placed or billed")
     return notes
 

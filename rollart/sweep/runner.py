@@ -44,7 +44,7 @@ def evaluate_point(data: dict[str, Any], overrides: list[str], seed: int | None 
         factor = approximation_factor(plan, cfg.batch_level_launch) if scale_approx else 1
         record["mode"] = cfg.name
         record["seed"] = plan.algorithm.seed if seed is None else seed
-        record["placed_gpus"] = gpus_placed(plan)
+        record["placed_gpus"] = gpus_placed(plan, cfg)  # reward GPUs only where this mode uses them
         record["scale_factor"] = factor
         result = simulate_plan(plan, cfg, record["seed"], scale_approx=factor).to_result()
         record["summary"] = result.summary

@@ -4,6 +4,10 @@ serverless GPU-seconds, priced with the plan's ``prices`` table.
 * GPUs are counted as *placed*: the trainer's GPUs, generation workers × tp and dedicated
   reward GPUs (``placement.reward.gpus``), each at its pool's GPU-type price. GPUs of a pool
   that the placement leaves unused are not charged (a planner's plan buys only what it places).
+  Reward GPUs are placed only when the run's mode sends the LLM judge to them
+  (:func:`dedicated_reward_used`): a mode that scores on the serverless platform leaves them
+  out, so they are neither billed nor counted (pass the run's ``mode``; without one, a plan-only
+  check counts them, the most the plan can place).
 * CPU cores: every core of the plan's CPU pools, for the whole run (env pools are provisioned,
   not billed per call).
 * Serverless reward: the GPU-seconds the platform billed, at its GPU type's hourly price × the
@@ -17,20 +21,41 @@ US$/hour can be checked against before simulating.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rollart.plan.loader import PlanError
 from rollart.plan.schema import Plan
 
+if TYPE_CHECKING:
+    from rollart.core.modes import ModeConfig
 
-def gpus_placed(plan: Plan) -> dict[str, int]:
+
+def dedicated_reward_used(plan: Plan, mode: "ModeConfig | None" = None) -> bool:
+    """Whether a run places ``placement.reward.gpus``: the plan sets some and ``mode`` sends the LLM
+    judge to them (its ``serverless_reward`` off). ``mode`` None: no run known (validation, a
+    budget check before simulating), so they count whenever the plan sets them."""
+    r = plan.placement.reward
+    if not r.gpus or r.pool is None:
+        return False
+    return mode is None or not mode.serverless_reward
+
+
+def gpus_placed(plan: Plan, mode: "ModeConfig | None" = None) -> dict[str, int]:
     """GPUs each pool gives the placement (trainer + generation workers × tp + reward; colocated
-    trainer and engines share theirs): ``Placement.gpus_by_pool``."""
-    return plan.placement.gpus_by_pool()
+    trainer and engines share theirs): ``Placement.gpus_by_pool``, less the reward GPUs when the
+    run's ``mode`` scores on the serverless platform (:func:`dedicated_reward_used`)."""
+    used = plan.placement.gpus_by_pool()
+    r = plan.placement.reward
+    if r.gpus and r.pool is not None and not dedicated_reward_used(plan, mode):
+        used[r.pool] -= r.gpus
+        if used[r.pool] <= 0:  # a pool that held only the judges is not placed at all
+            del used[r.pool]
+    return used
 
 
-def gpus_placed_by_type(plan: Plan) -> dict[str, int]:
+def gpus_placed_by_type(plan: Plan, mode: "ModeConfig | None" = None) -> dict[str, int]:
     out: dict[str, int] = {}
-    for pool, n in gpus_placed(plan).items():
+    for pool, n in gpus_placed(plan, mode).items():
         gpu = plan.cluster.gpu_pools[pool].gpu
         out[gpu] = out.get(gpu, 0) + n
     return out
@@ -40,16 +65,18 @@ def cpu_cores(plan: Plan) -> int:
     return sum(p.cores for p in plan.cluster.cpu_pools.values())
 
 
-def missing_prices(plan: Plan) -> list[str]:
+def missing_prices(plan: Plan, mode: "ModeConfig | None" = None) -> list[str]:
     """One ``prices.gpu_usd_per_hour.<type>: ...`` line per placed GPU type without a price."""
     out = []
-    for pool, n in gpus_placed(plan).items():
+    for pool, n in gpus_placed(plan, mode).items():
         gpu = plan.cluster.gpu_pools[pool].gpu
         if n and plan.prices.gpu_price(gpu) is None:
             out.append(f"prices.gpu_usd_per_hour.{gpu}: no price for GPU type '{gpu}' (pool '{pool}'); "
                        f"add one, e.g. --set prices.gpu_usd_per_hour.{gpu}=2.0")
     s = plan.cluster.serverless
-    if s is not None and any(t.reward == "llm_judge" for t in plan.tasks) and serverless_price(plan) is None:
+    scored_there = mode is None or mode.serverless_reward  # a run on dedicated judges bills no GPU-second
+    if s is not None and scored_there and any(t.reward == "llm_judge" for t in plan.tasks) \
+            and serverless_price(plan) is None:
         out.append(f"prices.gpu_usd_per_hour.{s.gpu}: no price for GPU type '{s.gpu}' (cluster.serverless.gpu), "
                    "which serverless GPU-seconds are priced from; add one, or set prices.serverless_usd_per_gpu_second")
     return out
@@ -62,17 +89,19 @@ def serverless_price(plan: Plan) -> float | None:
     return None if s is None else plan.prices.serverless_gpu_second_price(s.gpu)
 
 
-def require_prices(plan: Plan) -> None:
+def require_prices(plan: Plan, mode: "ModeConfig | None" = None) -> None:
     """Raise a :class:`PlanError` when a cost is asked for but a placed GPU type has no price."""
-    problems = missing_prices(plan)
+    problems = missing_prices(plan, mode)
     if problems:
         raise PlanError(problems)
 
 
-def hourly_fixed_usd(plan: Plan) -> float:
-    """US$/hour of the placed GPUs and the env CPU cores (no serverless: that depends on the run)."""
-    require_prices(plan)
-    gpu = sum(n * (plan.prices.gpu_price(t) or 0.0) for t, n in gpus_placed_by_type(plan).items())
+def hourly_fixed_usd(plan: Plan, mode: "ModeConfig | None" = None) -> float:
+    """US$/hour of the placed GPUs and the env CPU cores (no serverless: that depends on the run).
+    Without ``mode`` (a budget check before simulating) dedicated reward GPUs count whenever the
+    plan sets them: an upper bound for a mode that scores on the serverless platform."""
+    require_prices(plan, mode)
+    gpu = sum(n * (plan.prices.gpu_price(t) or 0.0) for t, n in gpus_placed_by_type(plan, mode).items())
     return gpu + cpu_cores(plan) * plan.prices.cpu_core_usd_per_hour
 
 
@@ -87,12 +116,18 @@ class RunCost:
     serverless_usd: float
 
 
-def run_cost(plan: Plan, wall_s: float, steps: int, trajectories: int, serverless_gpu_s: float) -> RunCost:
-    """Cost of a run that took ``wall_s`` seconds for ``steps`` steps and ``trajectories``
-    trained trajectories. Per-step / per-1k figures are 0 when nothing finished."""
-    require_prices(plan)
+def run_cost(plan: Plan, wall_s: float, steps: int, trajectories: int, serverless_gpu_s: float,
+             mode: "ModeConfig | None" = None) -> RunCost:
+    """Cost of a run in ``mode`` that took ``wall_s`` seconds for ``steps`` steps and ``trajectories``
+    trained trajectories. Per-step / per-1k figures are 0 when nothing finished. ``mode`` None: the
+    plan's own ``algorithm.mode`` (this is a run, so its reward GPUs are billed only if it uses them)."""
+    if mode is None:
+        from rollart.core.modes import mode_config
+
+        mode = mode_config(plan)
+    require_prices(plan, mode)
     hours = max(wall_s, 0.0) / 3600.0
-    gpu = sum(n * (plan.prices.gpu_price(t) or 0.0) for t, n in gpus_placed_by_type(plan).items()) * hours
+    gpu = sum(n * (plan.prices.gpu_price(t) or 0.0) for t, n in gpus_placed_by_type(plan, mode).items()) * hours
     cpu = cpu_cores(plan) * plan.prices.cpu_core_usd_per_hour * hours
     serverless = serverless_gpu_s * (serverless_price(plan) or 0.0)  # no price only where nothing is billed
     total = gpu + cpu + serverless
@@ -100,10 +135,10 @@ def run_cost(plan: Plan, wall_s: float, steps: int, trajectories: int, serverles
         total_usd=total,
         per_step_usd=total / steps if steps else 0.0,
         per_1k_trajectories_usd=1000.0 * total / trajectories if trajectories else 0.0,
-        usd_per_hour=total / hours if hours > 0 else hourly_fixed_usd(plan),
+        usd_per_hour=total / hours if hours > 0 else hourly_fixed_usd(plan, mode),
         gpu_usd=gpu, cpu_usd=cpu, serverless_usd=serverless,
     )
 
 
-__all__ = ["RunCost", "cpu_cores", "gpus_placed", "gpus_placed_by_type", "hourly_fixed_usd", "missing_prices",
-           "require_prices", "run_cost", "serverless_price"]
+__all__ = ["RunCost", "cpu_cores", "dedicated_reward_used", "gpus_placed", "gpus_placed_by_type", "hourly_fixed_usd",
+           "missing_prices", "require_prices", "run_cost", "serverless_price"]

@@ -21,7 +21,7 @@ REWARD_VARIANTS = (  # key, label, short label (plots), mode, overrides
      ()),
     ("rollart-dedicated-math", "ROLLART, 4 dedicated judge GPUs, GEM-Math only", "ROLLART\ndedicated\nmath",
      "rollart", MATH_ONLY),
-    ("rollart-serverless", "ROLLART, serverless judge (4 GPUs left idle), four-task mix",
+    ("rollart-serverless", "ROLLART, serverless judge (the 4 judge GPUs not bought), four-task mix",
      "ROLLART\nserverless\nmix", "rollart", ("placement.reward.where=serverless",)),
     ("rollart-serverless-batching", "ROLLART, serverless judge on instances batching 8 calls each, four-task mix",
      "ROLLART\nserverless\nbatching", "rollart",
@@ -96,7 +96,7 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
          " · ".join(f"${c:.2f}" if (c := head.get(k, {}).get("cost_per_1k")) is not None else NA
                     for k in ("rollart-dedicated", "rollart-serverless", "rollart-serverless-batching",
                               "rollart-serverless-instance-time")),
-         "no number in our notes (the 4 dedicated GPUs stay placed in the serverless rows)"],
+         "no number in our notes (the serverless rows do not buy the 4 judge GPUs)"],
         ["throughput, serverless + 4 GPUs to rollout ÷ dedicated (ROLLART)",
          fx(ratio(head.get("rollart-serverless-32", {}).get("throughput"),
                   head.get("rollart-dedicated", {}).get("throughput"))), "no number in our notes"],
@@ -140,7 +140,7 @@ REWARD_EXP = Experiment(
            "Qwen2.5-7B LLM judge on 4 dedicated H800 (one tp-1 engine each), as in the paper's §2 profile; the "
            "four-task mix at batch 128 (GEM-Math "
            "is judged by the LLM, the rest by rules) and GEM-Math alone (every trajectory judged). Compared: Sync and "
-           "ROLLART with the dedicated judge, ROLLART with the serverless judge (4 GPUs idle), and ROLLART with "
+           "ROLLART with the dedicated judge, ROLLART with the serverless judge (the 4 judge GPUs not bought), and ROLLART with "
            "the serverless judge giving the 4 GPUs to rollout. Scenario `paper/experiments/reward-placement`; and "
            "the §2 SWE step itself (`paper/experiments/swe-step-breakdown`, 28 + 4 judge H800) with every trajectory "
            "judged."),
