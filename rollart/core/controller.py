@@ -44,6 +44,23 @@ def _breakdown(critical: Trajectory, batch: tuple[Trajectory, ...], start: float
     return out
 
 
+def _move_to_weight_sync(breakdown: dict[str, float], segments: list[tuple[float, float, str]], start: float,
+                         end: float, seconds: float) -> None:
+    """Count up to ``seconds`` of the critical path's earliest time in [start, end] as weight sync: a
+    trajectory whose admission waited that long for newer weights would have finished that much sooner."""
+    left = seconds
+    for s, e, kind in sorted(segments):
+        s, e = max(s, start), min(e, end)
+        if e <= s or kind not in breakdown:
+            continue
+        take = min(left, e - s, breakdown[kind])
+        breakdown[kind] -= take
+        breakdown["weight_sync"] += take
+        left -= take
+        if left <= 0:
+            break
+
+
 # a task owed ≥ 10 % of every batch that trains nothing this many steps in a row while its env fails stops the run
 STARVED_STEPS = 3
 
@@ -163,6 +180,9 @@ class Controller:
         task = self.plan.task(group.task)
         traj = Trajectory(id=self._n_trajectories, group=group, task=task.name, tag=task.affinity_tag,
                           start_version=self.proxy.version, started_at=self.now())
+        if self.weights_awaited and self.weights_awaited[-1][1] == traj.started_at:  # released by new weights
+            held_from, held_to = self.weights_awaited[-1]
+            traj.held_for_weights_s = held_to - held_from  # type: ignore[operator]
         self._n_trajectories += 1
         self.rolling += 1
         if group.slot is not None:
@@ -232,6 +252,8 @@ class Controller:
             breakdown["idle"] -= awaited
             breakdown["weight_sync"] += awaited
             self.weights_awaited = [w for w in self.weights_awaited if w[1] is None or w[1] > wait_end]
+        if critical.held_for_weights_s:  # started late for the weights: its first seconds in the window are theirs
+            _move_to_weight_sync(breakdown, critical.segments, wait_start, wait_end, critical.held_for_weights_s)
         breakdown["weight_sync"] += sync_s
         breakdown["train"] += train_s
         breakdown["idle"] += max(0.0, (end - start) - sum(breakdown.values()))
