@@ -157,7 +157,7 @@ NCCL_FIT_GPUS = 8
 
 
 def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link | None" = None,
-                 gpus: int | None = None) -> tuple[float, float, str]:
+                 gpus: int | None = None, stride: int = 1) -> tuple[float, float, str]:
     """(latency s, bus bytes/s, where from) of a training tensor-parallel all-reduce (large messages:
     NCCL, not the serving engines' custom kernel). Within one NVLink domain (tp ≤ the GPU type's
     ``nvlink_domain``: 8 on an HGX board, 72 in an NVL72 rack): the NCCL fit of the GPU's shipped kernel
@@ -165,32 +165,39 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
     GPU's NVLink ÷ that preset's; a ring of more than :data:`NCCL_FIT_GPUS` inside a wider domain keeps
     that fit (NCCL's bus bandwidth is the per-GPU link rate whatever the ring's length; its α, measured
     on 8 GPUs, is not extrapolated). A group wider than the domain: a ring through the domain's NVLink and
-    :func:`cluster_network`, at its slowest hop's pace (``moe.ring_link``, the engines' rule).
+    :func:`cluster_network`, each member in a domain crossing through its own port, capped by NVLink
+    (``moe.ring_link``, the engines' rule).
 
     ``gpus``: the GPUs the groups of ``tp`` are laid out over, consecutive from a domain boundary (the
     trainer's: its tp groups, its data-parallel rings over a pipeline stage); a group that straddles a
     domain boundary (tp 16 on 144 GPUs of 72-GPU racks: GPUs 64–79) crosses the network too, and the step
-    waits for it (:func:`~rollart.sim.costs.moe.effective_domain`). None: one group alone."""
+    waits for it (:func:`~rollart.sim.costs.moe.effective_domain`). None: one group alone.
+
+    ``stride``: GPUs between consecutive ring members (a data-parallel ring of tp-wide ranks: tp), so a
+    domain holds domain ÷ stride of them, each crossing the network through its own port
+    (``moe.ring_link``'s ports). The ring is priced as ``tp`` members laid out ``stride`` apart."""
     from rollart.calibration.profiles import KernelProfile, shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS
     from rollart.sim.costs.moe import domain_name, effective_domain, ring_link
 
     domain = gpu.nvlink_domain
     piece = effective_domain(tp, gpus, domain) if gpus else domain
-    if tp <= domain and piece < tp:  # inside the domain's size, but some group straddles a boundary
+    if stride == 1 and tp <= domain and piece < tp:  # inside the domain's size, but some group straddles one
         nv_latency, nv_rate, _ = tp_allreduce(gpu_name, gpu, tp)
         net_latency, net_rate, where = cluster_network(network)
         rate, latency = ring_link(tp, (nv_rate, nv_latency), (net_rate, net_latency), piece)
         return (latency, rate,
                 f"{where}, {tp}-GPU rings over {gpus} GPUs straddling {domain_name(domain)}s (as few as {piece} "
-                "on one side) at their slowest hop's pace")
-    if tp > domain:
-        # the generation engines' rule (moe.ring_link): the ring's slowest hop sets its pace
-        node_latency, node_rate, _ = tp_allreduce(gpu_name, gpu, domain)
+                "on one side, each through its own port)")
+    if tp * stride > domain and (stride > 1 or tp > domain):
+        # the generation engines' rule (moe.ring_link): NVLink inside a domain, each member's own port across
+        ports = max(1, min(tp, domain // stride))
+        node_latency, node_rate, _ = tp_allreduce(gpu_name, gpu, min(domain, max(2, ports)))
         net_latency, net_rate, where = cluster_network(network)
-        rate, latency = ring_link(tp, (node_rate, node_latency), (net_rate, net_latency), domain)
+        rate, latency = ring_link(tp * stride, (node_rate, node_latency), (net_rate, net_latency), domain, ports)
         return (latency, rate,
-                f"{where}, a ring over {tp} GPUs crossing {domain_name(domain)}s at its slowest hop's pace")
+                f"{where}, a ring over {tp} GPUs crossing {domain_name(domain)}s through {ports} port"
+                f"{'s' if ports > 1 else ''} a {domain_name(domain)}, capped by NVLink")
     # a ring longer than the fits' 8 GPUs, on NVLink all the way (an NVL72 rack): said where it is used
     inside = f"; a ring over {tp} GPUs inside the {domain}-GPU NVLink domain" if tp > NCCL_FIT_GPUS else ""
     path = _shipped_kernel_profile(gpu_name, gpu)
@@ -238,11 +245,13 @@ def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement", 
 
     if not trainer.profile:
         stage = trainer.gpus // trainer.pp  # a data-parallel ring's span: the stage's GPUs
+        dp = stage // trainer.tp  # its members, one of each tp group, tp GPUs apart
         return TrainCost(model, gpu, trainer,
                          tp_allreduce(gpu_name, gpu, trainer.tp, network, trainer.gpus) if trainer.tp > 1 else None,
                          ep_all_to_all(gpu_name, gpu, network) if trainer_ep(model, trainer, gpu.nvlink_domain) > 1
                          else None,
-                         tp_allreduce(gpu_name, gpu, stage, network, trainer.gpus) if stage > 1 else None)
+                         tp_allreduce(gpu_name, gpu, dp, network, trainer.gpus, stride=trainer.tp) if stage > 1
+                         else None)
     loaded = _load(str(Path(trainer.profile).resolve()))
     if not isinstance(loaded, TrainProfile):
         raise ValueError(f"placement.trainer.profile: {trainer.profile} is a {loaded.kind} profile, not a train "

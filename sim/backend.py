@@ -29,7 +29,7 @@ from rollart.plan.schema import GenerationGroup
 from rollart.report import RunResult, price_steady_state, summary_from_steps, task_share_summary
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
-from rollart.sim.costs.moe import effective_domain, worker_domain
+from rollart.sim.costs.moe import effective_domain, worker_domain, worker_weight_bytes
 from rollart.sim.costs.train import ColocationSwitch, trainer_memory_problems
 from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
@@ -39,6 +39,20 @@ from rollart.sim.shared_pipe import SharedPipe
 from rollart.trace import NullTracer, Tracer
 
 SimGen = Generator[Any, Any, Any]
+
+
+def _held_weights(model: Any, ep: int, tp: int) -> str:
+    """The weights a worker holds as served (dtype, ep replication), for a does-not-fit message."""
+    return f"{worker_weight_bytes(model, ep, tp) / 1e9:.1f} GB of {model.weight_dtype} weights held"
+
+
+def _fp8_hint(model: Any, section: str, holds: Callable[[Any], bool]) -> str:
+    """A does-not-fit message's FP8 fix: the first of an FP8 KV cache, FP8 weights, both, that the model
+    does not use yet and with which ``holds`` (the worker holds the longest context), if any."""
+    for change in ({"kv_dtype": "fp8"}, {"weight_dtype": "fp8"}, {"weight_dtype": "fp8", "kv_dtype": "fp8"}):
+        if all(getattr(model, k) != v for k, v in change.items()) and holds(model.model_copy(update=change)):
+            return f", or serve it in FP8 ({', '.join(f'{section}.{k}: fp8' for k in change)})"
+    return ""
 
 
 class _Wake:
@@ -101,10 +115,11 @@ class SimBackend:
         if measured is None:  # a measured trainer ran, so it fit; a modelled one must fit its GPUs
             trainer = full.placement.trainer
             problems = trainer_memory_problems(full.model, full.cluster.gpu_pools[trainer.pool].gpu, gpu, trainer,
-                                               full.longest_context_tokens)
+                                               full.longest_context_tokens, full.algorithm.batch_size)
             if problems:
                 raise PlanError(problems)
         self.transfer = WeightTransferCost(full, measured)
+        self._kv_links: dict[tuple[str, str], tuple[float, float]] = {}
         self.trainer_shares_host = measured is not None  # measured on the engines' host: it contends
         self.contention = self._host_contention()
         if self.scale > 1 and self.contention is not None:
@@ -179,13 +194,17 @@ class SimBackend:
         # with expert parallelism a sequence's KV lives on one rank: each holds 1/ep of the worker's
         per_rank = cost.kv_capacity_tokens // g.ep
         if per_rank < longest:  # as a real engine, refuse a context it cannot hold
+            def holds(model: Any) -> bool:
+                return generation_cost(model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile, g.ep,
+                                       None, g.gpu_memory_utilization, domain).kv_capacity_tokens // g.ep >= longest
+
             where = (f"{cost.kv_capacity_tokens} KV tokens on {g.tp} × {gpu_name}" if g.ep == 1 else
                      f"{per_rank} KV tokens on each of {g.ep} expert-parallel ranks of {g.tp // g.ep} × {gpu_name}")
             raise PlanError([f"placement.generation.{gi}.tp: {plan.model.name} "
-                             f"({plan.model.weight_bytes / 1e9:.1f} GB of weights) leaves {where}, less than one "
+                             f"({_held_weights(plan.model, g.ep, g.tp)}) leaves {where}, less than one "
                              f"{longest}-token context (tasks' max_context_tokens) at gpu_memory_utilization "
                              f"{g.gpu_memory_utilization:g}; raise tp or gpu_memory_utilization"
-                             + ("" if g.ep == 1 else ", or lower ep")])
+                             + ("" if g.ep == 1 else ", or lower ep") + _fp8_hint(plan.model, "model", holds)])
         return cost
 
     def _colocation(self) -> tuple[ColocationSwitch | None, list[GenerationEngine]]:
@@ -275,10 +294,15 @@ class SimBackend:
         longest = judge_input_tokens(judged, self.judge_window) + plan.placement.reward.output_tokens
         if cost.kv_capacity_tokens < longest:
             m = plan.reward_model
-            raise PlanError([f"{field}: the reward model {m.name} ({m.weight_bytes / 1e9:.1f} GB of weights) leaves "
+
+            def holds(model: Any) -> bool:
+                return generation_cost(model, gpu_name, plan.cluster.gpu_type(gpu_name), tp, profile,
+                                       domain=domain).kv_capacity_tokens >= longest
+
+            raise PlanError([f"{field}: the reward model {m.name} ({_held_weights(m, 1, tp)}) leaves "
                              f"{cost.kv_capacity_tokens} KV tokens on {tp} × {gpu_name}, less than one {longest}-token "
                              "judge call (the longest judged context, up to the judge's window, plus "
-                             f"placement.reward.output_tokens); raise {field}"])
+                             f"placement.reward.output_tokens); raise {field}" + _fp8_hint(m, "reward_model", holds)])
         return cost
 
     # ---- driving core processes --------------------------------------------------------------
@@ -425,7 +449,8 @@ class SimBackend:
         tokens = self.envs.response_tokens(self.plan.task(traj.task), traj.id, eff.max_new_tokens)
         if eff.prefill_worker is not None:
             prefill, decode = self.engines[eff.prefill_worker], self.engines[eff.worker]
-            link, kv_per_token = self.transfer.intra, self.plan.model.kv_bytes_per_token
+            latency, rate = self._kv_link(prefill, decode)
+            kv_per_token = self.plan.model.kv_bytes_per_token
             remote = 0
             if prefill.prefix_cache and decode.prefix_cache and traj.id not in prefill.cache:
                 # The same KV connector the other way: a prefill worker whose cache lost the conversation
@@ -433,18 +458,29 @@ class SimBackend:
                 # its own copy it recomputes the last response's tokens with the turn, as before).
                 remote = min(decode.cache.get(traj.id, 0), eff.context_tokens)
                 if remote:
-                    yield self.env.timeout(link.latency_s + remote * kv_per_token / link.bytes_per_s)
+                    yield self.env.timeout(latency + remote * kv_per_token / rate)
             yield from self._run_request(prefill, traj.id, eff.context_tokens, 1, False, remote)
             # Only the KV the decode worker lacks crosses the link: its prefix cache still holds the
             # conversation up to its last turn (a KV connector loads just the tokens past the local hit).
             local = min(decode.cache.get(traj.id, 0), eff.context_tokens) if decode.prefix_cache else 0
-            yield self.env.timeout(link.latency_s + (eff.context_tokens - local) * kv_per_token / link.bytes_per_s)
+            yield self.env.timeout(latency + (eff.context_tokens - local) * kv_per_token / rate)
             if tokens > 1:
                 yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens + 1,
                                              tokens - 1, True)
         else:  # (_drive runs the common case, no request overhead, inline without this generator)
             yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens, tokens, False)
         return GenOutcome(tokens=tokens)
+
+    def _kv_link(self, prefill: GenerationEngine, decode: GenerationEngine) -> tuple[float, float]:
+        """(latency s, bytes/s) of the KV hand-off between two PD workers' pools (cached per pair)."""
+        key = (prefill.pool, decode.pool)
+        link = self._kv_links.get(key)
+        if link is None:
+            pools, groups = self.plan.cluster.gpu_pools, self.plan.placement.generation
+            narrowest = min(g.tp for g in groups if g.pool in key)  # GPUs, each with its port, on each side
+            link = self._kv_links[key] = self.transfer.kv_link(
+                pools[prefill.pool].cluster == pools[decode.pool].cluster, narrowest)
+        return link
 
     def _run_request(self, engine: GenerationEngine, traj_id: int, context: int, tokens: int,
                      prefilled: bool, remote: int = 0) -> SimGen:
@@ -702,12 +738,12 @@ class SimOutcome:
         # placed GPU type has no price (rollart sweep/plan then stop with the plan error).
         from rollart.sim.costs.price import missing_prices, run_cost
 
-        if missing_prices(b.plan):
+        if missing_prices(b.plan, b.mode):  # the mode decides whether the reward GPUs are placed
             summary.update({"cost_per_step_usd": None, "cost_per_1k_trajectories_usd": None,
                             "cost_usd_per_hour": None})
         else:
             cost = run_cost(b.plan, elapsed, len(steps), sum(s.trajectories for s in steps),
-                            summary["serverless_gpu_seconds"])
+                            summary["serverless_gpu_seconds"], b.mode)
             summary.update({"cost_per_step_usd": cost.per_step_usd,
                             "cost_per_1k_trajectories_usd": cost.per_1k_trajectories_usd,
                             "cost_usd_per_hour": cost.usd_per_hour})

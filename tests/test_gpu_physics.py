@@ -277,7 +277,7 @@ def test_kv_per_gpu_stops_shrinking_at_one_whole_kv_head(model: str, kv_heads: i
     assert per_gpu[kv_heads] == per_gpu[2 * kv_heads] == per_gpu[4 * kv_heads] == m.kv_bytes_per_token / kv_heads
     eff = RooflineEfficiency()
     for tp in (kv_heads, 2 * kv_heads):
-        free = tp * sheet.memory_gb * 2**30 * eff.memory_utilization - worker_weight_bytes(m, 1) \
+        free = tp * sheet.usable_memory_gib * 2**30 * eff.memory_utilization - worker_weight_bytes(m, 1) \
             - tp * eff.activation_reserve_gb * 2**30
         assert kv_capacity(m, sheet, tp, eff) == int(free // (tp * m.kv_bytes_per_token / kv_heads))
     # twice the GPUs past kv_heads: less than twice the tokens (the KV is copied, not spread) ...
@@ -354,7 +354,7 @@ def test_kv_cache_is_the_memory_share_left_after_weights(gpu: str) -> None:
     at = {u: generation_cost(spec, name, sheet, 1, "datasheet" if gpu == "datasheet" else None,
                              memory_utilization=u).kv_capacity_tokens for u in (0.9, 0.8)}
     lost_gib = (at[0.9] - at[0.8]) * spec.kv_bytes_per_token / 2**30
-    assert lost_gib == pytest.approx(0.1 * sheet.memory_gb, rel=1e-3)
+    assert lost_gib == pytest.approx(0.1 * sheet.usable_memory_gib, rel=1e-3)
 
 
 def test_a_memory_share_too_small_for_one_context_is_refused_naming_the_field(tmp_path) -> None:
@@ -540,10 +540,11 @@ def test_a_3b_active_moe_decodes_faster_than_a_dense_32b(gpu: str, dtype: str) -
 @pytest.mark.parametrize("profile", [None, "datasheet"])
 @pytest.mark.parametrize("model", ["Qwen3-8B", "Qwen3-32B"])
 def test_a_tensor_parallel_group_wider_than_a_node_all_reduces_over_the_network(model: str, profile: str | None) -> None:
-    """A ring all-reduce over 16 GPUs crosses the network at each node boundary: the NIC's ~36 GB/s
-    (the IB fit), not NVLink's, paces it. An 8K-token prefill moves 2·L·2(n−1)/n·8192·h·2 B, so
-    tp 16 is slower than tp 8 for a dense model; with a network as fast as NVLink it is not."""
-    from rollart.calibration.links import default_network
+    """A ring all-reduce over 16 GPUs crosses the network at each node boundary, each GPU through its
+    own port, NCCL a channel per NIC: it runs at min(NVLink, 8 ports × a port's rate). On InfiniBand
+    (8 × ~36 GB/s) that is NVLink's rate; on a 100 Gb/s TCP port (8 × 7.5 GB/s) the network paces it: an
+    8K-token prefill moves 2·L·2(n−1)/n·8192·h·2 B, so tp 16 is then slower than tp 8 for a dense model."""
+    from rollart.calibration.links import effective_bytes_per_s
 
     m, sheet = ModelSpec.model_validate(model), GpuType(**GPU_PRESETS["H800"])
     nbytes = 8192 * m.hidden * 2.0
@@ -551,14 +552,19 @@ def test_a_tensor_parallel_group_wider_than_a_node_all_reduces_over_the_network(
     def prefill(tp: int, network=None) -> float:
         return generation_cost(m, "H800", sheet, tp, profile, 1, network).prefill_time(8192, 8192**2 / 2)
 
-    assert prefill(16) > prefill(8)
-    net = default_network()[0]
+    slow = Link(kind="tcp", bandwidth_gbps=100, latency_us=20)
+    assert prefill(16, slow) > prefill(8)
+    net = 8 * effective_bytes_per_s(slow)
     nvlink = (load_profile(shipped_profile_path("H800")).allreduce.params["beta_gbps"] * 1e9 / 8 if profile is None
               else sheet.nvlink_gbps * 1e9 / 2)
-    fast = Link(kind="nvlink", bandwidth_gbps=1e6)  # a network faster than NVLink: NVLink paces the ring again
+    assert net < nvlink
+    fast = Link(kind="nvlink", bandwidth_gbps=1e6, latency_us=20)  # faster than NVLink: NVLink paces the ring
     moved = 2 * m.layers * 2 * 15 / 16 * nbytes  # latencies (~1 ms in all) left out: rel 2 %
-    assert prefill(16) - prefill(16, fast) == pytest.approx(moved * (1 / net - 1 / nvlink), rel=0.02)
+    assert prefill(16, slow) - prefill(16, fast) == pytest.approx(moved * (1 / net - 1 / nvlink), rel=0.02)
     assert prefill(16, fast) < prefill(8)
+    # InfiniBand's 8 ports outrun the H800's NVLink: the ring runs at NVLink's rate, only its latency differs
+    ib = Link(kind="ib", latency_us=20)
+    assert prefill(16, ib) == pytest.approx(prefill(16, fast), rel=1e-9)
 
 
 @pytest.mark.parametrize("gpu", ["H800", "H20"])
@@ -797,7 +803,7 @@ def test_memory_size_never_changes_a_kernels_time_and_faster_hbm_never_slows_dec
     m = ModelSpec.model_validate(model)
     sheet = GPU_PRESETS[gpu]
     base = generation_cost(m, gpu, GpuType(**sheet), 1)
-    more_memory = generation_cost(m, gpu, GpuType(**{**sheet, "memory_gb": sheet["memory_gb"] + 16}), 1)
+    more_memory = generation_cost(m, gpu, GpuType(**{**sheet, "memory_gb": sheet["memory_gb"] + 16, "memory_visible_gib": None}), 1)
     assert more_memory.source == base.source
     assert more_memory.kv_capacity_tokens > base.kv_capacity_tokens
     for batch in (1, 16, 64, 256):
@@ -805,7 +811,7 @@ def test_memory_size_never_changes_a_kernels_time_and_faster_hbm_never_slows_dec
             batch * CTX, batch, 1)
     assert more_memory.prefill_time(4096, 4096 ** 2 / 2) == base.prefill_time(4096, 4096 ** 2 / 2)
     # the same what-if written with a new name ("H20-141G"): the preset with its timing numbers prices it
-    renamed = generation_cost(m, f"{gpu}-more-memory", GpuType(**{**sheet, "memory_gb": sheet["memory_gb"] + 16}), 1)
+    renamed = generation_cost(m, f"{gpu}-more-memory", GpuType(**{**sheet, "memory_gb": sheet["memory_gb"] + 16, "memory_visible_gib": None}), 1)
     assert renamed.source == base.source and renamed.prefill_time(4096, 4096 ** 2 / 2) == base.prefill_time(
         4096, 4096 ** 2 / 2) and renamed.decode_line(64).total(64 * CTX, 64, 1) == base.decode_line(64).total(
         64 * CTX, 64, 1)

@@ -80,7 +80,7 @@ def test_mla_latent_is_whole_on_every_gpu() -> None:
 def test_deepseek_v3_fp8_has_kv_room_where_it_fits(gpu: str, tp: int, ep: int) -> None:
     g = _gpu(gpu)
     eff = RooflineEfficiency()
-    free = tp * g.memory_gb * 2**30 * eff.memory_utilization - moe.worker_weight_bytes(DSV3_FP8, ep, tp) \
+    free = tp * g.usable_memory_gib * 2**30 * eff.memory_utilization - moe.worker_weight_bytes(DSV3_FP8, ep, tp) \
         - tp * eff.activation_reserve_gb * 2**30
     cap = kv_capacity(DSV3_FP8, g, tp, eff, ep)
     assert cap == int(free // kv_bytes_per_token_held(DSV3_FP8, tp, ep)) > 100_000
@@ -91,7 +91,7 @@ def test_deepseek_v3_fp8_has_kv_room_where_it_fits(gpu: str, tp: int, ep: int) -
 def test_deepseek_v3_does_not_fit_one_h800_node() -> None:
     """671 B FP8 weights (~627 GiB) exceed 8 × 80 GiB × 0.9: no KV room, as in practice (two nodes)."""
     g = _gpu("H800")
-    assert moe.worker_weight_bytes(DSV3_FP8, 1, 8) > 8 * g.memory_gb * 2**30 * 0.9
+    assert moe.worker_weight_bytes(DSV3_FP8, 1, 8) > 8 * g.usable_memory_gib * 2**30 * 0.9
     assert kv_capacity(DSV3_FP8, g, 8, RooflineEfficiency()) == 0
 
 
@@ -214,7 +214,9 @@ def test_bad_geometry_is_one_line_naming_the_field(fields: dict, needle: str) ->
 # ---------------------------------------------------------------- older presets unchanged
 #
 # Captured on the tree before MLA, shared experts and dense layers existed (same formulas for every plain
-# model): params, active params, KV bytes a token, KV capacity on 8 × H800, step times in seconds.
+# model): params, active params, KV bytes a token, KV capacity on 8 × H800, step times in seconds. Since
+# moved on purpose: H200/tp16 decode (2026-12-06: a ring across two boards crosses through 8 ports a
+# board, capped by NVLink, not one port's rate).
 
 KEYS = ("params", "active", "kv", "H800/tp8/ep1/cap", "H800/tp8/ep1/roof/dec64", "H800/tp8/ep1/kern/dec64",
         "H800/tp8/ep1/kern/pre", "H20/tp1/ep1/kern/mix", "H200/tp16/ep1/kern/dec256", "train/64/8",
@@ -222,48 +224,49 @@ KEYS = ("params", "active", "kv", "H800/tp8/ep1/cap", "H800/tp8/ep1/roof/dec64",
 BEFORE: dict[str, tuple] = {
     'Qwen2.5-7B/bf16': (
         7615283200, 7615283200, 57344, 4960283, 0.02474766588179104, 0.02510709718317341,
-        0.036561121245767075, 0.11457157011381726, 0.05547866767106255, 1.4530332673864204, None, None, None),
+        0.036561121245767075, 0.11457157011381726, 0.041453736509884036, 1.4530332673864204, None, None, None),
     'Qwen2.5-7B/fp8': (
         7615283200, 7615283200, 28672, 10034358, 0.01962727462208955, 0.024216151947817583,
-        0.03369651342859358, 0.06999692034940894, 0.05222130720736829, 1.4530332673864204, None, None, None),
+        0.03369651342859358, 0.06999692034940894, 0.03819637604618978, 1.4530332673864204, None, None, None),
     'Qwen3-14B/bf16': (
         14767882240, 14767882240, 163840, 3384886, 0.031712324776119405, 0.033964649820817344,
-        0.0694160572994752, 0.2291270404461153, 0.08620462026032032, 2.896860341209651, None, None, None),
+        0.0694160572994752, 0.2291270404461153, 0.057582311768119274, 2.896860341209651, None, None, None),
     'Qwen3-14B/fp8': (
         14767882240, 14767882240, 81920, 6931052, 0.023853140059701492, 0.032305745615411476,
-        0.06307599124127689, 0.13828973115134696, 0.08112858335995284, 2.896860341209651, None, None, None),
+        0.06307599124127689, 0.13828973115134696, 0.0525062748677518, 2.896860341209651, None, None, None),
     'Qwen3-30B-A3B/bf16': (
         30519328768, 3340238848, 98304, 2660506, 0.03828911609703816, 0.03942638382371132, 0.0395302918966263,
-        0.08373934146056045, 0.07813894804159896, 2.101939898145917, 0.04162127329641526, 0.02264134645567665,
+        0.08373934146056045, 0.06440023996534244, 2.101939898145917, 0.04162127329641526, 0.02264134645567665,
         5289920),
     'Qwen3-30B-A3B/fp8': (
         30519328768, 3340238848, 49152, 5625141, 0.026958399357175797, 0.03612490879471999,
-        0.03907665025254557, 0.062219104332746564, 0.07187342098381894, 2.101939898145917,
+        0.03907665025254557, 0.062219104332746564, 0.05813471290756243, 2.101939898145917,
         0.03922167139999767, 0.02007198611433157, 11206528),
     'Qwen3-32B/bf16': (
         32761446400, 32761446400, 262144, 1978274, 0.04622616988656717, 0.05130464312894723,
-        0.12518971852161678, 0.5321648486188255, 0.13478570778820995, 5.868846965984375, None, None, None),
+        0.12518971852161678, 0.5321648486188255, 0.08899001420068826, 5.868846965984375, None, None, None),
     'Qwen3-32B/fp8': (
         32761446400, 32761446400, 131072, 4194628, 0.03224293941492538, 0.04755801185969625,
-        0.10865842573099221, 0.31863142826567614, 0.12527403303778295, 5.868846965984375, None, None, None),
+        0.10865842573099221, 0.31863142826567614, 0.07947833945026127, 5.868846965984375, None, None, None),
     'Qwen3-8B/bf16': (
         8190427136, 8190427136, 147456, 3850197, 0.02808771072, 0.02962271785441567, 0.04789493485925016,
-        0.1295858855584339, 0.07146384279205963, 1.8250795022696573, None, None, None),
+        0.1295858855584339, 0.050855780677674885, 1.8250795022696573, None, None, None),
     'Qwen3-8B/fp8': (
         8190427136, 8190427136, 73728, 7794602, 0.02170638725731343, 0.028645732803950837,
-        0.04513904218062674, 0.08139359242977018, 0.06743252852298763, 1.8250795022696573, None, None, None),
+        0.04513904218062674, 0.08139359242977018, 0.04682446640860289, 1.8250795022696573, None, None, None),
     'Qwen3-tiny/bf16': (
         139264, 139264, 256, 570425072, 0.012196030165970151, 0.009490875408152966, 0.003170811711631642,
-        0.0031355781501724053, 0.009868443725505743, 0.005833169049907803, None, None, None),
+        0.0031355781501724053, 0.009850554782698117, 0.005833169049907803, None, None, None),
     'Qwen3-tiny/fp8': (
         139264, 139264, 128, 1140850288, 0.01215845433313433, 0.00955343500442658, 0.0031965078441372505,
-        0.0031129393856560877, 0.009910385400506583, 0.005833169049907803, None, None, None),
+        0.0031129393856560877, 0.009892496457698957, 0.005833169049907803, None, None, None),
 }
 
 
 def _figures(name: str, dtype: str) -> tuple:
     m = _model(name, weight_dtype=dtype, kv_dtype=dtype)
     h800, h20, h200 = _gpu("H800"), _gpu("H20"), _gpu("H200")
+    h800 = h800.model_copy(update={"memory_visible_gib": None})  # pinned before presets had it: 80 GiB
     kern8 = generation_cost(m, "H800", h800, 8)
     out = [m.params, m.active_params, m.kv_bytes_per_token, kv_capacity(m, h800, 8, RooflineEfficiency()),
            RooflineGeneration(m, h800, 8).decode_line(64).total(64 * 8192, 64, 3),
@@ -313,3 +316,16 @@ def test_a_hugging_face_config_keeps_the_deepseek_geometry() -> None:
 def test_a_dense_width_without_dense_layers_is_refused() -> None:
     with pytest.raises(ValueError, match="dense_intermediate"):
         ModelSpec.model_validate({"preset": "Qwen3-30B-A3B", "dense_intermediate": 1000})
+
+
+def test_a_dense_mla_model_keeps_its_mlp() -> None:
+    """MLA changes the attention's weights only: a dense model with latent attention holds the same MLP in
+    every layer as its GQA twin (a review found its params without one)."""
+    base = dict(layers=4, hidden=1024, heads=8, kv_heads=8, head_dim=128, intermediate=4096, vocab=1000)
+    gqa = ModelSpec.model_validate(base)
+    mla = ModelSpec.model_validate({**base, "kv_lora_rank": 256, "q_lora_rank": 512, "qk_rope_head_dim": 64,
+                                    "v_head_dim": 128})
+    mlp = 4 * 3 * 1024 * 4096
+    for m in (gqa, mla):
+        assert m.params - m.layers * m.attention_params_per_layer - 2 * 1000 * 1024 == mlp
+        assert m.active_params == m.params

@@ -143,12 +143,16 @@ def test_tensor_parallel_all_reduces_are_priced_on_the_trainer_gpus_nvlink() -> 
     passes) move 2(tp−1)/tp × tokens × hidden × 2 B each. At a fixed compute MFU the step is then
     slower at tp 8 than tp 2 (more bytes per GPU, the rank's tokens spread over fewer ranks), and an
     H800 (NVLink 400 GB/s, the fit × 0.444) trains slower than an H100 (900) at tp 8 — the
-    difference between the two GPUs is exactly their all-reduce times; at tp 1 they are equal."""
+    difference between the two GPUs is exactly their all-reduce times; at tp 1 they differ by their
+    data-parallel sync alone (its ring crosses nodes through 8 ports a node, which the H800's NVLink caps)."""
     from rollart.calibration import tp_allreduce
     from rollart.sim.costs.train import TP_ALLREDUCES_PER_LAYER, TP_COMM_PASSES
 
     lens = [20_000] * 128
-    assert _planned("H800", 1).step_time(lens) == _planned("H100", 1).step_time(lens)
+    tp1 = {g: _planned(g, 1) for g in ("H800", "H100")}
+    assert tp1["H800"].step_time(lens) - tp1["H800"].dp_sync_s == pytest.approx(
+        tp1["H100"].step_time(lens) - tp1["H100"].dp_sync_s, rel=1e-12)
+    assert tp1["H800"].dp_sync_s > tp1["H100"].dp_sync_s
     assert "all-reduces" not in _planned("H800", 1).source
     h800, h100 = _planned("H800", 8), _planned("H100", 8)
     assert "tp 8 all-reduces on NVLink (H800 NCCL all-reduce fit)" in h800.source
@@ -172,20 +176,22 @@ def test_a_tensor_parallel_group_wider_than_a_node_all_reduces_over_infiniband()
 
     h800 = GpuType(**GPU_PRESETS["H800"])
     nvlink, ib = tp_allreduce("H800", h800, 8), tp_allreduce("H800", h800, 16)
-    assert "InfiniBand" in ib[2] and ib[1] < nvlink[1]
-    # one rule with the generation engines' wide rings: the slowest hop sets the pace (the network's
-    # rate; NVLink's NCCL latency, 29.7 µs, above InfiniBand's 19.8 µs)
+    # 8 GPUs a node, each through its own InfiniBand port (8 × 36 GB/s): more than the H800's NVLink
+    # (157 GB/s), which then paces the ring; the latency is the higher of the two (NVLink's 29.7 µs)
+    assert "InfiniBand" in ib[2] and ib[1] == nvlink[1] < 8 * default_network()[0]
     rate, latency = ring_link(16, (nvlink[1], nvlink[0]), default_network())
     assert ib[:2] == pytest.approx((latency, rate)) and ib[0] == pytest.approx(max(nvlink[0], default_network()[1]))
-    # the plan's own intra-cluster link, when it names one: a faster fabric, a faster wide group, but
-    # no faster than the NVLink hops inside each node
+    # the plan's own intra-cluster link, when it names one: 8 ports of a slow one pace the ring, a faster
+    # one is no faster than the NVLink hops inside each node
     from rollart.plan.schema import Link
 
     from rollart.calibration.links import LINK_EFFICIENCY
 
+    slow = tp_allreduce("H800", h800, 16, Link(kind="tcp", bandwidth_gbps=100, latency_us=5))
+    assert slow[:2] == pytest.approx((nvlink[0], 8 * 12.5e9 * LINK_EFFICIENCY["tcp"])) and "intra-cluster link" in slow[2]
+    assert slow[1] < ib[1]
     fast = tp_allreduce("H800", h800, 16, Link(kind="rdma", bandwidth_gbps=800, latency_us=5))
-    assert fast[:2] == pytest.approx((nvlink[0], 100e9 * LINK_EFFICIENCY["rdma"])) and "intra-cluster link" in fast[2]
-    assert fast[1] > ib[1]
+    assert fast[1] == pytest.approx(nvlink[1])
     fabric = tp_allreduce("H800", h800, 16, Link(kind="rdma", bandwidth_gbps=3200, latency_us=5))
     assert fabric[1] == pytest.approx(nvlink[1])
     assert tp_allreduce("H800", h800, 8, Link(kind="rdma", bandwidth_gbps=800))[:2] == nvlink[:2]  # inside a node
@@ -204,7 +210,8 @@ def test_a_tensor_parallel_group_wider_than_a_node_all_reduces_over_infiniband()
 
 def test_pipeline_stages_all_reduce_only_their_own_layers() -> None:
     # pp 2 halves the layers a GPU holds, so its share of the TP all-reduces halves (and the bubble
-    # factor applies to both compute and communication)
+    # factor applies to both compute and communication); the compute halves only as far as the stages
+    # are even: the last holds the lm_head, and the pipeline runs at its pace
     lens = [8_000] * 64
     one, two = _planned("H800", 4, gpus=32), _planned("H800", 4, gpus=64, pp=2)  # dp 8 both
     for tokens, micro_batches in ((64_000, 8), (64_000, 1), (1, 16)):
@@ -214,8 +221,13 @@ def test_pipeline_stages_all_reduce_only_their_own_layers() -> None:
     def optimizer(c) -> float:  # and the data-parallel sync: once a step, outside the pipeline
         return 2 * 16 * m.params / (c.trainer.gpus * c.gpu.hbm_tbps * 1e12) + c.dp_sync_s
 
-    bubble = 1 / (8 + 1)  # 8 sequences a rank: 8 micro-batches, not the plan's 16
-    assert two.step_time(lens) - optimizer(two) == pytest.approx((one.step_time(lens) - optimizer(one)) / 2 / (1 - bubble))
+    tokens, squares = 8 * 8_000, 8 * 8_000 ** 2  # a rank's 8 sequences
+    compute = one.step_time(lens) - optimizer(one) - one._comm_s(tokens, 8)
+    stages = two.stage_flops(tokens, squares)
+    assert stages[1] > stages[0] and sum(stages) == pytest.approx(one.busiest_rank_flops(lens))
+    bubble = 1 / (8 + 1)  # 8 sequences a rank: 8 micro-batches of one sequence each
+    assert two.step_time(lens) - optimizer(two) == pytest.approx(
+        (compute * max(stages) / sum(stages) + one._comm_s(tokens, 8) / 2) / (1 - bubble))
 
 
 # ---------------------------------------------------------------- micro-batches and the pipeline bubble
@@ -226,11 +238,12 @@ def _lens(n: int = 128) -> list[int]:
 
 
 def test_a_rank_runs_no_more_micro_batches_than_it_has_sequences() -> None:
-    """A micro-batch holds at least one whole sequence, so a rank of n sequences runs
-    m = min(micro_batches, n) micro-batches and its pipeline idles (pp − 1) / (m + pp − 1) of the
-    step. With one sequence a rank (128 sequences, dp 128) a 4-stage pipeline passes its one
-    micro-batch through the stages one after the other (bubble 3/4): no faster than the same dp
-    without pipelining, whatever micro_batches the plan asks for."""
+    """A micro-batch holds at least one whole sequence, so a rank of n sequences runs at most n
+    micro-batches and its pipeline idles (pp − 1) / (m + pp − 1) of the step. With one sequence a rank
+    (128 sequences, dp 128) a 4-stage pipeline passes its one micro-batch through the stages one after
+    the other (bubble 3/4): no faster than the same dp without pipelining, whatever micro_batches the
+    plan asks for — slower by as much as its busiest stage (the last, with the lm_head) exceeds a
+    quarter of the model."""
     lens = _lens()
     piped = _planned("H800", 2, gpus=1024, model="Qwen3-32B", pp=4)  # dp 128: one sequence a rank
     flat = _planned("H800", 2, gpus=256, model="Qwen3-32B")  # dp 128, pp 1
@@ -239,7 +252,12 @@ def test_a_rank_runs_no_more_micro_batches_than_it_has_sequences() -> None:
     def optimizer(c) -> float:  # and the data-parallel sync (pp 4 holds a quarter of the shard)
         return 2 * 16 * c.model.params / (c.trainer.gpus * c.gpu.hbm_tbps * 1e12) + c.dp_sync_s
 
-    assert piped.step_time(lens) - optimizer(piped) == pytest.approx(flat.step_time(lens) - optimizer(flat))
+    s = max(lens)  # the slowest rank: the longest sequence, alone
+    comm = flat._comm_s(s, 1)  # a quarter of the layers' all-reduces, stretched 4 times by the bubble
+    assert piped._comm_s(s, 1) / (1 - 0.75) == pytest.approx(comm)
+    stages = piped.stage_flops(s, s * s)
+    compute = flat.step_time(lens) - optimizer(flat) - comm
+    assert piped.step_time(lens) - optimizer(piped) == pytest.approx(comm + compute * 4 * max(stages) / sum(stages))
     one_micro_batch = _planned("H800", 2, gpus=1024, model="Qwen3-32B", pp=4, micro_batches=1)
     assert piped.step_time(lens) == one_micro_batch.step_time(lens)
 
@@ -247,12 +265,13 @@ def test_a_rank_runs_no_more_micro_batches_than_it_has_sequences() -> None:
 def test_pipelining_does_not_beat_more_data_parallel_ranks_at_few_sequences_a_rank() -> None:
     """256 GPUs, 128 sequences: pp 4 (dp 32, 4 sequences a rank) runs 4 micro-batches with a 3/7
     bubble, so its compute is slower than pp 1's (dp 128, one sequence a rank, no bubble); the plan's
-    16 micro-batches would have hidden the bubble. The data-parallel sync turns it round at this size:
-    pp 1's GPU holds 4 times pp 4's shard of the weights and syncs it over 128 ranks each step."""
+    16 micro-batches would have hidden the bubble. pp 1's GPU holds 4 times pp 4's shard of the weights
+    and syncs it over 128 ranks each step, but through 4 ports a node (tp 2): that does not win back the
+    bubble and the last stage's lm_head."""
     lens = _lens()
     pp4, pp1 = _planned("H800", 2, gpus=256, model="Qwen3-32B", pp=4), _planned("H800", 2, gpus=256, model="Qwen3-32B")
     assert pp4.step_time(lens) - pp4.dp_sync_s > pp1.step_time(lens) - pp1.dp_sync_s
-    assert pp1.dp_sync_s > 3.5 * pp4.dp_sync_s and pp4.step_time(lens) < pp1.step_time(lens)
+    assert pp1.dp_sync_s > 3.5 * pp4.dp_sync_s and pp4.step_time(lens) > pp1.step_time(lens)
     assert pp4.bubble(pp4.micro_batches(4)) == pytest.approx(3 / 7)
 
 
@@ -364,7 +383,8 @@ def test_data_parallel_ranks_sync_gradients_and_weights_once_a_step() -> None:
     """Megatron's distributed optimizer, as ROLL runs it (fp32 gradient reduce-scatter, bf16 weight
     all-gather, not overlapped): (4 + 2) B × the GPU's shard × (dp − 1)/dp over the data-parallel
     ring's link, once a step. Strong scaling therefore turns over: GPU-seconds a step never fall as
-    the trainer grows, and a slower network makes a multi-node trainer slower."""
+    the trainer grows, and a slower network makes a multi-node trainer slower. The ring's members (one of
+    each tp group) cross nodes each through its own port: 4 a node at tp 2, under NVLink's rate."""
     from rollart.calibration import tp_allreduce
     from rollart.plan.schema import Link
     from rollart.sim.costs.train import DP_GRAD_BYTES, DP_PARAM_BYTES
@@ -377,8 +397,11 @@ def test_data_parallel_ranks_sync_gradients_and_weights_once_a_step() -> None:
     shard = ModelSpec.model_validate("Qwen3-8B").params / 2
     assert node.dp_sync_s == pytest.approx(2 * alpha + (DP_GRAD_BYTES + DP_PARAM_BYTES) * shard * 3 / 4 / beta)
     assert "dp 4 gradient sync on NVLink" in node.source
-    wide = _planned("H800", 2, gpus=64)  # dp 32 over 8 nodes: the network's pace
-    assert "InfiniBand" in wide.source and wide.dp_sync_s > 3 * node.dp_sync_s
+    wide = _planned("H800", 2, gpus=64)  # dp 32 over 8 nodes: 4 ports a node (4 × 36 GB/s < NVLink's 157)
+    assert "InfiniBand" in wide.source and "through 4 ports a node" in wide.source
+    assert wide.dp_sync_s > node.dp_sync_s * 157 / 144
+    tp8 = _planned("H800", 8, gpus=64)  # dp 8 over 8 nodes, one member a node: one port
+    assert "through 1 port a node" in tp8.source
     gpu_s = [g * _planned("H800", 2, gpus=g).step_time(lens) for g in (8, 64, 256, 1024)]
     assert all(a <= b for a, b in zip(gpu_s, gpu_s[1:])), gpu_s
     slow = _planned("H800", 2, gpus=64).step_time(lens)
@@ -409,7 +432,8 @@ def test_collectives_reach_the_share_of_a_links_line_rate_a_transfer_does() -> N
         return train_cost(ModelSpec.model_validate("Qwen3-8B"), H800, TrainerPlacement(pool="p", gpus=64, tp=2),
                           "H800", Link(kind=kind, bandwidth_gbps=400)).dp_sync_s
 
-    assert dp_sync("tcp") > 1.4 * dp_sync("ib")  # ~0.9 / 0.6, less the latency and the NVLink hops
+    # 4 ports a node (tp 2) of 400 Gb/s: TCP's 4 × 30 GB/s under NVLink's 157, InfiniBand's 4 × 45 above it
+    assert dp_sync("tcp") > 1.2 * dp_sync("ib")
     tcp = train_cost(ModelSpec.model_validate("Qwen3-8B"), H800, TrainerPlacement(pool="p", gpus=64, tp=2),
                      "H800", Link(kind="tcp", bandwidth_gbps=400))
     ib = train_cost(ModelSpec.model_validate("Qwen3-8B"), H800, TrainerPlacement(pool="p", gpus=64, tp=2),

@@ -15,7 +15,8 @@ from pathlib import Path
 from functools import cached_property
 from typing import Annotated, Any, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from rollart.plan.distributions import Constant, Distribution, coerce_distribution
 from rollart.plan.presets import GPU_PRESETS, LINK_PRESETS, MODEL_PRESETS, canonical_gpu, canonical_model
@@ -62,13 +63,17 @@ class _Strict(BaseModel):
 
 class GpuType(_Strict):
     """Datasheet numbers of a GPU: dense BF16 TFLOP/s, HBM TB/s, memory in GB as datasheets
-    write it (the simulator reads it as GiB, as vendors mean it), NVLink GB/s (bytes, both
+    write it (GiB, as vendors mean it) and what the driver leaves visible of it, NVLink GB/s (bytes, both
     directions together, as datasheets write it), dense FP8 TFLOP/s where its tensor cores
     compute FP8."""
 
     tflops_bf16: PosFloat
     hbm_tbps: PosFloat
     memory_gb: PosFloat
+    memory_visible_gib: PosFloat | None = Field(None, description=(
+        "GiB of memory the CUDA driver reports (torch.cuda.get_device_properties(0).total_memory), the total "
+        "that vLLM's gpu_memory_utilization and a trainer's state must fit in; a little under memory_gb, "
+        "whose remainder the driver and ECC keep; unset: memory_gb read as GiB"))
     nvlink_gbps: PosFloat = 400.0
     tflops_fp8: PosFloat | None = Field(None, description=(
         "dense FP8 tensor-core TFLOP/s (no sparsity); unset: no FP8 tensor cores, so FP8 weights are read as "
@@ -81,6 +86,18 @@ class GpuType(_Strict):
         "(a generation group's workers, tp GPUs each; the trainer's tp and ep groups over its GPUs): one that "
         "straddles two domains (tp 16 on GPUs 64-79 of 72-GPU racks) crosses the network too; the trainer's "
         "step waits for its worst group, and a straddling engine worker is priced as crossing"))
+
+    @model_validator(mode="after")
+    def _visible_within_memory(self) -> "GpuType":
+        if self.memory_visible_gib is not None and self.memory_visible_gib > self.memory_gb:
+            raise ValueError(f"memory_visible_gib {self.memory_visible_gib:g} exceeds memory_gb {self.memory_gb:g}: "
+                             "the driver sees at most the memory the GPU has")
+        return self
+
+    @property
+    def usable_memory_gib(self) -> float:
+        """GiB a process can allocate on one GPU: ``memory_visible_gib``, else ``memory_gb`` as GiB."""
+        return self.memory_visible_gib if self.memory_visible_gib is not None else self.memory_gb
 
 
 class GpuPool(_Strict):
@@ -320,7 +337,9 @@ class ModelSpec(_Strict):
         attn = self.attention_params_per_layer
         moe = 3 * self.hidden * (self.intermediate * experts + self.shared_expert_intermediate)
         dense = 3 * self.hidden * self.dense_mlp_width
-        return self.layers * attn + self.moe_layers * moe + self.dense_layers * dense
+        # a dense model's every layer has the dense MLP (a dense MLA model: attention aside, a plain one)
+        dense_count = self.dense_layers if self.moe_experts else self.layers
+        return self.layers * attn + self.moe_layers * moe + dense_count * dense
 
     @property
     def params_per_layer(self) -> float:
@@ -463,8 +482,20 @@ class TrainerPlacement(_Strict):
         "model-FLOPs utilisation of the compute alone: the tensor-parallel all-reduces are priced beside it "
         "(on the GPUs' NVLink inside the GPU type's NVLink domain, nvlink_domain; on the intra-cluster link for "
         "a group wider than the domain or straddling two), so an end-to-end MFU measured at tp > 1 counts them "
-        "twice"))
-    micro_batches: Count = 16
+        "twice. It is the trainer GPU's own unless mfu_measured_on names another GPU type"))
+    mfu_measured_on: str | None = Field(None, description=(
+        "the GPU type (a preset or a cluster.custom_gpus name) mfu was measured or fitted on. On a trainer pool of "
+        "another type the MFU used is mfu × e_max(trainer GPU) / e_max(this GPU), each the e_max of the BF16 gemm "
+        "fit in the kernel profile that type is priced with (H20 0.951; H800, H100, H200 0.772; A100 0.725: an H800 "
+        "MFU of 0.125 is 0.154 on H20), capped at 1; a lower bound of the change (non-GEMM kernels are relatively "
+        "cheaper on a GPU of fewer FLOP/s too). Unset: mfu is the trainer GPU's own"))
+    micro_batches: Count | None = Field(None, description=(
+        "micro-batches a data-parallel rank splits its sequences into (gradient accumulation over them). Unset: one "
+        "sequence a micro-batch, as ROLL's Megatron configs train long agentic sequences (micro_batch_size 1), so a "
+        "rank runs as many micro-batches as it has sequences. Set: a micro-batch holds ceil(sequences / "
+        "micro_batches) sequences, the rank runs ceil(sequences / that) micro-batches, and the memory check counts "
+        "that many longest sequences' activations (at ceil(algorithm.batch_size / dp) sequences a rank). The "
+        "pipeline bubble is (pp − 1) / (m + pp − 1) of a rank's time at m micro-batches: set below pp, most of it"))
     ep: Count | None = Field(None, description=(
         "expert-parallel ranks a MoE trainer shards its experts over (each GPU holds 1/ep of them and every MoE "
         "layer sends its tokens to their experts' GPUs and back); default the widest inside one NVLink domain: the "
@@ -472,6 +503,20 @@ class TrainerPlacement(_Strict):
         "whose groups of ep consecutive GPUs straddle no domain boundary (ep 8 on 128 GPUs of 72-GPU racks)"))
     profile: str | None = Field(None, description="measured train profile YAML (written by `rollart validate`): "
                                                   "step time and weight hand-off instead of the FLOPs/MFU model")
+    # the cluster.custom_gpus entry mfu_measured_on names, attached by the plan's checks (trainer_split_problems)
+    _measured_on_custom: GpuType | None = PrivateAttr(None)
+
+    def measured_on_gpu(self) -> GpuType | None:
+        """The GPU type ``mfu_measured_on`` names (a cluster.custom_gpus entry the plan's checks found, else a
+        preset); None when unset."""
+        if self.mfu_measured_on is None:
+            return None
+        if self._measured_on_custom is not None:
+            return self._measured_on_custom
+        preset = canonical_gpu(self.mfu_measured_on)
+        if preset is None:
+            raise ValueError(f"placement.trainer.mfu_measured_on: unknown GPU type '{self.mfu_measured_on}'")
+        return GpuType(**GPU_PRESETS[preset])
 
     def ep_problems(self, model: ModelSpec) -> list[str]:
         """One-line plan errors for an explicit ``ep`` the model or the placement cannot take."""
@@ -848,15 +893,37 @@ def _cross_problems(plan: Plan) -> list[str]:
             if not m <= t.max_context_tokens:
                 out.append(f"tasks.{t.name}.{field}: mean {m:.4g} tokens exceeds the task's max_context_tokens "
                            f"({t.max_context_tokens})")
+        if not any(p.startswith(f"tasks.{t.name}.prompt_tokens") for p in out) and \
+                (share := overlong_prompt_share(t)) > MAX_OVERLONG_PROMPT_SHARE:
+            out.append(f"tasks.{t.name}.prompt_tokens: {share:.0%} of its draws leave no room in the task's "
+                       f"max_context_tokens ({t.max_context_tokens}); a dataset filtered to prompts that fit would "
+                       "hold too few of them: lower the prompts or raise max_context_tokens")
     if not out:
         out.extend(work_problems(plan))
     return out
 
 
+# The simulator draws a first prompt again while it fills the task's window (the dataset filter RL
+# harnesses apply, sim.costs.env._prompt_tokens); a distribution whose draws mostly do is refused.
+MAX_OVERLONG_PROMPT_SHARE = 0.5
+_OVERLONG_DRAWS = 1024
+
+
+def overlong_prompt_share(task: "TaskSpec") -> float:
+    """Share of ``task.prompt_tokens`` draws (1,024 from a fixed seed) that leave no room in the task's
+    window: at or above ``max_context_tokens`` once rounded as the simulator rounds them."""
+    rng = np.random.default_rng(0)
+    window = task.max_context_tokens
+    overlong = sum(max(1, round(task.prompt_tokens.sample(rng))) >= window for _ in range(_OVERLONG_DRAWS))
+    return overlong / _OVERLONG_DRAWS
+
+
 def trainer_split_problems(plan: Plan) -> list[str]:
     """Megatron splits each attention layer's query heads and KV groups over the trainer's tp ranks, so
     tp must divide both (an MLA model caches no KV groups: its heads only), and gives each pipeline
-    stage whole layers, so pp cannot exceed the layers."""
+    stage whole layers, so pp cannot exceed the layers (where pp does not divide them the first stages
+    take one more: ``sim.costs.train.stage_layers``). ``mfu_measured_on`` must name a known GPU type; a
+    cluster.custom_gpus one is attached to the trainer placement for the cost model."""
     m, t, out = plan.model, plan.placement.trainer, []
     groups = [("heads", m.heads)] + ([] if m.kv_lora_rank else [("KV heads", m.kv_heads)])
     for what, n in groups:
@@ -867,6 +934,15 @@ def trainer_split_problems(plan: Plan) -> list[str]:
     if t.pp > m.layers:
         out.append(f"placement.trainer.pp: {t.pp} pipeline stages for the model's {m.layers} layers; at most "
                    f"{m.layers}")
+    c = plan.cluster
+    if t.mfu_measured_on is not None:
+        if not c.known_gpu(t.mfu_measured_on):
+            known = sorted(set(GPU_PRESETS) | set(c.custom_gpus))
+            out.append(f"placement.trainer.mfu_measured_on: unknown GPU type '{t.mfu_measured_on}' (the GPU type "
+                       f"placement.trainer.mfu was measured on); known: {', '.join(known)} (or define it under "
+                       "cluster.custom_gpus)")
+        elif t.mfu_measured_on in c.custom_gpus:  # custom types win over presets of the same name (Cluster.gpu_type)
+            t._measured_on_custom = c.custom_gpus[t.mfu_measured_on]
     return out
 
 

@@ -19,8 +19,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from rollart.core.modes import mode_config
 from rollart.plan.loader import PlanError
 from rollart.plan.schema import Plan
+from rollart.sim.costs.price import dedicated_reward_used
 from rollart.sim.costs.train import trainer_fits, trainer_memory_problems
 
 SERVERLESS = ("serverless", None, 0)
@@ -28,7 +30,7 @@ SERVERLESS = ("serverless", None, 0)
 
 @dataclass(frozen=True)
 class Budget:
-    gpus: int | None = None            # placed GPUs (trainer + generation + dedicated reward)
+    gpus: int | None = None            # placed GPUs (trainer + generation + dedicated reward, where used)
     usd_per_hour: float | None = None  # placed GPUs + env CPU cores (+ serverless, checked after simulating)
 
     def describe(self) -> str:
@@ -231,10 +233,12 @@ class Space:
         if tr.profile is None:  # a modelled trainer must hold its state (a measured one ran)
             sheet = c.gpu_type(c.gpu_pools[tr.pool].gpu)
             seq = plan.longest_context_tokens
-            fits = [n for n in trainer_gpus if trainer_fits(plan.model, sheet, tr.model_copy(update={"gpus": n}), seq)]
+            batch = plan.algorithm.batch_size  # sets a micro-batch's sequences where micro_batches is set
+            fits = [n for n in trainer_gpus
+                    if trainer_fits(plan.model, sheet, tr.model_copy(update={"gpus": n}), seq, batch)]
             if trainer_gpus and not fits:
                 raise PlanError(trainer_memory_problems(plan.model, c.gpu_pools[tr.pool].gpu, sheet,
-                                                        tr.model_copy(update={"gpus": trainer_gpus[-1]}), seq))
+                                                        tr.model_copy(update={"gpus": trainer_gpus[-1]}), seq, batch))
             trainer_gpus = fits
         if not trainer_gpus:
             raise PlanError([f"budget: {budget.describe()} cannot hold a {unit}-GPU trainer and {step} "
@@ -280,7 +284,9 @@ class Space:
             judge_tp = plan.placement.reward.tp if plan.placement.reward.where == "dedicated" else 1
             sizes = sorted({max(judge_tp, g // judge_tp * judge_tp)
                             for g in (reward_gpus or [max(1, step // 2), step])})
-            for p in pools:
+            # a mode that scores on the serverless platform (sync+, one-off with one) would leave dedicated
+            # judges idle: the same run as serverless with GPUs the budget check would count, so none are offered
+            for p in pools if _mode_uses_dedicated_judges(plan, pools[0]) else ():
                 for g in sizes:
                     rewards.append(("dedicated", p, g))
         else:
@@ -312,7 +318,8 @@ class Space:
         default = p.hw_affinity.get("default", gen_t[0][0])
         affinity = tuple((tag, p.hw_affinity.get(tag, default)) for tag in self.tags if tag in tags)
         r = p.reward
-        reward = ("dedicated", r.pool, r.gpus) if r.where == "dedicated" else SERVERLESS
+        # what the plan's mode does with its reward GPUs (unused ones are not placed, so not the candidate's)
+        reward = ("dedicated", r.pool, r.gpus) if dedicated_reward_used(plan, mode_config(plan)) else SERVERLESS
         return Candidate(p.trainer.pool, p.trainer.gpus, gen_t, affinity, plan.algorithm.alpha,
                          plan.algorithm.redundancy, reward, _ep_pairs(self.pools, eps))
 
@@ -583,6 +590,14 @@ class Space:
                 seen.add(n)
                 keep.append(n)
         return keep
+
+
+def _mode_uses_dedicated_judges(plan: Plan, pool: str) -> bool:
+    """Whether the plan's mode runs the LLM judge on a dedicated candidate's GPUs (``pool``): a
+    candidate's plan with dedicated reward, as :meth:`Candidate.apply` writes it, through the mode."""
+    reward = plan.placement.reward.model_copy(update={"where": "dedicated", "pool": pool, "gpus": 1})
+    probe = plan.model_copy(update={"placement": plan.placement.model_copy(update={"reward": reward})})
+    return dedicated_reward_used(probe, mode_config(probe))
 
 
 def _ep_pairs(pools: list[str], eps: dict[str, int]) -> tuple[tuple[str, int], ...]:

@@ -12,6 +12,22 @@ from rollart.plan.schema import TaskSpec
 
 
 _BLOCK = 32  # draws per block once a trajectory's stream is single-kind (see _Block)
+# A prompt that leaves no room in the task's window is not in a training set: RL harnesses filter such
+# prompts out of the dataset (verl's data.filter_overlong_prompts), and an engine refuses them (vLLM:
+# longer than max_model_len). So a draw that long is drawn again; the schema refuses a distribution whose
+# draws mostly are (schema.overlong_prompt_share), so the cut after this many draws is never reached in
+# practice (a chance below 2⁻³²) and only keeps the loop finite.
+PROMPT_DRAWS = 32
+
+
+def _prompt_tokens(task: TaskSpec, rng: np.random.Generator) -> int:
+    """A first prompt's tokens: a draw of ``task.prompt_tokens`` shorter than the task's window."""
+    window = task.max_context_tokens
+    for _ in range(PROMPT_DRAWS):
+        tokens = max(1, round(task.prompt_tokens.sample(rng)))
+        if tokens < window:
+            return tokens
+    return max(1, window - 1)
 
 
 class _Block:
@@ -128,7 +144,7 @@ class EnvModel:
         st = self._state[traj_id]
         st.turns_total = max(1, round(task.turns.sample(st.rng)))
         st.turn = 0
-        return latency, EnvOutcome(ok=True, obs_tokens=max(1, round(task.prompt_tokens.sample(st.rng))))
+        return latency, EnvOutcome(ok=True, obs_tokens=_prompt_tokens(task, st.rng))
 
     def step(self, task: TaskSpec, traj_id: int) -> tuple[float, EnvOutcome]:
         st = self._state.get(traj_id)

@@ -147,11 +147,11 @@ def decode_attention_flops(model: ModelSpec) -> int:
 
 
 def kv_capacity(model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency, ep: int = 1) -> int:
-    """Tokens of KV cache a worker of ``tp`` GPUs holds: memory × utilisation − weights (as served:
+    """Tokens of KV cache a worker of ``tp`` GPUs holds: the memory CUDA sees × utilisation − weights (as served:
     BF16 or FP8; with ``ep`` ranks the non-expert weights once per rank; MLA's down-projections on
     every GPU) − activations; a token's KV in ``model.kv_dtype``, replicated where tp/ep exceeds the KV
     heads, and MLA's latent on every GPU of a rank (:func:`kv_bytes_per_token_held`)."""
-    free = tp * gpu.memory_gb * 2**30 * eff.memory_utilization - worker_weight_bytes(model, ep, tp) \
+    free = tp * gpu.usable_memory_gib * 2**30 * eff.memory_utilization - worker_weight_bytes(model, ep, tp) \
         - tp * eff.activation_reserve_gb * 2**30
     return int(max(0.0, free) // kv_bytes_per_token_held(model, tp, ep))
 

@@ -85,8 +85,11 @@ class WeightTransferCost:
         self.all_colocated = all(plan.placement.shares_trainer_gpus(g.pool) for g in plan.placement.generation)
         train_cluster = pools[tr.pool].cluster
         same = all(pools[g.pool].cluster == train_cluster for g in plan.placement.generation)
-        self.intra: Link = links.get("intra_cluster", links[ws.link])
+        # no intra-cluster link named: the network the trainer's collectives take (the InfiniBand fit of
+        # the link table), not the cross-cluster path's
+        self.intra: Link = links.get("intra_cluster") or Link(kind="ib")
         self.cross: Link = self.intra if same else links[ws.link]
+        self._links, self._ws_link = links, ws.link
         gpu = plan.gpu_of_pool(tr.pool)
         gpu_name = pools[tr.pool].gpu
         # Trainer and every engine on one pool whose GPUs in use fit one NVLink domain (4 train + 4 rollout
@@ -121,6 +124,17 @@ class WeightTransferCost:
         if ws.bucket_overhead_s is not None:  # the plan's own store (e.g. an RDMA cluster's)
             self.publish_overhead_s = self.pull_overhead_s = ws.bucket_overhead_s
         self.bucket_overhead_s = self.publish_overhead_s
+
+    def kv_link(self, same_cluster: bool, gpus: int) -> tuple[float, float]:
+        """(latency s, bytes/s) a prefill worker's KV reaches a decode worker at (PD disaggregation): over
+        the intra-cluster link, each of the ``gpus`` GPUs of the narrower worker sending its shard through
+        its own port, when both pools sit in one cluster; else over the path between the clusters
+        (``weight_sync.link``, an aggregate rate); at the rate bulk traffic reaches on each
+        (:func:`~rollart.calibration.links.effective_bytes_per_s`)."""
+        if same_cluster:
+            return self.intra.latency_s, gpus * effective_bytes_per_s(self.intra)
+        link = self._links[self._ws_link]
+        return link.latency_s, effective_bytes_per_s(link)
 
     @property
     def broadcast_stalls_engines(self) -> bool:

@@ -215,16 +215,22 @@ def worker_weight_bytes(model: ModelSpec, ep: int = 1, tp: int = 1) -> float:
 
 
 def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, float],
-              domain: int = DEFAULT_NVLINK_DOMAIN) -> tuple[float, float]:
+              domain: int = DEFAULT_NVLINK_DOMAIN, ports: int | None = None) -> tuple[float, float]:
     """(bytes/s, latency s) that pace a ring collective (a tensor-parallel all-reduce) over ``gpus``
     GPUs: NVLink within one NVLink domain of ``domain`` GPUs (the GPU type's ``nvlink_domain``: an HGX
     node of 8, an NVL72 rack of 72); a ring wider than a domain crosses the cluster's network at every
-    domain boundary, and its slowest hop sets the pace (the lower rate, the higher latency). A caller
-    whose groups are laid out over more GPUs than one domain passes :func:`effective_domain`, so a ring
-    that straddles a boundary crosses too."""
+    domain boundary. ``network`` is one GPU's own port (HGX nodes carry a NIC per GPU) and NCCL runs a
+    channel per NIC, so a ring with ``ports`` members in each domain (default min(gpus, domain): a
+    contiguous group) crosses at ports × the port's rate, capped by the NVLink hops inside the domain:
+    min(NVLink, ports × network), at the higher latency (nccl-tests across DGX nodes: ~48 GB/s with 4 IB
+    adapters, 85–96 GB/s with 4 × 200 Gb/s; one data-parallel ring a GPU of each node, ports 1, gets one
+    NIC). A caller whose groups are laid out over more GPUs than one domain passes
+    :func:`effective_domain`, so a ring that straddles a boundary crosses too, with its smallest piece's
+    ports."""
     if gpus <= domain:
         return nvlink
-    return min(nvlink[0], network[0]), max(nvlink[1], network[1])
+    k = max(1, min(gpus, domain) if ports is None else ports)
+    return min(nvlink[0], k * network[0]), max(nvlink[1], network[1])
 
 
 def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes_per_s: float, nvlink_latency_s: float,

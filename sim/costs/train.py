@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 
 from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
 from rollart.sim.costs.moe import (DEFAULT_NVLINK_DOMAIN, all_to_all_s, domain_name, effective_domain, expert_params,
@@ -28,26 +29,81 @@ DP_GRAD_BYTES = 4
 DP_PARAM_BYTES = 2
 
 
-class TrainCost:
-    """step = max_r [dp · (10·P'·T_r + 5·2·L·H·d·Σ_r s²) / (gpus · peak · MFU) + comm_r] / (1 − bubble_r)
-           + dp_sync + optimizer
+def stage_layers(layers: int, pp: int) -> list[int]:
+    """Layers of each of ``pp`` pipeline stages, first to last: as even as possible, the first
+    ``layers % pp`` stages one more (Megatron's default split; 36 layers over 5 stages: 8, 7, 7, 7, 7)."""
+    base, extra = divmod(layers, pp)
+    return [base + (i < extra) for i in range(pp)]
 
-    P' the parameters whose matmuls every token runs: the active parameters less the input embedding
-    (a lookup, no FLOPs; the lm_head is a GEMM and counts), as Megatron counts model FLOPs. With MLA
-    the attention term's 2·H·d becomes H·(d + rope + v) (QKᵀ over d + rope, PV over v). Each of
-    the dp = gpus / (tp·pp) data-parallel ranks trains whole sequences, handed out longest first to
-    the least-loaded rank, so the step waits for the slowest rank r: T_r its tokens, s its sequences'
-    lengths. A batch of fewer sequences than ranks leaves ranks idle instead of shrinking the step.
-    A micro-batch holds at least one whole sequence, so rank r runs m_r = min(micro_batches, its
-    sequences) micro-batches and its pipeline bubble is (pp − 1) / (m_r + pp − 1). The optimizer step
-    streams fp32 Adam state (16 bytes per parameter, read and written) at HBM bandwidth, sharded over
-    the GPUs.
+
+def layer_linear_params(model: ModelSpec) -> list[float]:
+    """Each layer's parameters one token's matmuls run (embeddings apart), first to last: its attention
+    and its MLP (a MoE layer's ``moe_active_experts`` routed experts and shared expert; the first
+    ``dense_layers`` a dense MLP), the split behind ``ModelSpec.active_params``."""
+    m = model
+    if not (m.mla or m.dense_layers or m.shared_expert_intermediate):  # every layer alike
+        return [m.active_params_per_layer] * m.layers
+    attn = m.attention_params_per_layer
+    moe = 3 * m.hidden * (m.intermediate * max(1, m.moe_active_experts) + m.shared_expert_intermediate)
+    dense = 3 * m.hidden * m.dense_mlp_width
+    return [attn + (dense if i < m.dense_layers else moe if i < m.dense_layers + m.moe_layers else 0)
+            for i in range(m.layers)]
+
+
+def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None = None) -> tuple[float, str]:
+    """(the MFU the trainer's GPUs compute at, how it was found). ``placement.trainer.mfu`` is the
+    trainer GPU's own unless ``mfu_measured_on`` names another type: then mfu × e_max(trainer GPU) /
+    e_max(measured-on GPU), each the BF16 ``gemm`` fit's e_max of the kernel profile the type is priced
+    with (:func:`~rollart.calibration.gemm_share.gemm_e_max`: H20 0.951, H800/H100/H200 0.772, A100
+    0.725), capped at 1. A GPU of few FLOP/s per byte of HBM (H20) keeps its tensor cores busier, so the
+    same model at the same parallelism reaches a larger share of its peak; the GEMMs' ratio is a lower
+    bound of that (the non-GEMM kernels, memory-bound, are relatively cheaper there too)."""
+    mfu = trainer.mfu
+    measured_on = trainer.measured_on_gpu()
+    if measured_on is None:
+        return mfu, f"MFU {mfu:.3g} (placement.trainer.mfu)"
+    if measured_on == gpu and gpu_name in (None, trainer.mfu_measured_on):
+        return mfu, f"MFU {mfu:.3g} measured on {trainer.mfu_measured_on} (placement.trainer.mfu)"
+    from rollart.calibration.gemm_share import gemm_e_max
+
+    here, here_gpu = gemm_e_max(gpu_name, gpu)
+    there, _ = gemm_e_max(trainer.mfu_measured_on, measured_on)
+    ratio = here / there
+    used = min(1.0, mfu * ratio)
+    capped = f", capped at {used:g}" if used < mfu * ratio else ""
+    return used, (f"MFU {mfu:.3g} measured on {trainer.mfu_measured_on} × {ratio:.4g} ({gpu_name or here_gpu} ÷ "
+                  f"{trainer.mfu_measured_on} GEMM e_max{capped}: {used:.3g})")
+
+
+class TrainCost:
+    """step = max_r [dp · pp · max_k (10·P'_k·T_r + 5·2·L_k·H·d·Σ_r s²) / (gpus · peak · MFU) + comm_r]
+                 / (1 − bubble_r) + dp_sync + optimizer
+
+    P'_k the parameters of pipeline stage k whose matmuls every token runs: its L_k layers' active
+    parameters, and on the last stage the lm_head (vocab × hidden, a GEMM, present even with tied
+    embeddings); the input embedding is a lookup, no FLOPs, as Megatron counts model FLOPs. Summed
+    over the stages that is the active parameters less the input embedding. The stages take the
+    layers as evenly as possible, the first ``L % pp`` one more (:func:`stage_layers`, Megatron's
+    default), and a pipeline runs at its busiest stage's pace: each of a rank's tp·pp GPUs is priced
+    at pp × the busiest stage's FLOPs over tp·pp (that stage's work on its tp GPUs). With Qwen's
+    151,936-token vocabulary the last of Qwen3-8B's 4 stages does 1.21× the mean stage's work at 8K
+    tokens. pp = 1: one stage, the whole model. With MLA the attention term's 2·H·d becomes
+    H·(d + rope + v) (QKᵀ over d + rope, PV over v). Each of the dp = gpus / (tp·pp) data-parallel
+    ranks trains whole sequences, handed out longest first to the least-loaded rank, so the step
+    waits for the slowest rank r: T_r its tokens, s its sequences' lengths. A batch of fewer
+    sequences than ranks leaves ranks idle instead of shrinking the step. A micro-batch holds whole
+    sequences, by default one (``placement.trainer.micro_batches`` unset, as ROLL trains agentic
+    sequences): rank r runs m_r = its sequences micro-batches; with ``micro_batches`` set, each holds
+    ceil(sequences / micro_batches) and m_r = ceil(sequences / that). Its pipeline bubble is
+    (pp − 1) / (m_r + pp − 1). The optimizer step streams fp32 Adam state (16 bytes per parameter,
+    read and written) at HBM bandwidth, sharded over the GPUs. MFU: :func:`effective_mfu`.
 
     comm_r is the communication a GPU of rank r waits for, each pass (forward, backward, recompute,
-    two log-prob forwards) over its stage's L / pp layers, each micro-batch paying its latency:
+    two log-prob forwards) over its stage's layers, each micro-batch paying its latency:
 
     * tp > 1, given ``allreduce`` = (α s, bus bytes/s, where) of the trainer GPUs' link, the
-      tensor-parallel all-reduces: 5 · 2 · (L / pp) · (m_r · α + T_r · hidden · 2 B · 2(tp − 1)/tp / β);
+      tensor-parallel all-reduces of the stage with the most layers, max_k L_k (L / pp where pp divides
+      L): 5 · 2 · max_k L_k · (m_r · α + T_r · hidden · 2 B · 2(tp − 1)/tp / β);
     * a MoE with ep > 1 (:func:`trainer_ep`), given ``all_to_all`` = the (α, β, where) of a group
       inside one NVLink domain and of one across domains, the expert-parallel dispatch + combine of
       every MoE layer: 5 · (m_r / pp) · :func:`~rollart.sim.costs.moe.all_to_all_s` over a group of ep
@@ -71,22 +127,38 @@ class TrainCost:
     def __init__(self, model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement,
                  allreduce: tuple[float, float, str] | None = None,
                  all_to_all: tuple[tuple[float, float, str], tuple[float, float, str]] | None = None,
-                 dp_link: tuple[float, float, str] | None = None):
+                 dp_link: tuple[float, float, str] | None = None, gpu_name: str | None = None):
+        # gpu_name: the trainer pool's GPU type name (None: known by its timing numbers), for the MFU's transfer
         self.model, self.gpu, self.trainer = model, gpu, trainer
         m = model
         self._linear_per_token = LINEAR_FLOPS_PER_PARAM_TOKEN * (m.active_params - input_embedding_params(m))
-        self._attention_per_sq = ATTENTION_PASSES * 2 * m.layers * m.heads * m.head_dim
+        attention_per_layer_sq = ATTENTION_PASSES * 2 * m.heads * m.head_dim
         if m.mla:  # training runs MLA non-absorbed: QKᵀ over head_dim + rope, PV over v_head_dim (s²/2 pairs)
-            self._attention_per_sq = ATTENTION_PASSES * m.layers * m.heads * (m.head_dim + m.qk_rope_head_dim
-                                                                              + m.value_head_dim)
+            attention_per_layer_sq = ATTENTION_PASSES * m.heads * (m.head_dim + m.qk_rope_head_dim + m.value_head_dim)
+        self._attention_per_sq = attention_per_layer_sq * m.layers
+        self.stage_layers = stage_layers(m.layers, trainer.pp)
+        # (linear FLOPs a token, attention FLOPs per s²) of each pipeline stage; pp 1: the whole model's
+        self.stages = [(self._linear_per_token, self._attention_per_sq)]
+        if trainer.pp > 1:
+            per_layer, first = layer_linear_params(m), 0
+            self.stages = []
+            for n in self.stage_layers:
+                self.stages.append((LINEAR_FLOPS_PER_PARAM_TOKEN * sum(per_layer[first:first + n]),
+                                    attention_per_layer_sq * n))
+                first += n
+            linear, attention = self.stages[-1]  # the lm_head, a vocab × hidden GEMM, on the last stage
+            self.stages[-1] = (linear + LINEAR_FLOPS_PER_PARAM_TOKEN * m.vocab * m.hidden, attention)
         self.dp = max(1, trainer.gpus // (trainer.tp * trainer.pp))
-        self._peak = trainer.gpus * gpu.tflops_bf16 * 1e12 * trainer.mfu
+        self.mfu, mfu_source = effective_mfu(trainer, gpu, gpu_name)
+        self._peak = trainer.gpus * gpu.tflops_bf16 * 1e12 * self.mfu
         tp = trainer.tp
         self._allreduce: tuple[float, float] | None = None  # (seconds a micro-batch, seconds a rank token)
-        self.source = f"FLOPs model, MFU {trainer.mfu:.3g} (placement.trainer.mfu)"
+        self.source = f"FLOPs model, {mfu_source}"
+        if trainer.pp > 1 and max(self.stage_layers) > min(self.stage_layers):
+            self.source += f"; pp {trainer.pp} stages of {', '.join(map(str, self.stage_layers))} layers"
         if tp > 1 and allreduce is not None:
             alpha, beta, where = allreduce
-            calls = TP_COMM_PASSES * TP_ALLREDUCES_PER_LAYER * m.layers / trainer.pp
+            calls = TP_COMM_PASSES * TP_ALLREDUCES_PER_LAYER * max(self.stage_layers)
             self._allreduce = (calls * alpha, calls * m.hidden * 2.0 * 2 * (tp - 1) / tp / beta)
             self.source += f"; tp {tp} all-reduces on {where}"
         domain = gpu.nvlink_domain
@@ -115,26 +187,45 @@ class TrainCost:
     def _flops(self, s: int) -> float:
         return self._linear_per_token * s + self._attention_per_sq * s * s
 
-    def _ranks(self, seq_lens: list[int]) -> list[tuple[float, int, int]]:
-        """(FLOPs, tokens, sequences) of each data-parallel rank with work, sequences dealt longest
+    def _ranks(self, seq_lens: list[int]) -> list[tuple[float, int, int, int]]:
+        """(FLOPs, tokens, sequences, Σ s²) of each data-parallel rank with work, sequences dealt longest
         first to the least-loaded rank (longest-processing-time packing: the busiest rank exceeds an
         even share by less than its last sequence's work); one sequence a rank when there are no more
         than ranks."""
         if len(seq_lens) <= self.dp:
-            return [(self._flops(s), s, 1) for s in seq_lens]
-        ranks = [(0.0, 0, 0)] * self.dp
+            return [(self._flops(s), s, 1, s * s) for s in seq_lens]
+        ranks = [(0.0, 0, 0, 0)] * self.dp
         for s in sorted(seq_lens, reverse=True):
-            flops, tokens, seqs = ranks[0]
-            heapq.heapreplace(ranks, (flops + self._flops(s), tokens + s, seqs + 1))
+            flops, tokens, seqs, squares = ranks[0]
+            heapq.heapreplace(ranks, (flops + self._flops(s), tokens + s, seqs + 1, squares + s * s))
         return ranks
 
     def busiest_rank_flops(self, seq_lens: list[int]) -> float:
-        """FLOPs of the data-parallel rank with the most work."""
-        return max((flops for flops, _, _ in self._ranks(seq_lens)), default=0.0)
+        """FLOPs of the data-parallel rank with the most work (all its stages together)."""
+        return max((rank[0] for rank in self._ranks(seq_lens)), default=0.0)
+
+    def stage_flops(self, tokens: int, squares: int) -> list[float]:
+        """FLOPs each pipeline stage runs for a rank of ``tokens`` tokens whose sequences' squared
+        lengths sum to ``squares``."""
+        return [linear * tokens + attention * squares for linear, attention in self.stages]
+
+    def _paced_flops(self, flops: float, tokens: int, squares: int) -> float:
+        """A rank's FLOPs as its pipeline paces them: pp × its busiest stage's (pp 1: its own)."""
+        if self.trainer.pp == 1:
+            return flops
+        return self.trainer.pp * max(self.stage_flops(tokens, squares))
+
+    def sequences_per_micro_batch(self, seqs: int) -> int:
+        """Sequences one micro-batch of a rank of ``seqs`` sequences holds: one by default
+        (``micro_batches`` unset), else ceil(seqs / micro_batches)."""
+        if self.trainer.micro_batches is None:
+            return 1
+        return max(1, math.ceil(seqs / self.trainer.micro_batches))
 
     def micro_batches(self, seqs: int) -> int:
-        """Micro-batches a rank of ``seqs`` sequences runs: each holds at least one whole sequence."""
-        return max(1, min(self.trainer.micro_batches, seqs))
+        """Micro-batches a rank of ``seqs`` sequences runs, each of :meth:`sequences_per_micro_batch`
+        whole sequences: ``seqs`` by default."""
+        return max(1, math.ceil(seqs / self.sequences_per_micro_batch(seqs)))
 
     def bubble(self, micro_batches: int) -> float:
         """Share of a pipeline's time its stages idle filling and draining: (pp − 1) / (m + pp − 1)."""
@@ -157,10 +248,12 @@ class TrainCost:
             t += TP_COMM_PASSES * micro_batches / self.trainer.pp * one
         return t
 
-    def _rank_s(self, flops: float, tokens: int, seqs: int) -> float:
-        """One rank's compute and communication, stretched by its pipeline bubble."""
+    def _rank_s(self, flops: float, tokens: int, seqs: int, squares: int) -> float:
+        """One rank's compute (at its busiest stage's pace) and communication, stretched by its
+        pipeline bubble."""
         m = self.micro_batches(seqs)
-        return (self.dp * flops / self._peak + self._comm_s(tokens, m)) / (1 - self.bubble(m))
+        paced = self._paced_flops(flops, tokens, squares)
+        return (self.dp * paced / self._peak + self._comm_s(tokens, m)) / (1 - self.bubble(m))
 
     def step_time(self, seq_lens: list[int]) -> float:
         m, t = self.model, self.trainer
@@ -174,8 +267,8 @@ class TrainCost:
 ADAM_STATE_BYTES_PER_PARAM = 12   # fp32 master weights + Adam m and v (distributed optimizer: sharded over all GPUs)
 TRAIN_WEIGHT_GRAD_BYTES = 2 + 4   # bf16 weights + fp32 gradient buffer (bf16 training accumulates in fp32)
 TRAIN_ACTIVATION_RESERVE_GIB = 4.0  # ASSUMED: workspace, CUDA context, allocator slack
-# Activations that grow with the sequence (full recompute, sequence parallel over tp, one sequence a
-# micro-batch): each layer's input kept for its recompute, s·h·2 B / tp a layer; one layer recomputed
+# Activations that grow with the sequence (full recompute, sequence parallel over tp; per sequence of a
+# micro-batch, one by default): each layer's input kept for its recompute, s·h·2 B / tp a layer; one layer recomputed
 # whole during its backward, ~34·s·h B / tp (Korthikanti et al. 2022, "Reducing Activation
 # Recomputation", with sequence parallelism and flash attention: no s² term); the last stage's logits,
 # s·V / tp in BF16 and again in FP32 for the log-softmax of the policy loss.
@@ -218,53 +311,72 @@ def trainer_weight_shard_params(model: ModelSpec, trainer: TrainerPlacement,
             + experts / (trainer_ep(model, trainer, domain) * trainer.pp))
 
 
-def activation_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int) -> float:
-    """GiB of activations one trainer GPU holds for a ``seq_tokens`` sequence, on its busiest pipeline
-    stage: the first keeps every layer's checkpointed input (pp micro-batches in flight under 1F1B, L/pp
-    layers each), the last its own layers' and the logits; each also one layer recomputed whole."""
+def activation_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int, sequences: int = 1) -> float:
+    """GiB of activations one trainer GPU holds for micro-batches of ``sequences`` sequences of
+    ``seq_tokens`` tokens (one by default), on its busiest pipeline stage: the first keeps its layers'
+    checkpointed inputs for pp micro-batches in flight under 1F1B (every layer's where pp divides them;
+    :func:`stage_layers`), the last its own layers' and the logits; each also one layer recomputed whole.
+    A micro-batch of k sequences holds k times one's."""
     if seq_tokens <= 0:
         return 0.0
     tp, pp = trainer.tp, trainer.pp
+    layers = stage_layers(model.layers, pp)
     layer_input = seq_tokens * model.hidden * 2 / tp
     recomputed = RECOMPUTED_LAYER_BYTES_PER_TOKEN_HIDDEN * seq_tokens * model.hidden / tp
     logits = LOGIT_BYTES * seq_tokens * model.vocab / tp
-    first = model.layers * layer_input
-    last = model.layers / pp * layer_input + logits
-    return (max(first, last) + recomputed) / 2**30
+    first = (pp * layers[0]) * layer_input
+    last = layers[-1] * layer_input + logits
+    return sequences * (max(first, last) + recomputed) / 2**30
+
+
+def micro_batch_sequences(trainer: TrainerPlacement, batch_size: int | None = None) -> int:
+    """Sequences a micro-batch holds at plan time: one with ``micro_batches`` unset (the default); else
+    ceil(ceil(batch_size / dp) / micro_batches), dp = gpus / (tp·pp). ``batch_size`` None (not known): one."""
+    if trainer.micro_batches is None or batch_size is None:
+        return 1
+    rank_sequences = math.ceil(batch_size / max(1, trainer.gpus // (trainer.tp * trainer.pp)))
+    return max(1, math.ceil(rank_sequences / trainer.micro_batches))
 
 
 def trainer_memory_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int = 0,
-                       domain: int = DEFAULT_NVLINK_DOMAIN) -> float:
+                       domain: int = DEFAULT_NVLINK_DOMAIN, batch_size: int | None = None) -> float:
     """GiB one trainer GPU needs at least: its shard of the weights and gradients
     (:func:`trainer_weight_shard_params`: dense layers split over tp·pp, a MoE's experts over
     ep·pp), its 1/gpus of the fp32 master weights and Adam moments (sharded over every rank by the
-    distributed optimizer), the activations of a ``seq_tokens`` sequence (:func:`activation_gib`)
-    and a fixed reserve. ``domain``: the GPU type's ``nvlink_domain``, which bounds the default ep."""
+    distributed optimizer), the activations of micro-batches of :func:`micro_batch_sequences`
+    ``seq_tokens`` sequences (:func:`activation_gib`; ``batch_size`` the sequences of a step, which
+    ``micro_batches`` divides over each rank's) and a fixed reserve. ``domain``: the GPU type's
+    ``nvlink_domain``, which bounds the default ep."""
     shard = trainer_weight_shard_params(model, trainer, domain)
     optimizer = ADAM_STATE_BYTES_PER_PARAM * model.params / trainer.gpus
-    return ((TRAIN_WEIGHT_GRAD_BYTES * shard + optimizer) / 2**30 + activation_gib(model, trainer, seq_tokens)
-            + TRAIN_ACTIVATION_RESERVE_GIB)
+    acts = activation_gib(model, trainer, seq_tokens, micro_batch_sequences(trainer, batch_size))
+    return (TRAIN_WEIGHT_GRAD_BYTES * shard + optimizer) / 2**30 + acts + TRAIN_ACTIVATION_RESERVE_GIB
 
 
-def trainer_fits(model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement, seq_tokens: int = 0) -> bool:
+def trainer_fits(model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement, seq_tokens: int = 0,
+                 batch_size: int | None = None) -> bool:
     """Whether each of the trainer's GPUs holds :func:`trainer_memory_gib`."""
-    return trainer_memory_gib(model, trainer, seq_tokens, gpu.nvlink_domain) <= gpu.memory_gb
+    return trainer_memory_gib(model, trainer, seq_tokens, gpu.nvlink_domain, batch_size) <= gpu.usable_memory_gib
 
 
 def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, trainer: TrainerPlacement,
-                            seq_tokens: int = 0) -> list[str]:
-    """A one-line plan error when the trainer's GPUs cannot hold its state, else nothing."""
-    if trainer_fits(model, gpu, trainer, seq_tokens):
+                            seq_tokens: int = 0, batch_size: int | None = None) -> list[str]:
+    """A one-line plan error when the trainer's GPUs cannot hold its state, else nothing. ``batch_size``:
+    the sequences of a step (``algorithm.batch_size``), which set a micro-batch's with ``micro_batches``."""
+    if trainer_fits(model, gpu, trainer, seq_tokens, batch_size):
         return []
-    need = trainer_memory_gib(model, trainer, seq_tokens, gpu.nvlink_domain)
-    act = activation_gib(model, trainer, seq_tokens)
+    need = trainer_memory_gib(model, trainer, seq_tokens, gpu.nvlink_domain, batch_size)
+    per_micro_batch = micro_batch_sequences(trainer, batch_size)
+    act = activation_gib(model, trainer, seq_tokens, per_micro_batch)
     fit = next((g for g in (2 ** k for k in range(20))
                 if trainer_fits(model, gpu, trainer.model_copy(update={"gpus": g * trainer.tp * trainer.pp}),
-                                seq_tokens)), None)
+                                seq_tokens, batch_size)), None)
     hint = (f"at tp {trainer.tp} · pp {trainer.pp} it fits from {fit * trainer.tp * trainer.pp} GPUs; or raise tp/pp"
             if fit is not None else "raise tp or pp")
     if act:  # the first stage keeps every layer's input and the last the logits, whatever pp: tp splits both
         hint += " (the activations shrink with tp, not pp)"
+    if per_micro_batch > 1:
+        hint += "; or leave placement.trainer.micro_batches unset (one sequence a micro-batch)"
     spread = "dense weights over tp·pp"
     if model.moe_experts:
         ep = trainer_ep(model, trainer, gpu.nvlink_domain)
@@ -276,11 +388,13 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
             crossing = ("on NVLink" if effective_domain(wider, trainer.gpus, gpu.nvlink_domain) >= wider
                         else f"across {domain_name(gpu.nvlink_domain)}s")
             hint = f"set placement.trainer.ep={wider} (experts over more GPUs, all-to-all {crossing}); or {hint}"
-    acts = (f"{act:.0f} GiB of activations for a {seq_tokens:,}-token sequence at tp {trainer.tp}" if act
-            else "activations")
+    held = (f"a {seq_tokens:,}-token sequence" if per_micro_batch == 1 else
+            f"micro-batches of {per_micro_batch} {seq_tokens:,}-token sequences (placement.trainer.micro_batches "
+            f"{trainer.micro_batches})")
+    acts = f"{act:.0f} GiB of activations for {held} at tp {trainer.tp}" if act else "activations"
     return [f"placement.trainer.gpus: training {model.name} needs {need:.0f} GiB a GPU on {trainer.gpus} × {gpu_name} "
             f"(bf16 weights + fp32 gradients, {spread}; Adam state over all GPUs; {acts}), more than its "
-            f"{gpu.memory_gb:g} GB; {hint}"]
+            f"{gpu.usable_memory_gib:.4g} GiB; {hint}"]
 
 
 # Colocated placement: bytes that cross PCIe at each switch between training and rollout.

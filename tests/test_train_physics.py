@@ -1,0 +1,231 @@
+"""The trainer's physics (session 49): a pipeline runs at its busiest stage's pace, a micro-batch holds one
+sequence unless the plan says otherwise, and an MFU measured on one GPU type moves to another with the
+share of peak their GEMMs reach."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollart.plan.presets import GPU_PRESETS
+from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
+from rollart.sim.costs.train import (LINEAR_FLOPS_PER_PARAM_TOKEN, TrainCost, activation_gib, micro_batch_sequences,
+                                     stage_layers, trainer_memory_gib)
+
+H800 = GpuType(**GPU_PRESETS["H800"])
+H20 = GpuType(**GPU_PRESETS["H20"])
+QWEN8 = ModelSpec.model_validate("Qwen3-8B")
+
+
+def _trainer(**fields) -> TrainerPlacement:
+    return TrainerPlacement(**{"pool": "p", "gpus": 64, "tp": 2, "mfu": 0.125, **fields})
+
+
+def _compute_s(c: TrainCost, lens: list[int]) -> float:
+    """A step less its optimizer (no links given: no communication, no data-parallel sync)."""
+    return c.step_time(lens) - 2 * 16 * c.model.params / (c.trainer.gpus * c.gpu.hbm_tbps * 1e12)
+
+
+# ---------------------------------------------------------------- 1. pipeline stages
+
+
+def test_one_stage_prices_exactly_as_before() -> None:
+    """pp 1: the whole model is the one stage, so nothing moves. Pinned to the numbers of the model
+    before stages were priced (a dense trainer and a MoE one, with every link term, at micro_batches 16
+    where the default's one sequence a micro-batch would pay more all-reduce latencies)."""
+    lens = [1000 + (i * 7919) % 31000 for i in range(256)]
+    dense = TrainCost(QWEN8, H800, _trainer(micro_batches=16), allreduce=(30e-6, 150e9, "NVLink"),
+                      dp_link=(20e-6, 40e9, "IB"))
+    moe = TrainCost(ModelSpec.model_validate("Qwen3-30B-A3B"), H800,
+                    _trainer(gpus=32, mfu=0.2, micro_batches=16), allreduce=(30e-6, 150e9, "NVLink"),
+                    all_to_all=((30e-6, 150e9, "NVLink"), (20e-6, 40e9, "IB")), dp_link=(20e-6, 40e9, "IB"))
+    assert dense.step_time(lens) == 59.58518963077094
+    assert moe.step_time(lens) == 63.65619697069373
+    assert dense.stages == [(dense._linear_per_token, dense._attention_per_sq)]
+    # and without tensor-parallel latencies the micro-batch count does not matter at pp 1
+    plain = [TrainCost(QWEN8, H800, _trainer(micro_batches=mb)).step_time(lens) for mb in (None, 16)]
+    assert plain[0] == plain[1]
+
+
+def test_the_lm_head_makes_the_last_stage_the_pipelines_pace() -> None:
+    """Qwen3-8B at pp 4: 9 layers a stage, and the last also runs the lm_head, a 151,936 × 4,096 GEMM
+    (10 FLOPs a parameter and token: forward, backward, two log-prob forwards): at 8K tokens 26.6 GFLOP a
+    token against the mean stage's 21.9, 1.21×. The pipeline runs at that stage's pace, so a rank's
+    compute is pp × the last stage's FLOPs over its tp·pp GPUs; the stages add up to the whole model."""
+    c = TrainCost(QWEN8, H800, _trainer(gpus=256, pp=4))
+    s = 8192
+    stages = c.stage_flops(s, s * s)
+    assert stages[0] == stages[1] == stages[2] < stages[3]
+    assert stages[3] - stages[0] == pytest.approx(LINEAR_FLOPS_PER_PARAM_TOKEN * QWEN8.vocab * QWEN8.hidden * s)
+    assert sum(stages) == pytest.approx(c._flops(s))
+    assert stages[3] / s / 1e9 == pytest.approx(26.6, abs=0.05)
+    assert max(stages) / (sum(stages) / 4) == pytest.approx(1.21, rel=0.01)
+    # tied embeddings: the one matrix is still the last stage's lm_head GEMM
+    tied = TrainCost(QWEN8.model_copy(update={"tied_embeddings": True}), H800, _trainer(gpus=256, pp=4))
+    assert tied.stage_flops(s, s * s) == pytest.approx(stages)
+    # the step: 128 sequences on dp 32, 4 a rank (4 micro-batches, bubble 3/7), priced at the last stage
+    lens = [s] * 128
+    flat = TrainCost(QWEN8, H800, _trainer(gpus=64))  # pp 1, dp 32: the same ranks
+    assert _compute_s(c, lens) == pytest.approx(
+        _compute_s(flat, lens) / 4 * (max(stages) / (sum(stages) / 4)) / (1 - 3 / 7))
+
+
+def test_uneven_stages_give_the_first_the_extra_layers_and_the_busiest_sets_the_pace() -> None:
+    """36 layers over 5 stages: 8, 7, 7, 7, 7 (Megatron's default split: the extra layers to the first
+    stages). The pipeline runs at its busiest stage: with Qwen's vocabulary the last (7 layers + lm_head);
+    with a small vocabulary the first, 8 layers against the mean's 7.2. The tensor-parallel all-reduces
+    and the first stage's checkpointed inputs (pp micro-batches in flight) count 8 layers."""
+    assert stage_layers(36, 5) == [8, 7, 7, 7, 7] and stage_layers(36, 4) == [9] * 4 and stage_layers(3, 3) == [1] * 3
+    trainer = _trainer(gpus=40, tp=1, pp=5)
+    lens = [4096] * 64
+    s, n = 4096, 64 // 8  # 8 ranks of 8 sequences each
+    for model, busiest in ((QWEN8, 4), (QWEN8.model_copy(update={"vocab": 1000}), 0)):
+        c = TrainCost(model, H800, trainer)
+        stages = c.stage_flops(n * s, n * s * s)
+        assert max(stages) == stages[busiest]
+        flat = TrainCost(model, H800, _trainer(gpus=8, tp=1))  # pp 1, dp 8
+        assert _compute_s(c, lens) == pytest.approx(
+            _compute_s(flat, lens) / 5 * max(stages) / (sum(stages) / 5) / (1 - 4 / (n + 4)))
+    small = TrainCost(QWEN8.model_copy(update={"vocab": 1000}), H800, trainer)
+    assert max(small.stage_flops(s, s * s)) / (sum(small.stage_flops(s, s * s)) / 5) == pytest.approx(8 / 7.2, rel=1e-3)
+    assert "pp 5 stages of 8, 7, 7, 7, 7 layers" in small.source
+    # all-reduces: 5 passes × 2 a layer × the first stage's 8 layers
+    wide = TrainCost(QWEN8, H800, _trainer(gpus=80, tp=2, pp=5), allreduce=(1e-5, 1e11, "NVLink"))
+    assert wide._allreduce[0] == pytest.approx(5 * 2 * 8 * 1e-5)
+    # activations: the first stage keeps 5 micro-batches × 8 layers of inputs (40 > 36 layers)
+    layer_input = 32768 * QWEN8.hidden * 2 / 1
+    first, last = 40 * layer_input, 7 * layer_input + 6 * 32768 * QWEN8.vocab
+    recomputed = 34 * 32768 * QWEN8.hidden
+    assert activation_gib(QWEN8, trainer, 32768) == pytest.approx((max(first, last) + recomputed) / 2**30)
+
+
+# ---------------------------------------------------------------- 2. micro-batches
+
+
+def test_by_default_a_micro_batch_is_one_sequence() -> None:
+    """ROLL's Megatron configs train agentic sequences one a micro-batch (micro_batch_size 1,
+    gradient accumulation over the rest): unset, a rank of n sequences runs n micro-batches. Set, a
+    micro-batch holds ceil(n / micro_batches) sequences and the rank runs ceil(n / that). Qwen3-32B at
+    tp 8 · pp 4 on 64 H800 with 64 sequences a rank: the default bubble is 3/67 of the step, not the
+    3/19 of 16 micro-batches, and equals micro_batches 64's step; below pp the bubble is (pp−1)/(m+pp−1)."""
+    assert TrainerPlacement(pool="p", gpus=8).micro_batches is None
+    c = TrainCost(QWEN8, H800, _trainer(gpus=256, pp=4))
+    assert [c.micro_batches(n) for n in (1, 4, 64)] == [1, 4, 64] and c.sequences_per_micro_batch(64) == 1
+    set16 = TrainCost(QWEN8, H800, _trainer(gpus=256, pp=4, micro_batches=16))
+    assert (set16.sequences_per_micro_batch(64), set16.micro_batches(64)) == (4, 16)
+    assert (set16.sequences_per_micro_batch(10), set16.micro_batches(10)) == (1, 10)
+    six = TrainCost(QWEN8, H800, _trainer(gpus=256, pp=4, micro_batches=6))
+    assert (six.sequences_per_micro_batch(10), six.micro_batches(10)) == (2, 5)
+    two = TrainCost(QWEN8, H800, _trainer(gpus=256, pp=4, micro_batches=2))  # below pp: allowed, mostly bubble
+    assert two.bubble(two.micro_batches(64)) == pytest.approx(3 / 5)
+
+    from rollart.calibration import train_cost
+
+    m32 = ModelSpec.model_validate("Qwen3-32B")
+    lens = [32768] * 128  # dp 2: 64 sequences a rank
+
+    def step(**fields) -> float:
+        return train_cost(m32, H800, _trainer(tp=8, pp=4, **fields), "H800").step_time(lens)
+
+    default, sixteen, sixty_four = step(), step(micro_batches=16), step(micro_batches=64)
+    assert default == sixty_four
+    assert sixteen > 1.1 * default  # 3/19 against 3/67 of the step idle
+
+
+def test_the_memory_check_counts_every_sequence_of_a_micro_batch() -> None:
+    """The activations a trainer GPU holds grow with the sequences in a micro-batch: the memory check
+    takes ceil(ceil(batch_size / dp) / micro_batches) longest sequences' worth (one by default)."""
+    base = _trainer()  # 64 GPUs, tp 2: dp 32
+    assert micro_batch_sequences(base, 2048) == 1  # unset: one a micro-batch, whatever the batch
+    set16 = _trainer(micro_batches=16)
+    assert micro_batch_sequences(set16, 512) == 1  # 16 a rank in 16 micro-batches
+    assert micro_batch_sequences(set16, 2048) == 4  # 64 a rank
+    assert micro_batch_sequences(set16, 2049) == 5  # 65 a rank: ceil
+    assert micro_batch_sequences(set16) == 1  # batch unknown
+    one = activation_gib(QWEN8, base, 32768)
+    assert activation_gib(QWEN8, base, 32768, 4) == pytest.approx(4 * one)
+    assert trainer_memory_gib(QWEN8, set16, 32768, batch_size=2048) - trainer_memory_gib(QWEN8, base, 32768,
+                                                                                          batch_size=2048) \
+        == pytest.approx(3 * one)
+    assert trainer_memory_gib(QWEN8, base, 32768, batch_size=2048) == trainer_memory_gib(QWEN8, base, 32768)
+
+
+def test_a_micro_batch_of_many_long_sequences_is_refused_naming_the_fix(tmp_path) -> None:
+    """The paper's Qwen3-8B trainer (64 H800, tp 2, batch 512: 16 sequences a rank) at one micro-batch
+    holds 16 × 32K sequences' activations, which no H800 does: refused before it runs, saying why."""
+    from tests.test_cli import assert_clean_usage_error, rollart
+
+    proc = rollart("simulate", "paper/qwen3-8b-128gpu", "--steps", "1", "--set", "placement.trainer.micro_batches=1",
+                   cwd=tmp_path)
+    assert_clean_usage_error(proc, "placement.trainer.gpus", "micro-batches of 16 32,768-token sequences",
+                             "leave placement.trainer.micro_batches unset")
+
+
+# ---------------------------------------------------------------- 3. MFU across GPU types
+
+
+def _e_max(gpu: str) -> float:
+    from rollart.calibration.gemm_share import gemm_e_max
+
+    return gemm_e_max(gpu, GpuType(**GPU_PRESETS[gpu]))[0]
+
+
+def test_an_mfu_measured_on_h800_moves_to_h20_by_their_gemm_shares_of_peak() -> None:
+    """The calibrated BF16 GEMM fits reach 0.951 of H20's peak and 0.772 of H800's: an H20 keeps its
+    tensor cores busier (few FLOP/s per byte of HBM), so an MFU fitted on H800 is × 1.231 on H20. A100's
+    0.725 moves it down. Unset, mfu is the trainer GPU's own, as before; on the GPU it was measured on,
+    nothing moves."""
+    from rollart.calibration import train_cost
+
+    assert (_e_max("H20"), _e_max("H800"), _e_max("H100"), _e_max("A100")) == pytest.approx(
+        (0.950623, 0.772048, 0.772048, 0.724764))
+    lens = [8192] * 128
+    moved = train_cost(QWEN8, H20, _trainer(mfu_measured_on="H800"), "H20")
+    own = train_cost(QWEN8, H20, _trainer(), "H20")
+    ratio = 0.950623 / 0.772048
+    assert moved.mfu == pytest.approx(0.125 * ratio) and own.mfu == 0.125
+    assert "MFU 0.125 measured on H800 × 1.231 (H20 ÷ H800 GEMM e_max" in moved.source
+    assert "MFU 0.125 (placement.trainer.mfu)" in own.source
+    # the compute shrinks by the ratio; the links and the optimizer (HBM-bound) do not
+    compute = _compute_s(TrainCost(QWEN8, H20, _trainer()), lens)
+    assert _compute_s(TrainCost(QWEN8, H20, _trainer(mfu_measured_on="H800")), lens) == pytest.approx(compute / ratio)
+    assert moved.step_time(lens) == pytest.approx(own.step_time(lens) - compute * (1 - 1 / ratio))
+    # on the GPU it was measured on: today's numbers
+    h800 = train_cost(QWEN8, H800, _trainer(mfu_measured_on="H800"), "H800")
+    assert h800.step_time(lens) == train_cost(QWEN8, H800, _trainer(), "H800").step_time(lens)
+    a100 = TrainCost(QWEN8, GpuType(**GPU_PRESETS["A100"]), _trainer(mfu_measured_on="H800"))
+    assert a100.mfu == pytest.approx(0.125 * 0.724764 / 0.772048)
+    # never above 1: a large MFU carried to a GPU whose GEMMs reach more of their peak is capped
+    capped = TrainCost(QWEN8, H20, _trainer(mfu=0.9, mfu_measured_on="A100"))
+    assert capped.mfu == 1.0 and "capped at 1" in capped.source
+
+
+def test_the_paper_trainers_say_their_mfu_was_fitted_on_h800_and_run_on_h800() -> None:
+    from rollart.plan import load_plan
+    from rollart.scenarios_catalog import resolve
+
+    for name in ("paper/qwen3-8b-128gpu", "paper/experiments/swe-step-breakdown",
+                 "paper/experiments/pd-disaggregation-swe", "paper/experiments/h800-vs-h20"):
+        plan = load_plan(resolve(name))
+        t = plan.placement.trainer
+        assert (t.mfu, t.mfu_measured_on) == (0.125, "H800"), name
+        assert plan.cluster.gpu_pools[t.pool].gpu == "H800", name
+
+
+def test_mfu_measured_on_takes_a_custom_gpu_type() -> None:
+    """A cluster.custom_gpus type: its own profile's e_max (a type with H20's timings is an H20)."""
+    from tests.conftest import small_plan
+
+    plan = small_plan(["cluster.custom_gpus={H20-141G: {tflops_bf16: 148, hbm_tbps: 4.0, memory_gb: 141, "
+                       "nvlink_gbps: 900, tflops_fp8: 296}}", "placement.trainer.mfu_measured_on=H20-141G"])
+    t = plan.placement.trainer
+    assert t.measured_on_gpu() == plan.cluster.custom_gpus["H20-141G"]
+    c = TrainCost(QWEN8, H800, t)
+    assert c.mfu == pytest.approx(t.mfu * 0.772048 / 0.950623)
+
+
+def test_an_unknown_mfu_measured_on_is_a_one_line_usage_error(tmp_path) -> None:
+    from tests.test_cli import assert_clean_usage_error, rollart
+
+    proc = rollart("simulate", "paper/qwen3-8b-128gpu", "--steps", "1",
+                   "--set", "placement.trainer.mfu_measured_on=XYZ", cwd=tmp_path)
+    assert_clean_usage_error(proc, "placement.trainer.mfu_measured_on", "'XYZ'")
