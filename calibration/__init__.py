@@ -16,6 +16,8 @@ The returned model's ``source`` says which, and every report prints it."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -190,8 +192,13 @@ def tp_allreduce(gpu_name: str | None, gpu: "GpuType", tp: int, network: "Link |
                 f"{where}, {tp}-GPU rings over {gpus} GPUs straddling {domain_name(domain)}s (as few as {piece} "
                 "on one side, each through its own port)")
     if tp * stride > domain and (stride > 1 or tp > domain):
-        # the generation engines' rule (moe.ring_link): NVLink inside a domain, each member's own port across
-        ports = max(1, min(tp, domain // stride))
+        # the generation engines' rule (moe.ring_link): NVLink inside a domain, each member's own port across;
+        # the domain holding the fewest of the ring's members sets how many ports carry it
+        if stride == 1:
+            ports = min(tp, effective_domain(tp, gpus or tp, domain))
+        else:
+            held = Counter(k * stride // domain for k in range(tp))
+            ports = min(held.values())
         node_latency, node_rate, _ = tp_allreduce(gpu_name, gpu, min(domain, max(2, ports)))
         net_latency, net_rate, where = cluster_network(network)
         rate, latency = ring_link(tp * stride, (node_rate, node_latency), (net_rate, net_latency), domain, ports)
@@ -245,13 +252,16 @@ def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement", 
 
     if not trainer.profile:
         stage = trainer.gpus // trainer.pp  # a data-parallel ring's span: the stage's GPUs
-        dp = stage // trainer.tp  # its members, one of each tp group, tp GPUs apart
+        ep = trainer_ep(model, trainer, gpu.nvlink_domain)
+
+        def ring(stride: int) -> "tuple[float, float, str] | None":  # one member of each group of stride
+            return tp_allreduce(gpu_name, gpu, stage // stride, network, trainer.gpus, stride=stride) \
+                if stage > stride else None
+
         return TrainCost(model, gpu, trainer,
                          tp_allreduce(gpu_name, gpu, trainer.tp, network, trainer.gpus) if trainer.tp > 1 else None,
-                         ep_all_to_all(gpu_name, gpu, network) if trainer_ep(model, trainer, gpu.nvlink_domain) > 1
-                         else None,
-                         tp_allreduce(gpu_name, gpu, dp, network, trainer.gpus, stride=trainer.tp) if stage > 1
-                         else None)
+                         ep_all_to_all(gpu_name, gpu, network) if ep > 1 else None,
+                         ring(trainer.tp), gpu_name, ring(ep) if model.moe_experts else None)
     loaded = _load(str(Path(trainer.profile).resolve()))
     if not isinstance(loaded, TrainProfile):
         raise ValueError(f"placement.trainer.profile: {trainer.profile} is a {loaded.kind} profile, not a train "

@@ -35,8 +35,8 @@ def run_sim(plan: Plan, mode: str | None = None, seed: int | None = None, watch_
         ctl = backend.ctl
         launch = ctl.new_trajectory
 
-        def watched(group):
-            traj = launch(group)
+        def watched(group, held=None):
+            traj = launch(group, held)
             high[0] = max(high[0], sum(1 for t in ctl.trajectories if t.state is TrajState.RUNNING))
             return traj
 

@@ -62,12 +62,14 @@ def test_prompts_that_mostly_overfill_the_window_are_refused_naming_the_field() 
 
 
 @pytest.mark.parametrize("gpu, visible_mib", [("H800", 81_089), ("H100", 81_089), ("H20", 97_285),
-                                              ("H200", 143_156), ("A100", 81_920)])
+                                              ("H200", 143_156), ("A100", 80 * 40_536 / 40)])
 def test_the_kv_cache_is_sized_on_the_memory_the_driver_reports(gpu: str, visible_mib: int) -> None:
     """vLLM's gpu_memory_utilization multiplies the total CUDA reports (torch's total_memory), ~1 % under
-    a Hopper's 80/96/141 GiB; so 0.9 of an H800 holds 0.9 × 0.81 GiB less KV than 0.9 of 80 GiB would."""
+    a Hopper's 80/96/141 GiB; so 0.9 of an H800 holds 0.9 × 0.81 GiB less KV than 0.9 of 80 GiB would.
+    The expected totals are the public printouts themselves (A100: its 40 GB part's share on 80 GiB)."""
     sheet = GpuType(**GPU_PRESETS[gpu])
     assert sheet.usable_memory_gib == pytest.approx(visible_mib / 1024, abs=1e-3)
+    assert 0.985 < sheet.usable_memory_gib / sheet.memory_gb < 0.995  # the driver's ~1 %, on every preset
     assert sheet.usable_memory_gib <= sheet.memory_gb
     m, eff = ModelSpec.model_validate("Qwen3-8B"), RooflineEfficiency()
     nominal = sheet.model_copy(update={"memory_visible_gib": None})

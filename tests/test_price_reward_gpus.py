@@ -127,3 +127,17 @@ def test_the_planner_offers_no_idle_judges_and_reads_the_scenarios_reward_as_its
     space = Space.from_plan(plus, Budget(gpus=24), step=4, tps=[1, 2], alphas=[0], redundancies=[0.0])
     assert space.rewards == [SERVERLESS]
     assert all(c.reward == SERVERLESS for c in space.enumerate())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_judges_no_task_calls_are_not_placed_whatever_the_mode(mode):
+    """Every task scored by rules: the judge engines are never built, so a run neither places nor bills
+    them, and says why."""
+    rules = ["placement.reward={where: dedicated, pool: h800, gpus: 4}", "cluster.gpu_pools.h800.count=12",
+             *(f"tasks.{t}.reward=rule" for t in ("FrozenLake", "GEM-Math", "CodeExec"))]
+    plan = small_plan(rules)
+    cfg = mode_config(plan, mode)
+    assert not dedicated_reward_used(plan, cfg) and dedicated_reward_used(plan)  # a plan-only check counts them
+    assert gpus_placed(plan, cfg)["h800"] == plan.placement.gpus_by_pool()["h800"] - 4
+    note, = (n for n in unused_settings(plan, cfg) if n.startswith("placement.reward.gpus"))
+    assert "no task is judged by the LLM" in note

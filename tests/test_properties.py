@@ -131,8 +131,8 @@ def test_env_managers_of_an_env_group_work_on_their_own() -> None:
     ctl, sched = backend.ctl, backend.ctl.scheduler
     launch, most = ctl.new_trajectory, [0]
 
-    def watched(group):
-        traj = launch(group)
+    def watched(group, held=None):
+        traj = launch(group, held)
         most[0] = max(most[0], sched.slot_rolling[group.slot])
         return traj
 

@@ -39,7 +39,8 @@ def test_one_stage_prices_exactly_as_before() -> None:
                     _trainer(gpus=32, mfu=0.2, micro_batches=16), allreduce=(30e-6, 150e9, "NVLink"),
                     all_to_all=((30e-6, 150e9, "NVLink"), (20e-6, 40e9, "IB")), dp_link=(20e-6, 40e9, "IB"))
     assert dense.step_time(lens) == 59.58518963077094
-    assert moe.step_time(lens) == 63.65619697069373
+    # the experts' gradients sync on a ring of their own since, paying its latency (2α) once more
+    assert moe.step_time(lens) == pytest.approx(63.65619697069373 + 2 * 20e-6, rel=1e-14)
     assert dense.stages == [(dense._linear_per_token, dense._attention_per_sq)]
     # and without tensor-parallel latencies the micro-batch count does not matter at pp 1
     plain = [TrainCost(QWEN8, H800, _trainer(micro_batches=mb)).step_time(lens) for mb in (None, 16)]
@@ -229,3 +230,53 @@ def test_an_unknown_mfu_measured_on_is_a_one_line_usage_error(tmp_path) -> None:
     proc = rollart("simulate", "paper/qwen3-8b-128gpu", "--steps", "1",
                    "--set", "placement.trainer.mfu_measured_on=XYZ", cwd=tmp_path)
     assert_clean_usage_error(proc, "placement.trainer.mfu_measured_on", "'XYZ'")
+
+
+# ---------------------------------------------------------------- review follow-ups
+
+
+@pytest.mark.parametrize("spec", ["Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3",
+                                  dict(name="dense-mla", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128,
+                                       intermediate=11008, vocab=102400, kv_lora_rank=512, qk_rope_head_dim=64)])
+@pytest.mark.parametrize("pp", [2, 4, 5])
+def test_the_stages_add_up_to_the_whole_model(spec, pp: int) -> None:
+    """Splitting a model into stages moves no FLOP: the stages' linear FLOPs a token sum to the pp-1
+    model's (a dense MLA model once lost its MLP here), and their attention terms too."""
+    m = ModelSpec.model_validate(spec)
+    one = TrainCost(m, H800, _trainer(gpus=8 * pp, tp=1, pp=1))
+    split = TrainCost(m, H800, _trainer(gpus=8 * pp, tp=1, pp=pp))
+    assert sum(s[0] for s in split.stages) == pytest.approx(one.stages[0][0], rel=1e-12)
+    assert sum(s[1] for s in split.stages) == pytest.approx(one.stages[0][1], rel=1e-12)
+
+
+def test_the_experts_sync_on_their_own_ring() -> None:
+    """A MoE's expert gradients sync over the expert-data-parallel group: one GPU of each ep group, ep GPUs
+    apart. At ep 8 on HGX nodes that ring has one member a node, so it crosses through one port (36 GB/s),
+    not the eight the dense ring of a tp-1 trainer uses."""
+    from rollart.calibration import train_cost, tp_allreduce
+    from rollart.sim.costs.moe import expert_params
+    from rollart.sim.costs.train import DP_GRAD_BYTES, DP_PARAM_BYTES
+
+    m = ModelSpec.model_validate("Qwen3-30B-A3B")
+    c = train_cost(m, H800, _trainer(gpus=64, tp=1, ep=8, mfu=0.35), "H800")
+    dense = tp_allreduce("H800", H800, 64, None, 64, stride=1)
+    experts = tp_allreduce("H800", H800, 8, None, 64, stride=8)
+    assert "8 ports" in dense[2] and "1 port" in experts[2]
+    e = expert_params(m)
+    want = (2 * dense[0] + (DP_GRAD_BYTES + DP_PARAM_BYTES) * (m.params - e) * 63 / 64 / dense[1]
+            + 2 * experts[0] + (DP_GRAD_BYTES + DP_PARAM_BYTES) * e / 8 * 7 / 8 / experts[1])
+    assert c.dp_sync_s == pytest.approx(want, rel=1e-12)
+    assert "experts' dp 8 gradient sync" in c.source
+
+
+def test_the_mfu_transfer_reads_the_pools_gpu_type_by_name() -> None:
+    """A custom type under a preset's name with other numbers is priced on its own datasheet, for the
+    engines and for the MFU's transfer alike: train_cost hands the pool's type name to the trainer."""
+    from rollart.calibration import train_cost
+    from rollart.sim.costs.train import effective_mfu
+
+    custom = GpuType(tflops_bf16=500, hbm_tbps=3, memory_gb=96, nvlink_gbps=900, tflops_fp8=1000)
+    t = _trainer(mfu_measured_on="H800")
+    t.measured_on_gpu()  # resolved as the plan's checks resolve it
+    assert train_cost(QWEN8, custom, t, "H20").mfu == pytest.approx(effective_mfu(t, custom, "H20")[0])
+    assert "H800 ÷ H800" not in train_cost(QWEN8, H800, t, "H800").source

@@ -67,10 +67,25 @@ def test_a_batch_admitted_late_for_the_weights_counts_its_lost_head_start_as_wei
     base = ["algorithm.steps=6", "weight_sync.transport=bucketed_store"]
     slow = run_sim(small_plan([*base, "weight_sync.bucket_mb=16"]), "rollart")
     fast = run_sim(small_plan([*base, "weight_sync.bucket_mb=512"]), "rollart")
-    held = max(t.held_for_weights_s for t in slow.backend.ctl.trajectories)
+    held = max(b - a for t in slow.backend.ctl.trajectories if t.held_for_weights for a, b in [t.held_for_weights])
     slow_r, fast_r = slow.to_result(), fast.to_result()
     sync = [s.breakdown_s["weight_sync"] for s in slow_r.steps[2:]]
     assert max(sync) > 15 and sum(sync) > 3 * sum(s.breakdown_s["weight_sync"] for s in fast_r.steps[2:])
     assert max(sync) <= held + 1.0  # what it was held, plus the swap each update exposes (under a second)
     for s in slow_r.steps:  # still a partition of the step
         assert abs(sum(s.breakdown_s.values()) - s.time_s) < 1e-6 and min(s.breakdown_s.values()) >= -1e-9
+
+
+def test_a_held_span_inside_the_window_is_counted_once() -> None:
+    """The critical path's gaps inside the step's window that fall in an awaited span are already weight
+    sync (awaited_on_path); only the part of its admission's wait before the window moves time from its
+    path: a span [0, 20] inside a window [0, 100] adds nothing more, one of [-30, 20] adds 30 s."""
+    from rollart.core.controller import _move_to_weight_sync
+
+    segments = [(20.0, 100.0, "generation")]
+    inside = {"generation": 80.0, "weight_sync": awaited_on_path(segments, 0.0, 100.0, [[0.0, 20.0]], 100.0)}
+    assert inside == {"generation": 80.0, "weight_sync": 20.0}
+    held_from, held_to, wait_start = -30.0, 20.0, 0.0
+    before = max(0.0, min(held_to, wait_start) - held_from)
+    _move_to_weight_sync(inside, segments, wait_start, 100.0, before)
+    assert inside == {"generation": 50.0, "weight_sync": 50.0}

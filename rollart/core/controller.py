@@ -144,6 +144,7 @@ class Controller:
         """The workers were updated: an admission that awaited them may go on."""
         if self.weights_awaited and self.weights_awaited[-1][1] is None:
             self.weights_awaited[-1][1] = self.now()
+        self.scheduler.weights_arrived(self.now())
 
     def resume_from(self, version: int) -> None:
         """Continue a run whose trainer checkpoint holds ``version``: training resumes at step
@@ -176,13 +177,12 @@ class Controller:
         self.buffer.add_group(group)
         return group
 
-    def new_trajectory(self, group: Group) -> Trajectory:
+    def new_trajectory(self, group: Group, held: tuple[float, float] | None = None) -> Trajectory:
+        """A new rollout of ``group``; ``held``: the (from, to) its admission waited for newer weights
+        (the head start it lost, :func:`_move_to_weight_sync`)."""
         task = self.plan.task(group.task)
         traj = Trajectory(id=self._n_trajectories, group=group, task=task.name, tag=task.affinity_tag,
-                          start_version=self.proxy.version, started_at=self.now())
-        if self.weights_awaited and self.weights_awaited[-1][1] == traj.started_at:  # released by new weights
-            held_from, held_to = self.weights_awaited[-1]
-            traj.held_for_weights_s = held_to - held_from  # type: ignore[operator]
+                          start_version=self.proxy.version, started_at=self.now(), held_for_weights=held)
         self._n_trajectories += 1
         self.rolling += 1
         if group.slot is not None:
@@ -252,8 +252,12 @@ class Controller:
             breakdown["idle"] -= awaited
             breakdown["weight_sync"] += awaited
             self.weights_awaited = [w for w in self.weights_awaited if w[1] is None or w[1] > wait_end]
-        if critical.held_for_weights_s:  # started late for the weights: its first seconds in the window are theirs
-            _move_to_weight_sync(breakdown, critical.segments, wait_start, wait_end, critical.held_for_weights_s)
+        if critical.held_for_weights is not None:  # started late for the weights, held before this window
+            held_from, held_to = critical.held_for_weights
+            # its gaps inside the window are awaited_on_path's above; what it lost before it is not yet counted
+            before = max(0.0, min(held_to, wait_start) - held_from)
+            if before > 0:
+                _move_to_weight_sync(breakdown, critical.segments, wait_start, wait_end, before)
         breakdown["weight_sync"] += sync_s
         breakdown["train"] += train_s
         breakdown["idle"] += max(0.0, (end - start) - sum(breakdown.values()))

@@ -112,8 +112,11 @@ def unused_settings(plan: Plan, mode: ModeConfig) -> list[str]:
         notes.append(f"algorithm.alpha={plan.algorithm.alpha}: mode {mode.name} runs with α = {mode.alpha} "
                      f"({'lockstep' if mode.alpha == 0 else 'one batch ahead'})")
     r = plan.placement.reward
-    if r.gpus > 0 and mode.serverless_reward:
-        # the run neither places nor bills them (sim/costs/price.py: dedicated_reward_used)
+    # the run neither places nor bills them (sim/costs/price.py: dedicated_reward_used)
+    if r.gpus > 0 and not any(t.reward == "llm_judge" for t in plan.tasks):
+        notes.append(f"placement.reward.gpus={r.gpus}: no task is judged by the LLM (every tasks.*.reward is "
+                     f"rule); the {r.gpus} {r.pool} GPUs are not placed or billed")
+    elif r.gpus > 0 and mode.serverless_reward:
         who = f"mode {mode.name}" if r.where == "dedicated" else "placement.reward.where=serverless"
         notes.append(f"placement.reward.gpus={r.gpus}: {who} sends LLM-judge calls to the serverless platform; "
                      f"the {r.gpus} {r.pool} GPUs are not placed or billed")

@@ -48,6 +48,8 @@ class RolloutScheduler:
         self.env_managers = env_managers_of(env_managers, groups_per_batch, group_size, mode.redundancy)
         self.batch_index = 0
         self.groups_launched = 0
+        self._held_since: dict[int, float] = {}  # admission key → when it began waiting for newer weights
+        self._held: dict[int, tuple[float, float]] = {}  # admission key → its last such wait, (from, to)
         self._wrr = [0.0] * len(tasks)
         self._batch_groups: dict[int, list[Group]] = {}
         self.env_groups = 0  # continuous modes with mode.env_groups: how many
@@ -122,7 +124,7 @@ class RolloutScheduler:
         # Until the workers serve a version the trainer's window still holds, a new group would be
         # stale on admission (ROLL creates a step's episodes once its weights are in).
         if ctl.proxy.version < ctl.version - alpha:
-            ctl.admission_awaits_weights()
+            self._hold(ctl, slot)
             return started
         limit, ahead = (ctl.proxy.version + 1 + alpha) * self.per_batch, (1 + alpha) * self.per_batch
         while free > 0:
@@ -131,14 +133,29 @@ class RolloutScheduler:
                 break
             if buffer.slot_consumed.get(slot, 0) + pending >= limit:
                 if ctl.proxy.version < ctl.version:  # newer weights would open the window
-                    ctl.admission_awaits_weights()
+                    self._hold(ctl, slot)
                 break
             group = ctl.new_group(self.slot_task(slot), self.batch_index, slot=slot)
             self.groups_launched += 1
+            held = self._held.pop(slot, None)
             for _ in range(min(members, free)):
-                started.append(ctl.new_trajectory(group))
+                started.append(ctl.new_trajectory(group, held))
                 free -= 1
         return started
+
+    def _hold(self, ctl: "Controller", key: int) -> None:
+        """Admission for ``key`` (an env group's slot; -1: the whole scheduler) waits for newer weights: the
+        controller marks the span, and the next group ``key`` starts learns when the wait began and ended."""
+        ctl.admission_awaits_weights()
+        self._held_since.setdefault(key, ctl.now())
+
+    def weights_arrived(self, now: float) -> None:
+        """The workers serve newer weights: every admission waiting for them may go on; each keeps the
+        (from, to) of its wait for the next group it starts."""
+        for key, since in self._held_since.items():
+            if since < now:
+                self._held[key] = (since, now)
+        self._held_since.clear()
 
     def next_task(self) -> TaskSpec:
         total = sum(t.share for t in self.tasks)
@@ -196,9 +213,10 @@ class RolloutScheduler:
                 if self.mode.batch_level_launch:  # only batch-level modes look back at a batch's groups
                     self._batch_groups.setdefault(self.batch_index, []).append(group)
                 self.groups_launched += 1
+                held = self._held.pop(-1, None)
                 for _ in range(self.members_per_group):
-                    traj = ctl.new_trajectory(group)
+                    traj = ctl.new_trajectory(group, held)
                     yield Spawn(ctl.trajectory_process(traj), key=traj.id)
             if not envs_busy and not self.mode.batch_level_launch and ctl.proxy.version < ctl.version:
-                ctl.admission_awaits_weights()  # the window is shut until the workers serve newer weights
+                self._hold(ctl, -1)  # the window is shut until the workers serve newer weights
             yield Wait(ctl.env_freed if envs_busy else buffer.changed)

@@ -47,9 +47,9 @@ class Trajectory:
     # Sync's reward-after-batch gate: when this trajectory reached it (its rollout done) and when
     # the gate let it through, so the breakdown can follow the member the gate waited for.
     reward_gate: tuple[float, float] | None = None
-    # seconds its admission was held back until the workers served newer weights (α): it would have
-    # started that much earlier, so the step it finishes last counts that much of its path as weight sync
-    held_for_weights_s: float = 0.0
+    # (from, to): its admission was held back until the workers served newer weights (α); it would have
+    # started at ``from``, so the step it finishes last counts that lost head start as weight sync
+    held_for_weights: tuple[float, float] | None = None
 
     def record(self, start: float, end: float, category: str) -> None:
         if end > start:

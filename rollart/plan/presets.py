@@ -15,8 +15,9 @@ GPU_PRESETS: dict[str, dict[str, float]] = {
     # memory_visible_gib: the total torch.cuda.get_device_properties(0) reports (what vLLM's
     # gpu_memory_utilization multiplies), from public printouts: H100 80GB HBM3 81,082-81,090 MiB
     # (81,089 taken; the H800 has the same memory system and no public printout: the H100's taken),
-    # H20 97,285 MiB, H200 143,156 MiB, A100-SXM4-80GB 81,920 MiB. Hopper's driver keeps ~1 % of the
-    # 80/96/141 GiB (nvidia-smi: 81,559 / 97,871 / 143,771 MiB total, less again once CUDA starts).
+    # H20 97,285 MiB, H200 143,156 MiB; A100: no 80 GB printout found, so the A100-SXM4-40GB's share
+    # (40,536 of 40,960 MiB) on 80 GiB. The driver keeps ~1 % of the 40/80/96/141 GiB (nvidia-smi:
+    # 81,559 / 97,871 / 143,771 MiB total on Hopper, less again once CUDA starts).
     "H800": {"tflops_bf16": 989.0, "hbm_tbps": 3.35, "memory_gb": 80.0, "memory_visible_gib": 79.188,
              "nvlink_gbps": 400.0, "tflops_fp8": 1978.0, "nvlink_domain": 8},
     "H20": {"tflops_bf16": 148.0, "hbm_tbps": 4.0, "memory_gb": 96.0, "memory_visible_gib": 95.005,
@@ -25,7 +26,7 @@ GPU_PRESETS: dict[str, dict[str, float]] = {
              "nvlink_gbps": 900.0, "tflops_fp8": 1978.0, "nvlink_domain": 8},
     "H200": {"tflops_bf16": 989.0, "hbm_tbps": 4.8, "memory_gb": 141.0, "memory_visible_gib": 139.801,
              "nvlink_gbps": 900.0, "tflops_fp8": 1978.0, "nvlink_domain": 8},
-    "A100": {"tflops_bf16": 312.0, "hbm_tbps": 2.039, "memory_gb": 80.0, "memory_visible_gib": 80.0,
+    "A100": {"tflops_bf16": 312.0, "hbm_tbps": 2.039, "memory_gb": 80.0, "memory_visible_gib": 79.172,
              "nvlink_gbps": 600.0, "nvlink_domain": 8},
 }
 

@@ -332,14 +332,20 @@ class ModelSpec(_Strict):
         kv_b = self.kv_lora_rank * self.heads * (self.head_dim + self.value_head_dim)
         return q + kv_a + kv_b + self.heads * self.value_head_dim * self.hidden
 
-    def _layer_sum(self, experts: int) -> int:
-        """All the layers' weights (embeddings apart) with ``experts`` routed experts a MoE layer counts."""
+    def layer_params(self, experts: int) -> list[int]:
+        """Each layer's weights (embeddings apart), first to last, with ``experts`` routed experts a MoE
+        layer counts (all of them: what it holds; ``moe_active_experts``: what a token runs): attention,
+        and a MoE MLP (plus the shared expert) or, in a dense model's every layer and a MoE's first
+        ``dense_layers``, the dense MLP."""
         attn = self.attention_params_per_layer
         moe = 3 * self.hidden * (self.intermediate * experts + self.shared_expert_intermediate)
         dense = 3 * self.hidden * self.dense_mlp_width
-        # a dense model's every layer has the dense MLP (a dense MLA model: attention aside, a plain one)
-        dense_count = self.dense_layers if self.moe_experts else self.layers
-        return self.layers * attn + self.moe_layers * moe + dense_count * dense
+        first_moe = self.dense_layers if self.moe_experts else self.layers
+        return [attn + (dense if i < first_moe else moe) for i in range(self.layers)]
+
+    def _layer_sum(self, experts: int) -> int:
+        """All the layers' weights (embeddings apart) with ``experts`` routed experts a MoE layer counts."""
+        return sum(self.layer_params(experts))
 
     @property
     def params_per_layer(self) -> float:

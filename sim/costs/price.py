@@ -32,12 +32,12 @@ if TYPE_CHECKING:
 
 def dedicated_reward_used(plan: Plan, mode: "ModeConfig | None" = None) -> bool:
     """Whether a run places ``placement.reward.gpus``: the plan sets some and ``mode`` sends the LLM
-    judge to them (its ``serverless_reward`` off). ``mode`` None: no run known (validation, a
-    budget check before simulating), so they count whenever the plan sets them."""
+    judge to them (its ``serverless_reward`` off) and some task is judged by it. ``mode`` None: no run
+    known (validation, a budget check before simulating), so they count whenever the plan sets them."""
     r = plan.placement.reward
     if not r.gpus or r.pool is None:
         return False
-    return mode is None or not mode.serverless_reward
+    return mode is None or (not mode.serverless_reward and any(t.reward == "llm_judge" for t in plan.tasks))
 
 
 def gpus_placed(plan: Plan, mode: "ModeConfig | None" = None) -> dict[str, int]:

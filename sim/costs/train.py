@@ -40,14 +40,9 @@ def layer_linear_params(model: ModelSpec) -> list[float]:
     """Each layer's parameters one token's matmuls run (embeddings apart), first to last: its attention
     and its MLP (a MoE layer's ``moe_active_experts`` routed experts and shared expert; the first
     ``dense_layers`` a dense MLP), the split behind ``ModelSpec.active_params``."""
-    m = model
-    if not (m.mla or m.dense_layers or m.shared_expert_intermediate):  # every layer alike
-        return [m.active_params_per_layer] * m.layers
-    attn = m.attention_params_per_layer
-    moe = 3 * m.hidden * (m.intermediate * max(1, m.moe_active_experts) + m.shared_expert_intermediate)
-    dense = 3 * m.hidden * m.dense_mlp_width
-    return [attn + (dense if i < m.dense_layers else moe if i < m.dense_layers + m.moe_layers else 0)
-            for i in range(m.layers)]
+    if not (model.mla or model.dense_layers or model.shared_expert_intermediate):  # every layer alike
+        return [model.active_params_per_layer] * model.layers
+    return [float(p) for p in model.layer_params(max(1, model.moe_active_experts))]
 
 
 def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None = None) -> tuple[float, str]:
@@ -116,10 +111,11 @@ class TrainCost:
       (:func:`~rollart.sim.costs.moe.effective_domain`), and the step waits for that group.
 
     Once a step, dp > 1: the data-parallel gradient reduce-scatter (fp32) and weight all-gather (bf16)
-    of the GPU's shard, given ``dp_link`` = (α s, bus bytes/s, where) of a ring over the stage's
-    gpus / pp GPUs (NVLink within a domain, the network across): 2α + (4 + 2) B · Σ shard · (d − 1)/d / β,
-    dense weights over tp·pp with d = gpus / (tp·pp), a MoE's experts over ep·pp with
-    d = gpus / (ep·pp) (:data:`DP_GRAD_BYTES`).
+    of the GPU's shard, each group on its own ring: 2α + (4 + 2) B · shard · (d − 1)/d / β, the dense
+    weights over tp·pp with d = gpus / (tp·pp) on ``dp_link`` = (α s, bus bytes/s, where) of a ring of
+    d members tp GPUs apart, a MoE's experts over ep·pp with d = gpus / (ep·pp) on ``expert_dp_link``,
+    a ring of members ep GPUs apart (default ``dp_link``); NVLink within a domain, the network across
+    through each member's own port (:data:`DP_GRAD_BYTES`).
 
     MFU is the compute's alone: an MFU fitted to a measured step at some tp keeps that step's time
     only with the comm terms beside it."""
@@ -127,7 +123,8 @@ class TrainCost:
     def __init__(self, model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement,
                  allreduce: tuple[float, float, str] | None = None,
                  all_to_all: tuple[tuple[float, float, str], tuple[float, float, str]] | None = None,
-                 dp_link: tuple[float, float, str] | None = None, gpu_name: str | None = None):
+                 dp_link: tuple[float, float, str] | None = None, gpu_name: str | None = None,
+                 expert_dp_link: tuple[float, float, str] | None = None):
         # gpu_name: the trainer pool's GPU type name (None: known by its timing numbers), for the MFU's transfer
         self.model, self.gpu, self.trainer = model, gpu, trainer
         m = model
@@ -177,12 +174,18 @@ class TrainCost:
         self.dp_sync_s = 0.0  # the data-parallel gradient reduce-scatter and weight all-gather, once a step
         experts = expert_params(m)
         d_dense, d_expert = self.dp, max(1, trainer.gpus // (self.ep * trainer.pp))  # replicas of each shard
-        if dp_link is not None and (d_dense > 1 or (experts and d_expert > 1)):
+        expert_dp_link = expert_dp_link or dp_link
+        per_byte = DP_GRAD_BYTES + DP_PARAM_BYTES
+        if dp_link is not None and d_dense > 1:
             alpha, beta, where = dp_link
-            moved = ((m.params - experts) / (tp * trainer.pp) * (d_dense - 1) / d_dense
-                     + experts / (self.ep * trainer.pp) * (d_expert - 1) / d_expert)
-            self.dp_sync_s = 2 * alpha + (DP_GRAD_BYTES + DP_PARAM_BYTES) * moved / beta
-            self.source += f"; dp {max(d_dense, d_expert if experts else 1)} gradient sync on {where}"
+            moved = (m.params - experts) / (tp * trainer.pp) * (d_dense - 1) / d_dense
+            self.dp_sync_s += 2 * alpha + per_byte * moved / beta
+            self.source += f"; dp {d_dense} gradient sync on {where}"
+        if expert_dp_link is not None and experts and d_expert > 1:  # its own group, after the dense one
+            alpha, beta, where = expert_dp_link
+            moved = experts / (self.ep * trainer.pp) * (d_expert - 1) / d_expert
+            self.dp_sync_s += 2 * alpha + per_byte * moved / beta
+            self.source += f"; experts' dp {d_expert} gradient sync on {where}"
 
     def _flops(self, s: int) -> float:
         return self._linear_per_token * s + self._attention_per_sq * s * s
