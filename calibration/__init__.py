@@ -150,7 +150,7 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
         raise ValueError(f"{path} is a train profile: give it to placement.trainer.profile, not to a GPU pool")
     if isinstance(loaded, EngineProfile):
         return EngineProfileGeneration(model, gpu, tp, loaded, origin,  # measured end to end: as measured
-                                       memory_utilization=memory_utilization)
+                                       memory_utilization=memory_utilization, ep=ep)
     return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network, memory_utilization, domain)
 
 

@@ -383,7 +383,7 @@ class EngineProfileGeneration:
     """prefill(N, A) = a + b·N + c·A;  decode(B, X) = a + b·B + c·X  (measured end to end)."""
 
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: EngineProfile, origin: str,
-                 memory_utilization: float = 0.90):
+                 memory_utilization: float = 0.90, ep: int = 1):
         if profile.model.lower() != model.name.lower():
             raise ValueError(f"engine profile {origin} was measured for {profile.model}, not {model.name}")
         self.profile = profile
@@ -392,7 +392,9 @@ class EngineProfileGeneration:
         self.host_parallelism, self.side_by_side = profile.host_parallelism, profile.side_by_side
         self.effect_cpu_s = profile.effect_cpu_s
         self.kv_layout = profile.kv_layout
-        self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization))
+        # the KV room of the worker as placed (ep: each rank holds the non-expert weights), as the kernel model's
+        self.kv_capacity_tokens = kv_capacity(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
+                                              ep)
         self.source = (f"calibrated engine profile {profile.gpu}/{profile.model} ({origin}); prefill MAPE "
                        f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
                        f"{profile.fit_error.decode_mape_heldout:.1%} held-out")

@@ -119,7 +119,8 @@ class SimBackend:
             if problems:
                 raise PlanError(problems)
         self.transfer = WeightTransferCost(full, measured)
-        self._kv_links: dict[tuple[str, str], tuple[float, float]] = {}
+        self._kv_links: dict[tuple[str, str, int], tuple[float, float]] = {}
+        self._worker_tp = {w.id: w.tp for w in build_workers(self.plan)}  # PD hand-offs: each worker's GPUs
         self.trainer_shares_host = measured is not None  # measured on the engines' host: it contends
         self.contention = self._host_contention()
         if self.scale > 1 and self.contention is not None:
@@ -472,14 +473,15 @@ class SimBackend:
         return GenOutcome(tokens=tokens)
 
     def _kv_link(self, prefill: GenerationEngine, decode: GenerationEngine) -> tuple[float, float]:
-        """(latency s, bytes/s) of the KV hand-off between two PD workers' pools (cached per pair)."""
-        key = (prefill.pool, decode.pool)
+        """(latency s, bytes/s) of the KV hand-off between two PD workers (cached per pools and tp pair):
+        each GPU of the narrower one sends or takes its shard through its own port."""
+        tp = self._worker_tp
+        key = (prefill.pool, decode.pool, min(tp[prefill.id], tp[decode.id]))
         link = self._kv_links.get(key)
         if link is None:
-            pools, groups = self.plan.cluster.gpu_pools, self.plan.placement.generation
-            narrowest = min(g.tp for g in groups if g.pool in key)  # GPUs, each with its port, on each side
+            pools = self.plan.cluster.gpu_pools
             link = self._kv_links[key] = self.transfer.kv_link(
-                pools[prefill.pool].cluster == pools[decode.pool].cluster, narrowest)
+                pools[prefill.pool].cluster == pools[decode.pool].cluster, key[2])
         return link
 
     def _run_request(self, engine: GenerationEngine, traj_id: int, context: int, tokens: int,

@@ -73,8 +73,9 @@ def test_the_lm_head_makes_the_last_stage_the_pipelines_pace() -> None:
 def test_uneven_stages_give_the_first_the_extra_layers_and_the_busiest_sets_the_pace() -> None:
     """36 layers over 5 stages: 8, 7, 7, 7, 7 (Megatron's default split: the extra layers to the first
     stages). The pipeline runs at its busiest stage: with Qwen's vocabulary the last (7 layers + lm_head);
-    with a small vocabulary the first, 8 layers against the mean's 7.2. The tensor-parallel all-reduces
-    and the first stage's checkpointed inputs (pp micro-batches in flight) count 8 layers."""
+    with a small vocabulary the first, 8 layers against the mean's 7.2. Each stage pays its own layers'
+    tensor-parallel all-reduces beside its compute; the first stage's checkpointed inputs (pp micro-batches
+    in flight) count 8 layers."""
     assert stage_layers(36, 5) == [8, 7, 7, 7, 7] and stage_layers(36, 4) == [9] * 4 and stage_layers(3, 3) == [1] * 3
     trainer = _trainer(gpus=40, tp=1, pp=5)
     lens = [4096] * 64
@@ -89,9 +90,15 @@ def test_uneven_stages_give_the_first_the_extra_layers_and_the_busiest_sets_the_
     small = TrainCost(QWEN8.model_copy(update={"vocab": 1000}), H800, trainer)
     assert max(small.stage_flops(s, s * s)) / (sum(small.stage_flops(s, s * s)) / 5) == pytest.approx(8 / 7.2, rel=1e-3)
     assert "pp 5 stages of 8, 7, 7, 7, 7 layers" in small.source
-    # all-reduces: 5 passes × 2 a layer × the first stage's 8 layers
+    # all-reduces: 5 passes × 2 a layer × each stage's own layers, beside that stage's compute: the
+    # pace is the stage whose sum is largest (the last here, 7 layers + the lm_head)
     wide = TrainCost(QWEN8, H800, _trainer(gpus=80, tp=2, pp=5), allreduce=(1e-5, 1e11, "NVLink"))
-    assert wide._allreduce[0] == pytest.approx(5 * 2 * 8 * 1e-5)
+    assert wide._allreduce[0] == pytest.approx(5 * 2 * 1e-5)
+    comm = wide._stage_comm_s(n * s, n)
+    assert comm[0] / 8 == pytest.approx(comm[4] / 7) and wide._comm_s(n * s, n) == comm[0]
+    per_stage = [wide.dp * 5 * f / wide._peak + c for f, c in zip(wide.stage_flops(n * s, n * s * s), comm)]
+    assert wide._rank_s(0.0, n * s, n, n * s * s) == pytest.approx(max(per_stage) / (1 - 4 / (n + 4)))
+    assert max(per_stage) == per_stage[4]
     # activations: the first stage keeps 5 micro-batches × 8 layers of inputs (40 > 36 layers)
     layer_input = 32768 * QWEN8.hidden * 2 / 1
     first, last = 40 * layer_input, 7 * layer_input + 6 * 32768 * QWEN8.vocab

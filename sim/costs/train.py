@@ -97,12 +97,13 @@ class TrainCost:
     two log-prob forwards) over its stage's layers, each micro-batch paying its latency:
 
     * tp > 1, given ``allreduce`` = (α s, bus bytes/s, where) of the trainer GPUs' link, the
-      tensor-parallel all-reduces of the stage with the most layers, max_k L_k (L / pp where pp divides
-      L): 5 · 2 · max_k L_k · (m_r · α + T_r · hidden · 2 B · 2(tp − 1)/tp / β);
+      tensor-parallel all-reduces of stage k's L_k layers: 5 · 2 · L_k · (m_r · α + T_r · hidden · 2 B ·
+      2(tp − 1)/tp / β), a stage's communication beside its own compute (the pace is the stage whose
+      sum is largest);
     * a MoE with ep > 1 (:func:`trainer_ep`), given ``all_to_all`` = the (α, β, where) of a group
       inside one NVLink domain and of one across domains, the expert-parallel dispatch + combine of
-      every MoE layer: 5 · (m_r / pp) · :func:`~rollart.sim.costs.moe.all_to_all_s` over a group of ep
-      GPUs each sending its T_r / (m_r · tp) tokens of a micro-batch (sequence parallel splits a rank's
+      every MoE layer: 5 · m_r · (stage k's share of the MoE layers) ·
+      :func:`~rollart.sim.costs.moe.all_to_all_s` over a group of ep GPUs each sending its T_r / (m_r · tp) tokens of a micro-batch (sequence parallel splits a rank's
       tokens over its tp GPUs) to their k experts' GPUs and back, NVLink within the GPU type's
       ``nvlink_domain`` (an HGX node of 8, an NVL72 rack of 72), the cluster's network across domains.
       The ep groups are consecutive GPUs over all the trainer's (a stage is a contiguous block, and ep
@@ -134,6 +135,12 @@ class TrainCost:
             attention_per_layer_sq = ATTENTION_PASSES * m.heads * (m.head_dim + m.qk_rope_head_dim + m.value_head_dim)
         self._attention_per_sq = attention_per_layer_sq * m.layers
         self.stage_layers = stage_layers(m.layers, trainer.pp)
+        # each stage's share of the model's MoE layers (the first dense_layers have none)
+        first_moe = m.dense_layers if m.moe_experts else m.layers
+        bounds = [sum(self.stage_layers[:k]) for k in range(trainer.pp + 1)]
+        moe_layers = max(1, m.layers - first_moe)
+        self._moe_share = [max(0, bounds[k + 1] - max(bounds[k], first_moe)) / moe_layers
+                           for k in range(trainer.pp)]
         # (linear FLOPs a token, attention FLOPs per s²) of each pipeline stage; pp 1: the whole model's
         self.stages = [(self._linear_per_token, self._attention_per_sq)]
         if trainer.pp > 1:
@@ -149,13 +156,14 @@ class TrainCost:
         self.mfu, mfu_source = effective_mfu(trainer, gpu, gpu_name)
         self._peak = trainer.gpus * gpu.tflops_bf16 * 1e12 * self.mfu
         tp = trainer.tp
-        self._allreduce: tuple[float, float] | None = None  # (seconds a micro-batch, seconds a rank token)
+        # (seconds a micro-batch, seconds a rank token) of one layer's tensor-parallel all-reduces
+        self._allreduce: tuple[float, float] | None = None
         self.source = f"FLOPs model, {mfu_source}"
         if trainer.pp > 1 and max(self.stage_layers) > min(self.stage_layers):
             self.source += f"; pp {trainer.pp} stages of {', '.join(map(str, self.stage_layers))} layers"
         if tp > 1 and allreduce is not None:
             alpha, beta, where = allreduce
-            calls = TP_COMM_PASSES * TP_ALLREDUCES_PER_LAYER * max(self.stage_layers)
+            calls = TP_COMM_PASSES * TP_ALLREDUCES_PER_LAYER  # a layer's
             self._allreduce = (calls * alpha, calls * m.hidden * 2.0 * 2 * (tp - 1) / tp / beta)
             self.source += f"; tp {tp} all-reduces on {where}"
         domain = gpu.nvlink_domain
@@ -212,12 +220,6 @@ class TrainCost:
         lengths sum to ``squares``."""
         return [linear * tokens + attention * squares for linear, attention in self.stages]
 
-    def _paced_flops(self, flops: float, tokens: int, squares: int) -> float:
-        """A rank's FLOPs as its pipeline paces them: pp × its busiest stage's (pp 1: its own)."""
-        if self.trainer.pp == 1:
-            return flops
-        return self.trainer.pp * max(self.stage_flops(tokens, squares))
-
     def sequences_per_micro_batch(self, seqs: int) -> int:
         """Sequences one micro-batch of a rank of ``seqs`` sequences holds: one by default
         (``micro_batches`` unset), else ceil(seqs / micro_batches)."""
@@ -235,28 +237,41 @@ class TrainCost:
         pp = self.trainer.pp
         return (pp - 1) / (micro_batches + pp - 1)
 
-    def _comm_s(self, tokens: int, micro_batches: int) -> float:
-        """Seconds a GPU of a rank training ``tokens`` in ``micro_batches`` waits for its tensor-parallel
-        all-reduces and expert-parallel all-to-alls (not overlapped with compute)."""
-        t = 0.0
+    def _stage_comm_s(self, tokens: int, micro_batches: int) -> list[float]:
+        """Seconds a GPU of each pipeline stage of a rank training ``tokens`` in ``micro_batches`` waits
+        for its tensor-parallel all-reduces (its layers') and expert-parallel all-to-alls (its MoE
+        layers' share of the model's), not overlapped with compute."""
+        layers = self.stage_layers
+        t = [0.0] * len(layers)
         if self._allreduce is not None:
             per_micro_batch, per_token = self._allreduce
-            t += micro_batches * per_micro_batch + tokens * per_token
+            one_layer = micro_batches * per_micro_batch + tokens * per_token
+            t = [n * one_layer for n in layers]
         if self._all_to_all is not None:
             # all_to_all_s takes a whole group's tokens (a "worker" of ep GPUs in ep ranks): each GPU's
             # share of one micro-batch (sequence parallel splits the rank's over its tp GPUs) × ep
             gpu_tokens = tokens / (micro_batches * self.trainer.tp)
             one = all_to_all_s(self.model, gpu_tokens * self.ep, self.ep, self.ep, *self._all_to_all,
                                domain=self._a2a_domain)
-            t += TP_COMM_PASSES * micro_batches / self.trainer.pp * one
+            whole = TP_COMM_PASSES * micro_batches * one
+            t = [a + whole * share for a, share in zip(t, self._moe_share)]
         return t
 
+    def _comm_s(self, tokens: int, micro_batches: int) -> float:
+        """The busiest stage's communication (pp 1: the rank's)."""
+        return max(self._stage_comm_s(tokens, micro_batches))
+
     def _rank_s(self, flops: float, tokens: int, seqs: int, squares: int) -> float:
-        """One rank's compute (at its busiest stage's pace) and communication, stretched by its
-        pipeline bubble."""
+        """One rank's time at its busiest stage's pace (compute and communication together), stretched by
+        its pipeline bubble."""
         m = self.micro_batches(seqs)
-        paced = self._paced_flops(flops, tokens, squares)
-        return (self.dp * paced / self._peak + self._comm_s(tokens, m)) / (1 - self.bubble(m))
+        comm = self._stage_comm_s(tokens, m)
+        if self.trainer.pp == 1:
+            stage = self.dp * flops / self._peak + comm[0]
+        else:
+            stage = max(self.dp * self.trainer.pp * f / self._peak + c
+                        for f, c in zip(self.stage_flops(tokens, squares), comm))
+        return stage / (1 - self.bubble(m))
 
     def step_time(self, seq_lens: list[int]) -> float:
         m, t = self.model, self.trainer
