@@ -49,7 +49,8 @@ from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainPro
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import (DecodeLine, RooflineEfficiency, decode_attention_flops, kv_capacity,
                                    kv_heads_per_gpu, prefill_attention_flops)
-from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, busiest_rank_share, rank_expert_rows,
+from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, busiest_rank_share, dispatch_bytes,
+                                   rank_expert_rows,
                                    rank_experts_touched, ring_link, straddle_note)
 
 _TOKEN_MEMO = 1 << 14  # entries of KernelProfileGeneration._token_terms' memo (≈ 2.5 MB at most)
@@ -256,7 +257,8 @@ class KernelProfileGeneration:
         the busiest rank's ``rank_tokens`` (an even ``tokens / ep`` when not given)."""
         rank_tokens = tokens / self.ep if rank_tokens is None else rank_tokens
         comm = all_to_all_s(self.model, tokens, self.ep, self.tp, *self._nvlink, *self._network,
-                            rank_tokens=rank_tokens, domain=self._domain)
+                            rank_tokens=rank_tokens, domain=self._domain,
+                            dispatch=dispatch_bytes(self.model))
         if self._rank_tp == 1:
             return comm
         n = self._rank_tp

@@ -292,7 +292,8 @@ class SimBackend:
         cost = generation_cost(plan.reward_model, gpu_name, plan.cluster.gpu_type(gpu_name), tp, profile,
                                network=plan.cluster.links.get("intra_cluster"), domain=domain)
         judged = max(t.max_context_tokens for t in plan.tasks if t.reward == "llm_judge")
-        longest = judge_input_tokens(judged, self.judge_window) + plan.placement.reward.output_tokens
+        out = plan.placement.reward.output_tokens
+        longest = judge_input_tokens(judged, self.judge_window, out) + out
         if cost.kv_capacity_tokens < longest:
             m = plan.reward_model
 
@@ -501,7 +502,7 @@ class SimBackend:
         if task.reward == "rule":
             yield self.env.timeout(self.envs.rule_reward_s(task, traj.id))
             return 0.0  # the simulator models time, not scores (None would mean a failed call)
-        n_in = judge_input_tokens(traj.context_tokens, self.judge_window)
+        n_in = judge_input_tokens(traj.context_tokens, self.judge_window, self.plan.placement.reward.output_tokens)
         if self.serverless is not None:
             yield from self.serverless.call(n_in)
         else:

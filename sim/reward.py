@@ -20,10 +20,11 @@ def judge_window(model: ModelSpec) -> int:
     return model.max_context_tokens or JUDGE_MAX_INPUT_TOKENS
 
 
-def judge_input_tokens(context_tokens: int, window: int = JUDGE_MAX_INPUT_TOKENS) -> int:
+def judge_input_tokens(context_tokens: int, window: int = JUDGE_MAX_INPUT_TOKENS, output_tokens: int = 0) -> int:
     """An LLM judge scores the whole trajectory (prompt, every turn, the answer), so its prompt is
-    the trajectory's context, cut only at the judge's own context ``window``."""
-    return min(context_tokens, window)
+    the trajectory's context, cut only where the judge's own context ``window`` must still hold the
+    ``output_tokens`` of its verdict (an engine refuses a prompt plus max_tokens past max_model_len)."""
+    return max(1, min(context_tokens, window - output_tokens))
 
 
 class _Platform:
@@ -71,7 +72,8 @@ class ServerlessPlatform(_Platform):
 
     def call_time(self, input_tokens: int) -> float:
         prefill = self.judge.prefill_time(input_tokens, input_tokens * input_tokens / 2)
-        decode = self.judge.decode_line(1).total(input_tokens, 1, self.output_tokens)
+        # the prefill writes the verdict's first token, as on an engine: one decode step fewer
+        decode = self.judge.decode_line(1).total(input_tokens, 1, self.output_tokens - 1)
         return self.spec.per_call_overhead_s + prefill + decode
 
     def _take_warm(self) -> float | None:

@@ -742,9 +742,10 @@ def test_a_custom_type_at_least_as_good_as_a_preset_is_never_priced_slower(prese
     own = generation_cost(m, preset, GpuType(**base), tp)
     custom = generation_cost(m, "GX", GpuType(**{**base, **sheet}), tp)
     for b in (1, 16, 64, 256):
-        assert custom.decode_line(b).total(b * CTX, b, 1) <= own.decode_line(b).total(b * CTX, b, 1) * (1 + 1e-9), b
+        # 1e-6: a shipped profile's parameters are written to 6 significant digits, a transferred one's are not
+        assert custom.decode_line(b).total(b * CTX, b, 1) <= own.decode_line(b).total(b * CTX, b, 1) * (1 + 1e-6), b
     for n in (128, 1024, 8192):
-        assert custom.prefill_time(n, n * n / 2) <= own.prefill_time(n, n * n / 2) * (1 + 1e-9), n
+        assert custom.prefill_time(n, n * n / 2) <= own.prefill_time(n, n * n / 2) * (1 + 1e-6), n
 
 
 def test_a_gpu_type_without_timings_is_priced_with_the_h100s_efficiencies_on_its_datasheet() -> None:

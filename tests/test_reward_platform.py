@@ -125,4 +125,12 @@ def test_the_judge_reads_up_to_its_own_models_window(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(ServerlessPlatform, "call", lambda self, n: (seen.append(n), call(self, n))[1])
     judged = ["tasks.GEM-Math.prompt_tokens=3000"]  # every judged trajectory is longer than the window
     run_sim(small_plan([*judged, "reward_model={preset: Qwen2.5-7B, max_context_tokens: 2048}"]), "rollart")
-    assert seen and set(seen) == {2048}
+    assert seen and set(seen) == {2048 - 64}  # the window holds the 64-token verdict too
+
+
+def test_a_judge_call_fits_its_window_with_its_verdict() -> None:
+    """vLLM refuses a prompt whose tokens plus max_tokens pass max_model_len: the trajectory is cut so the
+    judge's window still holds the verdict's output_tokens."""
+    assert judge_input_tokens(50_000, 32_768, 64) == 32_768 - 64
+    assert judge_input_tokens(1_000, 32_768, 64) == 1_000
+    assert judge_input_tokens(10, 8, 64) == 1  # never an empty prompt

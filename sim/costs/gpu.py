@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rollart.plan.schema import GpuType, ModelSpec
-from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, busiest_rank_share, embedding_params,
+from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, busiest_rank_share, dispatch_bytes,
+                                   embedding_params,
                                    expert_weight_bytes, input_embedding_params,
                                    rank_expert_rows, rank_experts_touched, replicated_params, ring_link,
                                    served_weight_bytes, straddle_note, weight_element_bytes, worker_weight_bytes)
@@ -270,7 +271,8 @@ class RooflineGeneration:
         ``rank_tokens`` (an even ``tokens / ep`` when not given)."""
         rank_tokens = tokens / self.ep if rank_tokens is None else rank_tokens
         comm = all_to_all_s(self.model, tokens, self.ep, self.tp, self._nvlink, self.eff.allreduce_latency_s,
-                            *self._network, rank_tokens=rank_tokens, domain=self._domain)
+                            *self._network, rank_tokens=rank_tokens, domain=self._domain,
+                            dispatch=dispatch_bytes(self.model))
         n = self._rank_tp
         if n == 1:
             return comm

@@ -233,9 +233,20 @@ def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, floa
     return min(nvlink[0], k * network[0]), max(nvlink[1], network[1])
 
 
+# DeepEP's dispatch of an FP8-served MoE sends each hidden element as FP8 plus an FP32 scale per 128 of
+# them (its low-latency and normal kernels alike); the combine returns BF16. A BF16 model, and training,
+# move BF16 both ways.
+FP8_DISPATCH_BYTES = 1 + 4 / 128
+
+
+def dispatch_bytes(model: ModelSpec) -> float:
+    """Bytes an element of a token's hidden state takes on the wire in a serving engine's dispatch."""
+    return FP8_DISPATCH_BYTES if model.weight_dtype == "fp8" else 2.0
+
+
 def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes_per_s: float, nvlink_latency_s: float,
                  net_bytes_per_s: float, net_latency_s: float, rank_tokens: float | None = None,
-                 domain: int = DEFAULT_NVLINK_DOMAIN) -> float:
+                 domain: int = DEFAULT_NVLINK_DOMAIN, dispatch: float = 2.0) -> float:
     """Dispatch + combine of every MoE layer (``model.moe_layers``: not the dense first layers) for a
     step over ``tokens`` tokens on a worker of ``tp`` GPUs in ``ep`` ranks: each token's hidden state (BF16) goes to its k experts' ranks and
     back; the (ep−1)/ep that leave the rank are spread over its tp/ep GPUs. Within one NVLink domain
@@ -245,18 +256,24 @@ def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes
     :func:`effective_domain` (the worst group's smallest piece on one side) or, for one worker,
     :func:`worker_domain`. ``rank_tokens``: the busiest rank's tokens when they are not an even
     ``tokens / ep`` (a prompt prefills on one rank, so a step of fewer prompts than ranks sends all of a
-    prompt's tokens from one); it sends them all, and the step waits for it. 0 when ep = 1."""
+    prompt's tokens from one); it sends them all, and the step waits for it. ``dispatch``: bytes an element
+    takes going out (:func:`dispatch_bytes` for a serving engine; BF16's 2 for training); the combine
+    returns BF16. 0 when ep = 1."""
     if ep <= 1 or not model.moe_experts:
         return 0.0
     k = max(1, model.moe_active_experts)
     rank_tp = tp // ep
     sent = tokens / ep if rank_tokens is None else rank_tokens
-    per_gpu = sent * k * model.hidden * 2.0 * (ep - 1) / ep / rank_tp
     # of the ep − 1 ranks a token may leave for, those outside this NVLink domain (a rank wider than a
     # domain has none beside it)
     ranks_per_domain = max(1, domain // rank_tp)
     off_domain = (ep - min(ep, ranks_per_domain)) / (ep - 1)
-    t = nvlink_latency_s + per_gpu * (1 - off_domain) / nvlink_bytes_per_s
-    if off_domain:
-        t = max(t, net_latency_s + per_gpu * off_domain / net_bytes_per_s)
-    return 2.0 * model.moe_layers * t
+
+    def one_way(element_bytes: float) -> float:
+        per_gpu = sent * k * model.hidden * element_bytes * (ep - 1) / ep / rank_tp
+        t = nvlink_latency_s + per_gpu * (1 - off_domain) / nvlink_bytes_per_s
+        if off_domain:
+            t = max(t, net_latency_s + per_gpu * off_domain / net_bytes_per_s)
+        return t
+
+    return model.moe_layers * (one_way(dispatch) + one_way(2.0))
