@@ -16,9 +16,8 @@ The returned model's ``source`` says which, and every report prints it."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import math
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING

@@ -120,7 +120,6 @@ class SimBackend:
                 raise PlanError(problems)
         self.transfer = WeightTransferCost(full, measured)
         self._kv_links: dict[tuple[str, str, int], tuple[float, float]] = {}
-        self._worker_tp = {w.id: w.tp for w in build_workers(self.plan)}  # PD hand-offs: each worker's GPUs
         self.trainer_shares_host = measured is not None  # measured on the engines' host: it contends
         self.contention = self._host_contention()
         if self.scale > 1 and self.contention is not None:
@@ -258,7 +257,7 @@ class SimBackend:
         self.serverless: ServerlessPlatform | BatchingServerlessPlatform | None = None
         self.judges: list[GenerationEngine] = []
         self.judge_window = judge_window(plan.reward_model)
-        if not any(t.reward == "llm_judge" for t in plan.tasks):
+        if not plan.llm_judged_tasks:
             return
         if mode.serverless_reward:
             if plan.cluster.serverless is None:
@@ -291,7 +290,7 @@ class SimBackend:
         plan = self.plan
         cost = generation_cost(plan.reward_model, gpu_name, plan.cluster.gpu_type(gpu_name), tp, profile,
                                network=plan.cluster.links.get("intra_cluster"), domain=domain)
-        judged = max(t.max_context_tokens for t in plan.tasks if t.reward == "llm_judge")
+        judged = max(t.max_context_tokens for t in plan.llm_judged_tasks)
         out = plan.placement.reward.output_tokens
         longest = judge_input_tokens(judged, self.judge_window, out) + out
         if cost.kv_capacity_tokens < longest:
@@ -476,8 +475,8 @@ class SimBackend:
     def _kv_link(self, prefill: GenerationEngine, decode: GenerationEngine) -> tuple[float, float]:
         """(latency s, bytes/s) of the KV hand-off between two PD workers (cached per pools and tp pair):
         each GPU of the narrower one sends or takes its shard through its own port."""
-        tp = self._worker_tp
-        key = (prefill.pool, decode.pool, min(tp[prefill.id], tp[decode.id]))
+        workers = self.ctl.proxy.workers
+        key = (prefill.pool, decode.pool, min(workers[prefill.id].tp, workers[decode.id].tp))
         link = self._kv_links.get(key)
         if link is None:
             pools = self.plan.cluster.gpu_pools

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from rollart.core.modes import mode_config, unused_settings
+from rollart.core.modes import dedicated_reward_used, mode_config, unused_settings
 from rollart.plan import load_plan
 from rollart.planner import Budget, Space
 from rollart.planner.space import SERVERLESS
 from rollart.scenarios_catalog import resolve_existing
-from rollart.sim.costs.price import dedicated_reward_used, gpus_placed, hourly_fixed_usd, missing_prices, run_cost
+from rollart.sim.costs.price import gpus_placed, hourly_fixed_usd, missing_prices, run_cost
 from rollart.sweep.runner import evaluate_point
 from tests.conftest import run_sim, small_plan
 

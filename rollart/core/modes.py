@@ -112,13 +112,23 @@ def unused_settings(plan: Plan, mode: ModeConfig) -> list[str]:
         notes.append(f"algorithm.alpha={plan.algorithm.alpha}: mode {mode.name} runs with α = {mode.alpha} "
                      f"({'lockstep' if mode.alpha == 0 else 'one batch ahead'})")
     r = plan.placement.reward
-    # the run neither places nor bills them (sim/costs/price.py: dedicated_reward_used)
-    if r.gpus > 0 and not any(t.reward == "llm_judge" for t in plan.tasks):
-        notes.append(f"placement.reward.gpus={r.gpus}: no task is judged by the LLM (every tasks.*.reward is "
-                     f"rule); the {r.gpus} {r.pool} GPUs are not placed or billed")
-    elif r.gpus > 0 and mode.serverless_reward:
-        who = f"mode {mode.name}" if r.where == "dedicated" else "placement.reward.where=serverless"
-        notes.append(f"placement.reward.gpus={r.gpus}: {who} sends LLM-judge calls to the serverless platform; "
-                     f"the {r.gpus} {r.pool} GPUs are not placed or billed")
+    if r.gpus > 0 and not dedicated_reward_used(plan, mode):  # the run neither places nor bills them
+        if not plan.llm_judged_tasks:
+            why = "no task is judged by the LLM (every tasks.*.reward is rule)"
+        else:
+            who = f"mode {mode.name}" if r.where == "dedicated" else "placement.reward.where=serverless"
+            why = f"{who} sends LLM-judge calls to the serverless platform"
+        notes.append(f"placement.reward.gpus={r.gpus}: {why}; the {r.gpus} {r.pool} GPUs are not placed or billed")
     return notes
+
+
+def dedicated_reward_used(plan: Plan, mode: ModeConfig | None = None) -> bool:
+    """Whether a run places ``placement.reward.gpus``: the plan sets some and ``mode`` sends the LLM
+    judge to them (its ``serverless_reward`` off) and some task is judged by it. ``mode`` None: no run
+    known (validation, a budget check before simulating), so they count whenever the plan sets them.
+    What a run bills (``sim.costs.price``) and what :func:`unused_settings` names."""
+    r = plan.placement.reward
+    if not r.gpus or r.pool is None:
+        return False
+    return mode is None or (not mode.serverless_reward and bool(plan.llm_judged_tasks))
 

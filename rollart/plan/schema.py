@@ -340,7 +340,7 @@ class ModelSpec(_Strict):
         attn = self.attention_params_per_layer
         moe = 3 * self.hidden * (self.intermediate * experts + self.shared_expert_intermediate)
         dense = 3 * self.hidden * self.dense_mlp_width
-        first_moe = self.dense_layers if self.moe_experts else self.layers
+        first_moe = self.layers - self.moe_layers
         return [attn + (dense if i < first_moe else moe) for i in range(self.layers)]
 
     def _layer_sum(self, experts: int) -> int:
@@ -474,6 +474,10 @@ class TaskSpec(_Strict):
     @property
     def affinity_tag(self) -> str:
         return self.tag or self.name
+
+    def draw_prompt_tokens(self, rng: np.random.Generator) -> int:
+        """One draw of a first prompt's tokens from ``prompt_tokens``, rounded to a whole token, at least one."""
+        return max(1, round(self.prompt_tokens.sample(rng)))
 
 
 # ---------------------------------------------------------------- placement
@@ -775,6 +779,11 @@ class Plan(_Strict):
     def groups_per_batch(self) -> int:
         return self.algorithm.batch_size // self.algorithm.group_size
 
+    @cached_property
+    def llm_judged_tasks(self) -> list[TaskSpec]:
+        """The tasks whose trajectories the LLM judge scores (``reward: llm_judge``): none, and no judge runs."""
+        return [t for t in self.tasks if t.reward == "llm_judge"]
+
     @property
     def longest_context_tokens(self) -> int:
         """The tasks' largest context window: the longest sequence an engine must hold and the trainer train."""
@@ -822,7 +831,7 @@ def _cross_problems(plan: Plan) -> list[str]:
             out.append("placement.reward.gpus: dedicated reward needs at least one GPU")
         if p.reward.gpus:
             need_pool("placement.reward.pool", p.reward.pool)
-    needs_judge = any(t.reward == "llm_judge" for t in plan.tasks)
+    needs_judge = bool(plan.llm_judged_tasks)
     if needs_judge and p.reward.where == "serverless" and c.serverless is None:
         out.append("placement.reward.where: 'serverless' but cluster.serverless is not defined")
     if needs_judge:
@@ -917,10 +926,10 @@ _OVERLONG_DRAWS = 1024
 
 def overlong_prompt_share(task: "TaskSpec") -> float:
     """Share of ``task.prompt_tokens`` draws (1,024 from a fixed seed) that leave no room in the task's
-    window: at or above ``max_context_tokens`` once rounded as the simulator rounds them."""
+    window: at or above ``max_context_tokens`` (:meth:`TaskSpec.draw_prompt_tokens`, the simulator's draw)."""
     rng = np.random.default_rng(0)
     window = task.max_context_tokens
-    overlong = sum(max(1, round(task.prompt_tokens.sample(rng))) >= window for _ in range(_OVERLONG_DRAWS))
+    overlong = sum(task.draw_prompt_tokens(rng) >= window for _ in range(_OVERLONG_DRAWS))
     return overlong / _OVERLONG_DRAWS
 
 

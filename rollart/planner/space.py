@@ -19,10 +19,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from rollart.core.modes import mode_config
+from rollart.core.modes import dedicated_reward_used, mode_config
 from rollart.plan.loader import PlanError
 from rollart.plan.schema import Plan
-from rollart.sim.costs.price import dedicated_reward_used
 from rollart.sim.costs.train import trainer_fits, trainer_memory_problems
 
 SERVERLESS = ("serverless", None, 0)
@@ -277,7 +276,7 @@ class Space:
             raise PlanError([f"placement.generation: no GPU pool can serve {plan.model.name} at tp "
                              f"{tried} with a {longest}-token context; allow a larger --tp"])
         rewards: list[tuple[str, str | None, int]] = []
-        if any(t.reward == "llm_judge" for t in plan.tasks):
+        if plan.llm_judged_tasks:
             if c.serverless is not None:
                 rewards.append(SERVERLESS)
             # whole judge engines: the base plan's dedicated judge tp carries over to the candidates

@@ -191,8 +191,7 @@ class RuntimeBackend:
                                                                temperature=rt.temperature)
         self.store_spec = self._make_store()
         self.reward_url = rt.reward_url
-        if self.reward_url is None and self.mode.serverless_reward and any(
-                t.reward == "llm_judge" for t in plan.tasks):
+        if self.reward_url is None and self.mode.serverless_reward and plan.llm_judged_tasks:
             from rollart.runtime.reward.serverless import deploy_reward, shutdown_reward
 
             self.reward_url = deploy_reward("rollart-reward")

@@ -24,7 +24,7 @@ def _prompt_tokens(task: TaskSpec, rng: np.random.Generator) -> int:
     """A first prompt's tokens: a draw of ``task.prompt_tokens`` shorter than the task's window."""
     window = task.max_context_tokens
     for _ in range(PROMPT_DRAWS):
-        tokens = max(1, round(task.prompt_tokens.sample(rng)))
+        tokens = task.draw_prompt_tokens(rng)
         if tokens < window:
             return tokens
     return max(1, window - 1)

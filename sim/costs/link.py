@@ -88,8 +88,8 @@ class WeightTransferCost:
         # no intra-cluster link named: the network the trainer's collectives take (the InfiniBand fit of
         # the link table), not the cross-cluster path's
         self.intra: Link = links.get("intra_cluster") or Link(kind="ib")
-        self.cross: Link = self.intra if same else links[ws.link]
-        self._links, self._ws_link = links, ws.link
+        self.between: Link = links[ws.link]  # the path between the training and the inference cluster
+        self.cross: Link = self.intra if same else self.between
         gpu = plan.gpu_of_pool(tr.pool)
         gpu_name = pools[tr.pool].gpu
         # Trainer and every engine on one pool whose GPUs in use fit one NVLink domain (4 train + 4 rollout
@@ -133,8 +133,7 @@ class WeightTransferCost:
         (:func:`~rollart.calibration.links.effective_bytes_per_s`)."""
         if same_cluster:
             return self.intra.latency_s, gpus * effective_bytes_per_s(self.intra)
-        link = self._links[self._ws_link]
-        return link.latency_s, effective_bytes_per_s(link)
+        return self.between.latency_s, effective_bytes_per_s(self.between)
 
     @property
     def broadcast_stalls_engines(self) -> bool:

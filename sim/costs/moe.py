@@ -248,7 +248,7 @@ def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes
                  net_bytes_per_s: float, net_latency_s: float, rank_tokens: float | None = None,
                  domain: int = DEFAULT_NVLINK_DOMAIN, dispatch: float = 2.0) -> float:
     """Dispatch + combine of every MoE layer (``model.moe_layers``: not the dense first layers) for a
-    step over ``tokens`` tokens on a worker of ``tp`` GPUs in ``ep`` ranks: each token's hidden state (BF16) goes to its k experts' ranks and
+    step over ``tokens`` tokens on a worker of ``tp`` GPUs in ``ep`` ranks: each token's hidden state goes to its k experts' ranks and
     back; the (ep−1)/ep that leave the rank are spread over its tp/ep GPUs. Within one NVLink domain
     of ``domain`` GPUs (the GPU type's ``nvlink_domain``) it moves over NVLink; a worker wider than a
     domain sends the off-domain share over the cluster's network (``net``), and the slower path sets

@@ -21,26 +21,13 @@ US$/hour can be checked against before simulating.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from rollart.core.modes import ModeConfig, dedicated_reward_used
 from rollart.plan.loader import PlanError
 from rollart.plan.schema import Plan
 
-if TYPE_CHECKING:
-    from rollart.core.modes import ModeConfig
 
-
-def dedicated_reward_used(plan: Plan, mode: "ModeConfig | None" = None) -> bool:
-    """Whether a run places ``placement.reward.gpus``: the plan sets some and ``mode`` sends the LLM
-    judge to them (its ``serverless_reward`` off) and some task is judged by it. ``mode`` None: no run
-    known (validation, a budget check before simulating), so they count whenever the plan sets them."""
-    r = plan.placement.reward
-    if not r.gpus or r.pool is None:
-        return False
-    return mode is None or (not mode.serverless_reward and any(t.reward == "llm_judge" for t in plan.tasks))
-
-
-def gpus_placed(plan: Plan, mode: "ModeConfig | None" = None) -> dict[str, int]:
+def gpus_placed(plan: Plan, mode: ModeConfig | None = None) -> dict[str, int]:
     """GPUs each pool gives the placement (trainer + generation workers × tp + reward; colocated
     trainer and engines share theirs): ``Placement.gpus_by_pool``, less the reward GPUs when the
     run's ``mode`` scores on the serverless platform (:func:`dedicated_reward_used`)."""
@@ -53,7 +40,7 @@ def gpus_placed(plan: Plan, mode: "ModeConfig | None" = None) -> dict[str, int]:
     return used
 
 
-def gpus_placed_by_type(plan: Plan, mode: "ModeConfig | None" = None) -> dict[str, int]:
+def gpus_placed_by_type(plan: Plan, mode: ModeConfig | None = None) -> dict[str, int]:
     out: dict[str, int] = {}
     for pool, n in gpus_placed(plan, mode).items():
         gpu = plan.cluster.gpu_pools[pool].gpu
@@ -65,7 +52,7 @@ def cpu_cores(plan: Plan) -> int:
     return sum(p.cores for p in plan.cluster.cpu_pools.values())
 
 
-def missing_prices(plan: Plan, mode: "ModeConfig | None" = None) -> list[str]:
+def missing_prices(plan: Plan, mode: ModeConfig | None = None) -> list[str]:
     """One ``prices.gpu_usd_per_hour.<type>: ...`` line per placed GPU type without a price."""
     out = []
     for pool, n in gpus_placed(plan, mode).items():
@@ -75,8 +62,7 @@ def missing_prices(plan: Plan, mode: "ModeConfig | None" = None) -> list[str]:
                        f"add one, e.g. --set prices.gpu_usd_per_hour.{gpu}=2.0")
     s = plan.cluster.serverless
     scored_there = mode is None or mode.serverless_reward  # a run on dedicated judges bills no GPU-second
-    if s is not None and scored_there and any(t.reward == "llm_judge" for t in plan.tasks) \
-            and serverless_price(plan) is None:
+    if s is not None and scored_there and plan.llm_judged_tasks and serverless_price(plan) is None:
         out.append(f"prices.gpu_usd_per_hour.{s.gpu}: no price for GPU type '{s.gpu}' (cluster.serverless.gpu), "
                    "which serverless GPU-seconds are priced from; add one, or set prices.serverless_usd_per_gpu_second")
     return out
@@ -89,14 +75,14 @@ def serverless_price(plan: Plan) -> float | None:
     return None if s is None else plan.prices.serverless_gpu_second_price(s.gpu)
 
 
-def require_prices(plan: Plan, mode: "ModeConfig | None" = None) -> None:
+def require_prices(plan: Plan, mode: ModeConfig | None = None) -> None:
     """Raise a :class:`PlanError` when a cost is asked for but a placed GPU type has no price."""
     problems = missing_prices(plan, mode)
     if problems:
         raise PlanError(problems)
 
 
-def hourly_fixed_usd(plan: Plan, mode: "ModeConfig | None" = None) -> float:
+def hourly_fixed_usd(plan: Plan, mode: ModeConfig | None = None) -> float:
     """US$/hour of the placed GPUs and the env CPU cores (no serverless: that depends on the run).
     Without ``mode`` (a budget check before simulating) dedicated reward GPUs count whenever the
     plan sets them: an upper bound for a mode that scores on the serverless platform."""
@@ -117,7 +103,7 @@ class RunCost:
 
 
 def run_cost(plan: Plan, wall_s: float, steps: int, trajectories: int, serverless_gpu_s: float,
-             mode: "ModeConfig | None" = None) -> RunCost:
+             mode: ModeConfig | None = None) -> RunCost:
     """Cost of a run in ``mode`` that took ``wall_s`` seconds for ``steps`` steps and ``trajectories``
     trained trajectories. Per-step / per-1k figures are 0 when nothing finished. ``mode`` None: the
     plan's own ``algorithm.mode`` (this is a run, so its reward GPUs are billed only if it uses them)."""

@@ -36,15 +36,6 @@ def stage_layers(layers: int, pp: int) -> list[int]:
     return [base + (i < extra) for i in range(pp)]
 
 
-def layer_linear_params(model: ModelSpec) -> list[float]:
-    """Each layer's parameters one token's matmuls run (embeddings apart), first to last: its attention
-    and its MLP (a MoE layer's ``moe_active_experts`` routed experts and shared expert; the first
-    ``dense_layers`` a dense MLP), the split behind ``ModelSpec.active_params``."""
-    if not (model.mla or model.dense_layers or model.shared_expert_intermediate):  # every layer alike
-        return [model.active_params_per_layer] * model.layers
-    return [float(p) for p in model.layer_params(max(1, model.moe_active_experts))]
-
-
 def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None = None) -> tuple[float, str]:
     """(the MFU the trainer's GPUs compute at, how it was found). ``placement.trainer.mfu`` is the
     trainer GPU's own unless ``mfu_measured_on`` names another type: then mfu × e_max(trainer GPU) /
@@ -103,8 +94,8 @@ class TrainCost:
     * a MoE with ep > 1 (:func:`trainer_ep`), given ``all_to_all`` = the (α, β, where) of a group
       inside one NVLink domain and of one across domains, the expert-parallel dispatch + combine of
       every MoE layer: 5 · m_r · (stage k's share of the MoE layers) ·
-      :func:`~rollart.sim.costs.moe.all_to_all_s` over a group of ep GPUs each sending its T_r / (m_r · tp) tokens of a micro-batch (sequence parallel splits a rank's
-      tokens over its tp GPUs) to their k experts' GPUs and back, NVLink within the GPU type's
+      :func:`~rollart.sim.costs.moe.all_to_all_s` over a group of ep GPUs each sending its T_r / (m_r · tp)
+      tokens of a micro-batch (sequence parallel splits a rank's tokens over its tp GPUs) to their k experts' GPUs and back, NVLink within the GPU type's
       ``nvlink_domain`` (an HGX node of 8, an NVL72 rack of 72), the cluster's network across domains.
       The ep groups are consecutive GPUs over all the trainer's (a stage is a contiguous block, and ep
       divides it): where a group straddles a domain boundary (ep 16 on 144 GPUs of 72-GPU racks: GPUs
@@ -136,15 +127,15 @@ class TrainCost:
         self._attention_per_sq = attention_per_layer_sq * m.layers
         self.stage_layers = stage_layers(m.layers, trainer.pp)
         # each stage's share of the model's MoE layers (the first dense_layers have none)
-        first_moe = m.dense_layers if m.moe_experts else m.layers
+        first_moe = m.layers - m.moe_layers
         bounds = [sum(self.stage_layers[:k]) for k in range(trainer.pp + 1)]
-        moe_layers = max(1, m.layers - first_moe)
-        self._moe_share = [max(0, bounds[k + 1] - max(bounds[k], first_moe)) / moe_layers
+        self._moe_share = [max(0, bounds[k + 1] - max(bounds[k], first_moe)) / max(1, m.moe_layers)
                            for k in range(trainer.pp)]
         # (linear FLOPs a token, attention FLOPs per s²) of each pipeline stage; pp 1: the whole model's
         self.stages = [(self._linear_per_token, self._attention_per_sq)]
         if trainer.pp > 1:
-            per_layer, first = layer_linear_params(m), 0
+            # each layer's parameters a token's matmuls run (ModelSpec.active_params' split)
+            per_layer, first = m.layer_params(max(1, m.moe_active_experts)), 0
             self.stages = []
             for n in self.stage_layers:
                 self.stages.append((LINEAR_FLOPS_PER_PARAM_TOKEN * sum(per_layer[first:first + n]),
@@ -221,11 +212,8 @@ class TrainCost:
         return [linear * tokens + attention * squares for linear, attention in self.stages]
 
     def sequences_per_micro_batch(self, seqs: int) -> int:
-        """Sequences one micro-batch of a rank of ``seqs`` sequences holds: one by default
-        (``micro_batches`` unset), else ceil(seqs / micro_batches)."""
-        if self.trainer.micro_batches is None:
-            return 1
-        return max(1, math.ceil(seqs / self.trainer.micro_batches))
+        """Sequences one micro-batch of a rank of ``seqs`` sequences holds (:func:`sequences_per_micro_batch`)."""
+        return sequences_per_micro_batch(self.trainer, seqs)
 
     def micro_batches(self, seqs: int) -> int:
         """Micro-batches a rank of ``seqs`` sequences runs, each of :meth:`sequences_per_micro_batch`
@@ -350,10 +338,18 @@ def activation_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int,
 def micro_batch_sequences(trainer: TrainerPlacement, batch_size: int | None = None) -> int:
     """Sequences a micro-batch holds at plan time: one with ``micro_batches`` unset (the default); else
     ceil(ceil(batch_size / dp) / micro_batches), dp = gpus / (tp·pp). ``batch_size`` None (not known): one."""
-    if trainer.micro_batches is None or batch_size is None:
+    if batch_size is None:
         return 1
-    rank_sequences = math.ceil(batch_size / max(1, trainer.gpus // (trainer.tp * trainer.pp)))
-    return max(1, math.ceil(rank_sequences / trainer.micro_batches))
+    dp = max(1, trainer.gpus // (trainer.tp * trainer.pp))
+    return sequences_per_micro_batch(trainer, math.ceil(batch_size / dp))
+
+
+def sequences_per_micro_batch(trainer: TrainerPlacement, seqs: int) -> int:
+    """Sequences one micro-batch of a rank of ``seqs`` sequences holds: one with ``micro_batches`` unset
+    (the default), else ceil(seqs / micro_batches)."""
+    if trainer.micro_batches is None:
+        return 1
+    return max(1, math.ceil(seqs / trainer.micro_batches))
 
 
 def trainer_memory_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int = 0,
