@@ -133,7 +133,8 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
 
     def roofline() -> RooflineGeneration:
         return RooflineGeneration(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
-                                  ep=ep, network=inter_node_link(network), domain=domain)
+                                  ep=ep, network=inter_node_link(network), domain=domain,
+                                  rdma=network is None or network.kind != "tcp")
 
     if profile == "datasheet":
         return roofline()

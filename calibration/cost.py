@@ -36,7 +36,9 @@ d + rope and PV over v per pair (``gpu.prefill_attention_flops``); decode attent
 the latent cache: per cached token and head 2·(2·kv_lora_rank + rope) FLOPs, and (kv_lora_rank + rope)
 elements read once per GPU for all its heads (``gpu.decode_attention_flops``). ASSUMED: no MLA kernel is
 measured, so the attention fits (e_c, e_bw, t0, t_seq; prefill's e(S)) fitted on GQA kernels
-(FlashAttention/FlashInfer) price MLA's (FlashMLA's) FLOPs and bytes as they are.
+(FlashAttention/FlashInfer) price MLA's FLOPs and bytes as they are, except decode attention's compute and
+BF16-KV byte efficiencies on a GPU with FP8 tensor cores (Hopper-class), which are FlashMLA's published H800
+shares of peak and HBM (:mod:`rollart.calibration.mla_decode`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from __future__ import annotations
 from rollart.calibration.kernels import (BF16_BYTES, CUSTOM_ALLREDUCE_MAX_BYTES, CUSTOM_ALLREDUCE_WORLD_SIZES,
                                          FP8_BYTES, M_TILE, unsplit_key)
 from rollart.calibration.links import inter_node_link
+from rollart.calibration.mla_decode import flashmla_efficiency
 from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainProfile, expert_gemm_params,
                                           stream_efficiency)
 from rollart.plan.schema import GpuType, Link, ModelSpec
@@ -108,6 +111,12 @@ class KernelProfileGeneration:
         d = dict(profile.attn_decode.params)
         if model.kv_dtype == "fp8":  # the FP8-KV kernel's own t0 and byte rate (dequantisation on the SMs)
             d.update(profile.attn_decode_fp8_kv.params if profile.attn_decode_fp8_kv else {})
+        self._flashmla = model.mla and profile.fp8_tensor_cores  # Hopper-class: the engines run FlashMLA
+        if self._flashmla:  # its published fractions of peak and HBM (calibration.mla_decode)
+            e_c, e_bw, _ = flashmla_efficiency()
+            d["e_c"] = e_c
+            if model.kv_dtype != "fp8":
+                d["e_bw"] = e_bw
         self._attn_decode = d
         self._decode_sms = (d.get("n_sm", 0.0) if not model.mla and d.get(unsplit_key(heads, kv, model.head_dim))
                             else 0.0)  # MLA kernels split the KV (FlashMLA): no occupancy term
@@ -142,6 +151,7 @@ class KernelProfileGeneration:
                             c.params.get("max_bytes", CUSTOM_ALLREDUCE_MAX_BYTES))
                            if c is not None and rank_tp in CUSTOM_ALLREDUCE_WORLD_SIZES else None)
         self._network = inter_node_link(network)
+        self._rdma = network is None or network.kind != "tcp"  # DeepEP's kernels across nodes need RDMA
         # element-wise kernels: bytes per token (attention side, per rank) and per expert row (MLP);
         # activations are quantised only where the linear layers compute in FP8
         i_rank, fp8 = inter / rank_tp, self._linear[2] == FP8_BYTES
@@ -164,8 +174,9 @@ class KernelProfileGeneration:
             per_token += 2.0 * (max(1, model.moe_active_experts) + 1) * h
         self._ew_bytes = (per_token, per_row)
         self._ew_rate = self._bw * stream_efficiency(profile)
-        kind = (f"{dtype}, {model.kv_dtype.upper()} KV" + (" (MLA latent; GQA-fitted attention kernels)" if model.mla
-                                                           else "") + (f", ep {ep}" if ep > 1 else ""))
+        mla = (" (MLA latent; decode attention at FlashMLA's published H800 shares of peak and HBM)" if self._flashmla
+               else " (MLA latent; GQA-fitted attention kernels)")
+        kind = (f"{dtype}, {model.kv_dtype.upper()} KV" + (mla if model.mla else "") + (f", ep {ep}" if ep > 1 else ""))
         ref = profile.transferred_from  # a GPU type without a profile (profiles.transferred_profile)
         borrowed = all(c.derived for _, c in profile.terms())  # nothing measured on this GPU (H200)
         self.source = ((f"{ref} kernel profile on the custom {profile.gpu} datasheet ({profile.hbm_tbps:g} TB/s, "
@@ -252,13 +263,14 @@ class KernelProfileGeneration:
         """1 / occupancy of the decode-attention kernel for ``batch`` sequences on a rank."""
         return max(1.0, self._decode_sms / (max(1.0, batch) * self._kv))
 
-    def _allreduce(self, tokens: float, rank_tokens: float | None = None) -> float:
+    def _allreduce(self, tokens: float, rank_tokens: float | None = None, kernel: str = "low_latency") -> float:
         """The two all-reduces per layer inside a rank, plus the MoE all-to-alls between ranks, for
-        the busiest rank's ``rank_tokens`` (an even ``tokens / ep`` when not given)."""
+        the busiest rank's ``rank_tokens`` (an even ``tokens / ep`` when not given); ``kernel``: the
+        all-to-all's (:func:`~rollart.sim.costs.moe.all_to_all_s`: "normal" for a step that prefills)."""
         rank_tokens = tokens / self.ep if rank_tokens is None else rank_tokens
         comm = all_to_all_s(self.model, tokens, self.ep, self.tp, *self._nvlink, *self._network,
                             rank_tokens=rank_tokens, domain=self._domain,
-                            dispatch=dispatch_bytes(self.model))
+                            dispatch=dispatch_bytes(self.model), kernel=kernel, rdma=self._rdma)
         if self._rank_tp == 1:
             return comm
         n = self._rank_tp
@@ -312,7 +324,7 @@ class KernelProfileGeneration:
         gemms, allreduce = self._token_terms(new_tokens)
         if f > 1.0:  # the busiest rank prefills, and sends to the experts, more than an even share
             gemms += self._rank_extra(new_tokens * (f - 1) / self.ep, new_tokens / self.ep)
-            allreduce = self._allreduce(new_tokens, new_tokens * f / self.ep)
+            allreduce = self._allreduce(new_tokens, new_tokens * f / self.ep, "normal")
         layers = self.model.layers * (gemms + attn)
         return (self.profile.iteration_overhead_s + layers + self._gemms(1, self._lm_head, self._bf16)
                 + allreduce)
@@ -338,7 +350,8 @@ class KernelProfileGeneration:
             attn += fixed + decode_context * per_context
         gemms, allreduce = self._token_terms(tokens)
         if self.ep > 1:  # the busiest rank's prompts and decoding sequences, not an even share
-            allreduce = self._allreduce(tokens, new_tokens * f / self.ep + busiest_rank_sequences(decode_batch, self.ep))
+            allreduce = self._allreduce(tokens, new_tokens * f / self.ep + busiest_rank_sequences(decode_batch, self.ep),
+                                        "normal")
         return (self.profile.iteration_overhead_s + self.model.layers * (gemms + attn) + lm_head + allreduce)
 
     def _token_terms(self, tokens: float) -> tuple[float, float]:
@@ -351,7 +364,7 @@ class KernelProfileGeneration:
         if terms is None:
             if len(self._per_tokens) >= _TOKEN_MEMO:
                 self._per_tokens.clear()
-            terms = self._per_tokens[tokens] = (self._layer_tokens(tokens), self._allreduce(tokens))
+            terms = self._per_tokens[tokens] = (self._layer_tokens(tokens), self._allreduce(tokens, kernel="normal"))
         return terms
 
     def _mixed_batch_terms(self, decode_batch: int) -> tuple[float, float, float]:

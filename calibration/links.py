@@ -40,9 +40,9 @@ def fit_links() -> dict[str, Any]:
                    "source": "400 Gbps InfiniBand line rate (paper's intra-cluster link); latency assumed"}
     out["pcie"] = {"bandwidth_gbps": 400.0, "latency_us": 2.0, "source": "PCIe Gen5 x16 line rate; latency assumed"}
     out["store"] = {"bucket_overhead_s": STORE_BUCKET_OVERHEAD_S,
-                    "source": "fallback only, assumed: the simulator uses the per-bucket overheads measured "
-                              "through the real Mooncake store (calibration/data/weight_transfer/measured.yaml) "
-                              "when that file is present"}
+                    "source": "assumed: a store transfer over an RDMA/IB link (and over TCP when no measurement "
+                              "is shipped); TCP links use the per-bucket overheads measured through the real "
+                              "Mooncake store's TCP transport (calibration/data/weight_transfer/measured.yaml)"}
     return out
 
 

@@ -299,8 +299,10 @@ def _mixed_step_unmemoised(c, new_tokens: int, pairs: float, batch: int, context
     tokens = new_tokens + batch
     return (c.profile.iteration_overhead_s + c.model.layers * (c._layer_tokens(tokens) + attn)
             + c._gemms(max(1.0, seqs), c._lm_head, c._bf16)
-            # the busiest rank's prompts (an even share: no prompt count given) and decoding sequences
-            + (c._allreduce(tokens, new_tokens / c.ep + seqs) if c.ep > 1 else c._allreduce(tokens)))
+            # the busiest rank's prompts (an even share: no prompt count given) and decoding sequences, on
+            # the all-to-all kernels of a step that prefills
+            + (c._allreduce(tokens, new_tokens / c.ep + seqs, "normal") if c.ep > 1
+               else c._allreduce(tokens, kernel="normal")))
 
 
 MOE_30B = {"name": "Qwen3-30B-A3B", "layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128,
@@ -323,7 +325,7 @@ def test_memoised_mixed_step_is_exact(model, gpu, tp, ep):
     # prefill uses the same memo, and gives the unmemoised prefill exactly
     n, pairs = cases[0][0], cases[0][1]
     plain = (c.profile.iteration_overhead_s + c.model.layers * (c._layer_tokens(n) + c._prefill_attention(n / c.ep, pairs))
-             + c._gemms(1, c._lm_head, c._bf16) + c._allreduce(n))
+             + c._gemms(1, c._lm_head, c._bf16) + c._allreduce(n, kernel="normal"))
     assert c.prefill_time(n, pairs) == plain
 
 

@@ -427,6 +427,24 @@ def test_store_pays_a_measured_overhead_per_bucket() -> None:
     assert small.publish_pull_s() > big.publish_pull_s()
 
 
+def test_the_measured_tcp_bucket_cost_stays_on_tcp_links() -> None:
+    """The per-bucket costs measured through Mooncake's TCP transport price a TCP link's buckets; an RDMA
+    link posts its transfers with no socket exchange and keeps the assumed metadata round trip."""
+    from rollart.calibration.links import STORE_BUCKET_OVERHEAD_S
+    from rollart.sim.costs.link import measured_store
+
+    m = measured_store()
+    tcp = _transfer()  # the paper's path between clusters: 200 Gbps Ethernet; inside a cluster: InfiniBand
+    assert tcp.cross.kind == "tcp" and tcp.intra.kind != "tcp"
+    assert tcp.publish_overhead_s == m["publish_s"] and tcp.pull_overhead_s == STORE_BUCKET_OVERHEAD_S
+    rdma = _transfer(["cluster.links.cross_cluster={kind: rdma, bandwidth_gbps: 400}"])
+    assert rdma.publish_overhead_s == STORE_BUCKET_OVERHEAD_S < m["publish_s"]
+    # 256 MB buckets over RDMA: the wire time, not a TCP handshake per bucket (6 s on TCP's), sets the publish
+    small = _transfer(["cluster.links.cross_cluster={kind: rdma, bandwidth_gbps: 400}", "weight_sync.bucket_mb=256"])
+    buckets = math.ceil(small.weight_bytes / small.bucket_bytes)
+    assert buckets * (small.cross.latency_s + small.publish_overhead_s) < small.weight_bytes / effective_bytes_per_s(small.cross)
+
+
 def test_store_stages_through_host_memory() -> None:
     """The async store is CPU-resident: the publish also pays the device → host copy of each
     pipeline stage, so it costs more trainer-side time than the GPU-direct broadcast."""

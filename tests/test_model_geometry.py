@@ -121,8 +121,11 @@ def test_mla_decode_reads_far_fewer_kv_bytes(gpu: str, tp: int) -> None:
         mla_cost, gqa_cost = make(DSV3), make(gqa)
         mla_line, gqa_line = mla_cost.decode_line(batch), gqa_cost.decode_line(batch)
         # seconds of KV read per cached token: a GPU's 128/tp heads' K and V (512 B a head and layer in BF16)
-        # against the whole 1152 B latent on every GPU: 7 × fewer bytes at tp 8, 3.6 × at tp 16, 57 × at tp 1
-        assert gqa_line.m1 / mla_line.m1 == pytest.approx(2 * (128 // tp) * 128 * 2 / ((512 + 64) * 2))
+        # against the whole 1152 B latent on every GPU: 7 × fewer bytes at tp 8, 3.6 × at tp 16, 57 × at tp 1;
+        # the calibrated model reads MLA's at FlashMLA's published byte rate, GQA's at the FlashInfer fit's
+        rates = (mla_cost._attn_decode["e_bw"] / gqa_cost._attn_decode["e_bw"]
+                 if hasattr(mla_cost, "_attn_decode") else 1.0)
+        assert gqa_line.m1 / mla_line.m1 == pytest.approx(2 * (128 // tp) * 128 * 2 / ((512 + 64) * 2) * rates)
         assert mla_line.m1 * 3 < gqa_line.m1
         assert mla_line.c1 > gqa_line.c1  # absorbed attention: more FLOPs per cached token
         assert mla_cost.decode_line(batch).total(batch * ctx, batch, 1) \
@@ -222,6 +225,8 @@ def test_bad_geometry_is_one_line_naming_the_field(fields: dict, needle: str) ->
 KEYS = ("params", "active", "kv", "H800/tp8/ep1/cap", "H800/tp8/ep1/roof/dec64", "H800/tp8/ep1/kern/dec64",
         "H800/tp8/ep1/kern/pre", "H20/tp1/ep1/kern/mix", "H200/tp16/ep1/kern/dec256", "train/64/8",
         "H800/tp8/ep2/kern/dec64", "H800/tp8/ep2/roof/pre", "H800/tp8/ep2/cap")
+# (session 50: a prefill step's all-to-all sends a token once per destination rank, DeepEP's normal kernels:
+# Qwen3-30B-A3B's H800/tp8/ep2/roof/pre moved 0.022641 → 0.019618 s in BF16, 0.019097 → 0.016806 s in FP8)
 BEFORE: dict[str, tuple] = {
     'Qwen2.5-7B/bf16': (
         7615283200, 7615283200, 57344, 4960283, 0.02474766588179104, 0.02510709718317341,
@@ -237,12 +242,12 @@ BEFORE: dict[str, tuple] = {
         0.06307599124127689, 0.13828973115134696, 0.0525062748677518, 2.896860341209651, None, None, None),
     'Qwen3-30B-A3B/bf16': (
         30519328768, 3340238848, 98304, 2660506, 0.03828911609703816, 0.03942638382371132, 0.0395302918966263,
-        0.08373934146056045, 0.06440023996534244, 2.101999334745917, 0.04162127329641526, 0.02264134645567665,
+        0.08373934146056045, 0.06440023996534244, 2.101999334745917, 0.04162127329641526, 0.019618331176655946,
         5289920),
     'Qwen3-30B-A3B/fp8': (
         30519328768, 3340238848, 49152, 5625141, 0.026958399357175797, 0.03612490879471999,
         0.03907665025254557, 0.062219104332746564, 0.05813471290756243, 2.101999334745917,
-        0.039163272517860316, 0.01909681043433157, 11206528),
+        0.039163272517860316, 0.01680593166819869, 11206528),
     'Qwen3-32B/bf16': (
         32761446400, 32761446400, 262144, 1978274, 0.04622616988656717, 0.05130464312894723,
         0.12518971852161678, 0.5321648486188255, 0.08899001420068826, 5.868846965984375, None, None, None),

@@ -149,12 +149,12 @@ def test_a_lone_prompt_sends_all_its_tokens_to_the_experts_from_one_rank(profile
     # their k experts' ranks and combines them back; the step waits for that rank. One 8K prompt
     # therefore pays the all-to-all of 8K tokens from one rank (ep times an even share's), eight
     # 1K prompts an even share each. Over a slow cross-node link the difference is the exchange.
-    slow = Link(kind="tcp", bandwidth_gbps=25)
+    slow = Link(kind="rdma", bandwidth_gbps=25)  # DeepEP's kernels (RDMA): a TCP network gathers every token
     cost = generation_cost(MOE, "H800", H800, 16, profile, 16, slow)
     n, pairs = 8192, 8192.0**2 / 2
     net = (25e9 / 8, 0.0)
-    even = all_to_all_s(MOE, n, 16, 16, 1e15, 0.0, *net)
-    lone = all_to_all_s(MOE, n, 16, 16, 1e15, 0.0, *net, rank_tokens=n)
+    even = all_to_all_s(MOE, n, 16, 16, 1e15, 0.0, *net, kernel="normal")  # a prefill's kernels
+    lone = all_to_all_s(MOE, n, 16, 16, 1e15, 0.0, *net, rank_tokens=n, kernel="normal")
     assert lone == pytest.approx(16 * even)
     # the cost model's step grows by at least the exchange's difference (its attention grows too)
     assert cost.prefill_time(n, pairs, sequences=1) - cost.prefill_time(n, pairs, sequences=16) >= 0.9 * (lone - even)
@@ -204,3 +204,91 @@ def test_no_ep_layout_beats_the_datasheet_roofline(profile: str | None, tp: int,
             * batch * ctx
         nbytes = weight_bytes_read(MOE, batch) - emb + MOE.kv_bytes_per_token * batch * ctx  # read at least once
         assert cost.decode_line(batch).total(batch * ctx, batch, 1) >= max(flops / peak, nbytes / bw)
+
+
+# ---- the all-to-all of a step that prefills: DeepEP's normal (high-throughput) kernels
+
+DSV3_LIKE = ModelSpec(name="dsv3-like", layers=61, hidden=7168, heads=128, kv_heads=128, head_dim=128,
+                      intermediate=2048, vocab=129280, moe_experts=256, moe_active_experts=8)
+
+
+@given(experts_per_group=st.integers(1, 64), groups=st.integers(1, 64), active=st.integers(1, 16))
+def test_groups_reached_is_between_one_and_k(experts_per_group: int, groups: int, active: int) -> None:
+    from rollart.sim.costs.moe import groups_reached
+
+    experts = experts_per_group * groups
+    active = min(active, experts)
+    reached = groups_reached(experts, active, groups)
+    assert 1.0 - 1e-9 <= reached <= min(active, groups) + 1e-9
+    if active < experts:  # one expert more reaches at least as many groups
+        assert groups_reached(experts, active + 1, groups) >= reached - 1e-12
+
+
+def test_groups_reached_closed_form() -> None:
+    from rollart.sim.costs.moe import groups_reached
+
+    # 8 of 256 experts over 4 domains of 64: a domain is missed with Π (192 − i)/(256 − i)
+    miss = 1.0
+    for i in range(8):
+        miss *= (192 - i) / (256 - i)
+    assert groups_reached(256, 8, 4) == pytest.approx(4 * (1 - miss))
+    assert groups_reached(256, 8, 1) == 1.0
+    assert groups_reached(256, 256, 8) == pytest.approx(8.0)  # every expert: every group
+
+
+def test_a_prefill_sends_a_token_once_to_each_node_it_needs() -> None:
+    # DeepEP's normal kernels (DeepSeek-V3 EP32 on 4 HGX nodes, NVLink taken as free): a token crosses the
+    # network once per other node its 8 experts live on (2.7 expected), not once per expert (6 expected)
+    from rollart.sim.costs.moe import groups_reached
+
+    net = (45e9, 0.0)
+    tokens = 4096 * 32
+    normal = all_to_all_s(DSV3_LIKE, tokens, 32, 32, 1e15, 0.0, *net, dispatch=1 + 4 / 128, kernel="normal")
+    low_latency = all_to_all_s(DSV3_LIKE, tokens, 32, 32, 1e15, 0.0, *net, dispatch=1 + 4 / 128)
+    copies = groups_reached(256, 8, 4) * 3 / 4
+    assert copies == pytest.approx(2.71, abs=0.01)
+    one_copy = 4096 * 7168 * ((1 + 4 / 128) + 2.0) / net[0]  # dispatch in FP8, combine in BF16
+    assert normal == pytest.approx(DSV3_LIKE.moe_layers * copies * one_copy)
+    assert low_latency == pytest.approx(DSV3_LIKE.moe_layers * 8 * (31 / 32) * (24 / 31) * one_copy)
+    assert normal < 0.5 * low_latency
+
+
+def test_inside_one_node_a_prefill_sends_one_copy_per_destination_rank() -> None:
+    from rollart.sim.costs.moe import groups_reached
+
+    nvlink = (150e9, 0.0)
+    tokens = 4096 * 8
+    normal = all_to_all_s(DSV3_LIKE, tokens, 8, 8, *nvlink, 1e9, 0.0, kernel="normal")  # network never used
+    per_copy = 4096 * 7168 * (2.0 + 2.0) / nvlink[0]
+    assert normal == pytest.approx(DSV3_LIKE.moe_layers * groups_reached(256, 8, 8) * 7 / 8 * per_copy)
+    assert normal < all_to_all_s(DSV3_LIKE, tokens, 8, 8, *nvlink, 1e9, 0.0)  # fewer copies than k·7/8
+
+
+def test_decode_steps_keep_the_low_latency_kernels() -> None:
+    # the engine's decode line prices one copy per routed expert (DeepEP low-latency); a prefill does not
+    cost = generation_cost(MOE, "H800", H800, 16, None, 16, Link(kind="rdma", bandwidth_gbps=25))
+    assert cost._allreduce(256, 16) == cost._allreduce(256, 16, "low_latency")
+    assert cost._allreduce(4096, 256, "normal") < cost._allreduce(4096, 256, "low_latency")
+    with pytest.raises(ValueError, match="kernel"):
+        all_to_all_s(MOE, 4096, 16, 16, 1e11, 0.0, 1e10, 0.0, kernel="fast")
+
+
+@pytest.mark.parametrize("profile", ["datasheet", None])
+def test_cross_node_ep_on_tcp_gathers_every_token(profile: str | None) -> None:
+    # DeepEP needs RDMA between nodes; on TCP the engine's fallback (vLLM's default all2all backend)
+    # all-gathers every rank's tokens (BF16) and reduce-scatters them back, a ring whose network hops
+    # cross at min(NVLink, 8 ports × the port) on 8-GPU nodes, (ep − 1) latencies each way
+    from rollart.sim.costs.moe import ring_link
+
+    tcp = Link(kind="tcp", bandwidth_gbps=100)
+    rdma = Link(kind="rdma", bandwidth_gbps=100 * 0.6 / 0.9)  # the same effective rate (LINK_EFFICIENCY)
+    nvlink, net = (2e11, 1e-5), (100e9 / 8 * 0.6, 5e-5)
+    gathered = all_to_all_s(MOE, 4096, 32, 32, *nvlink, *net, rdma=False)
+    rate, latency = ring_link(32, nvlink, net, 8)
+    assert rate == min(2e11, 8 * net[0]) and latency == 5e-5
+    assert gathered == pytest.approx(48 * 2 * (31 * latency + 4096 * 2048 * 2 * 31 / 32 / rate))
+    # inside one node DeepEP runs on NVLink whatever the network
+    assert all_to_all_s(MOE, 4096, 8, 8, 1e11, 0.0, *net, rdma=False) == all_to_all_s(MOE, 4096, 8, 8, 1e11, 0.0, *net)
+    on_tcp = generation_cost(MOE, "H800", H800, 32, profile, 32, tcp)
+    on_rdma = generation_cost(MOE, "H800", H800, 32, profile, 32, rdma)
+    assert on_tcp.decode_line(256).a > on_rdma.decode_line(256).a

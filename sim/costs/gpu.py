@@ -211,7 +211,8 @@ class RooflineGeneration:
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, eff: RooflineEfficiency | None = None,
-                 ep: int = 1, network: tuple[float, float] | None = None, domain: int | None = None):
+                 ep: int = 1, network: tuple[float, float] | None = None, domain: int | None = None,
+                 rdma: bool = True):
         self.model, self.gpu, self.tp, self.ep = model, gpu, tp, ep
         self._domain = gpu.nvlink_domain if domain is None else domain
         fp8_peak_ratio = gpu.tflops_fp8 / gpu.tflops_bf16 if gpu.tflops_fp8 else 1.0
@@ -244,6 +245,7 @@ class RooflineGeneration:
         self._bytes_per_expert = expert_weight_bytes(model) / model.moe_experts if model.moe_experts else 0.0
         self._nvlink = gpu.nvlink_gbps * 1e9 / 2  # datasheet NVLink counts both directions
         self._network = network or (self._nvlink, self.eff.allreduce_latency_s)
+        self._rdma = rdma  # DeepEP's kernels across nodes (moe.all_to_all_s); False on a TCP network
         self._attn_flops_per_pair = model.layers * prefill_attention_flops(model) / ep  # a rank's share
         # a decoding token's FLOPs per cached token (MLA's absorbed form) over a prefill pair's: 1.0 for GQA,
         # so the plain models' sums are the same floating-point expressions as before
@@ -266,13 +268,14 @@ class RooflineGeneration:
             return self._dense_bytes
         return self._dense_bytes + self._bytes_per_expert * rank_experts_touched(self.model, max(1.0, tokens), self.ep)
 
-    def _allreduce(self, tokens: float, rank_tokens: float | None = None) -> float:
+    def _allreduce(self, tokens: float, rank_tokens: float | None = None, kernel: str = "low_latency") -> float:
         """The MoE all-to-alls and the all-reduces inside a rank, for the busiest rank's
-        ``rank_tokens`` (an even ``tokens / ep`` when not given)."""
+        ``rank_tokens`` (an even ``tokens / ep`` when not given); ``kernel``: the all-to-all's
+        (:func:`~rollart.sim.costs.moe.all_to_all_s`: "normal" for a step that prefills)."""
         rank_tokens = tokens / self.ep if rank_tokens is None else rank_tokens
         comm = all_to_all_s(self.model, tokens, self.ep, self.tp, self._nvlink, self.eff.allreduce_latency_s,
                             *self._network, rank_tokens=rank_tokens, domain=self._domain,
-                            dispatch=dispatch_bytes(self.model))
+                            dispatch=dispatch_bytes(self.model), kernel=kernel, rdma=self._rdma)
         n = self._rank_tp
         if n == 1:
             return comm
@@ -295,7 +298,7 @@ class RooflineGeneration:
         compute = flops / (self._peak * self.eff.prefill_compute)
         memory = self._weights(new_tokens) / (self._bw * self.eff.decode_bandwidth)
         return self.eff.iteration_overhead_s + max(compute, memory) \
-            + self._allreduce(new_tokens, new_tokens / self.ep * busiest_rank_share(sequences, self.ep))
+            + self._allreduce(new_tokens, new_tokens / self.ep * busiest_rank_share(sequences, self.ep), "normal")
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
                         decode_context: float, sequences: int = 0) -> float:
@@ -311,7 +314,7 @@ class RooflineGeneration:
             / (self._bw * self.eff.decode_bandwidth)
         rank_tokens = new_tokens * busiest_rank_share(sequences, self.ep) / self.ep \
             + busiest_rank_sequences(decode_batch, self.ep)
-        return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(tokens, rank_tokens)
+        return self.eff.iteration_overhead_s + max(compute, memory) + self._allreduce(tokens, rank_tokens, "normal")
 
     def decode_line(self, batch: int) -> DecodeLine:
         line = self._lines.get(batch)

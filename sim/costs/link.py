@@ -56,8 +56,9 @@ class WeightTransferCost:
     3. **transfer** at the link's *effective* rate ``bw·eff`` (``LINK_EFFICIENCY``);
     4. the **store** path also stages the buckets into the CPU-resident store, ``(W/pp) / h2d``,
        and pays a per-bucket registration + put + handshake ``o_pub`` when publishing and
-       ``o_pull`` when pulling (measured through the real Mooncake store, or the plan's
-       ``weight_sync.bucket_overhead_s``). Staging and publishing are a two-stage pipeline over
+       ``o_pull`` when pulling (measured through the real Mooncake store's TCP transport, for a TCP
+       link; the assumed metadata round trip ``STORE_BUCKET_OVERHEAD_S`` on an RDMA/IB link; or the
+       plan's ``weight_sync.bucket_overhead_s``). Staging and publishing are a two-stage pipeline over
        the n buckets (bucket i on the wire while bucket i + 1 is staged): the slower of the two
        plus 1/n of the other. The workers pull bucket i over their intra-cluster link as soon as it
        lands, so the pull adds one bucket;
@@ -118,9 +119,16 @@ class WeightTransferCost:
         self.stage_s = self.weight_bytes / tr.pp / self.h2d_bytes_per_s
         from rollart.calibration.links import STORE_BUCKET_OVERHEAD_S
 
+        # The measured per-bucket costs are Mooncake's TCP transport's (a socket exchange per transfer); an
+        # RDMA or InfiniBand path posts its transfers to the NIC with no such exchange, so it keeps the
+        # assumed metadata round trip (STORE_BUCKET_OVERHEAD_S) rather than a TCP measurement
         store = measured_store()
-        self.publish_overhead_s = store.get("publish_s", STORE_BUCKET_OVERHEAD_S)
-        self.pull_overhead_s = store.get("pull_s", STORE_BUCKET_OVERHEAD_S)
+
+        def measured_on(link: Link, key: str) -> float:
+            return store.get(key, STORE_BUCKET_OVERHEAD_S) if link.kind == "tcp" else STORE_BUCKET_OVERHEAD_S
+
+        self.publish_overhead_s = measured_on(self.cross, "publish_s")
+        self.pull_overhead_s = measured_on(self.intra, "pull_s")
         if ws.bucket_overhead_s is not None:  # the plan's own store (e.g. an RDMA cluster's)
             self.publish_overhead_s = self.pull_overhead_s = ws.bucket_overhead_s
         self.bucket_overhead_s = self.publish_overhead_s

@@ -244,9 +244,25 @@ def dispatch_bytes(model: ModelSpec) -> float:
     return FP8_DISPATCH_BYTES if model.weight_dtype == "fp8" else 2.0
 
 
+def groups_reached(experts: int, active: int, groups: int) -> float:
+    """Expected distinct groups a token's ``active`` experts fall in when ``experts`` experts are split
+    evenly into ``groups`` groups (ranks, or NVLink domains of ranks) and a token picks its experts
+    uniformly without replacement: ``groups · (1 − Π_{i<k} (E − E/g − i)/(E − i))``; 1 for one group."""
+    if groups <= 1:
+        return 1.0
+    experts = max(1, experts)
+    active = min(max(1, active), experts)
+    outside = experts - experts / groups
+    miss = 1.0
+    for i in range(active):
+        miss *= max(0.0, outside - i) / (experts - i)
+    return groups * (1.0 - miss)
+
+
 def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes_per_s: float, nvlink_latency_s: float,
                  net_bytes_per_s: float, net_latency_s: float, rank_tokens: float | None = None,
-                 domain: int = DEFAULT_NVLINK_DOMAIN, dispatch: float = 2.0) -> float:
+                 domain: int = DEFAULT_NVLINK_DOMAIN, dispatch: float = 2.0, kernel: str = "low_latency",
+                 rdma: bool = True) -> float:
     """Dispatch + combine of every MoE layer (``model.moe_layers``: not the dense first layers) for a
     step over ``tokens`` tokens on a worker of ``tp`` GPUs in ``ep`` ranks: each token's hidden state goes to its k experts' ranks and
     back; the (ep−1)/ep that leave the rank are spread over its tp/ep GPUs. Within one NVLink domain
@@ -258,7 +274,21 @@ def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes
     ``tokens / ep`` (a prompt prefills on one rank, so a step of fewer prompts than ranks sends all of a
     prompt's tokens from one); it sends them all, and the step waits for it. ``dispatch``: bytes an element
     takes going out (:func:`dispatch_bytes` for a serving engine; BF16's 2 for training); the combine
-    returns BF16. 0 when ep = 1."""
+    returns BF16. 0 when ep = 1.
+
+    ``kernel`` says how many copies of a token travel, as DeepEP's two kernel families send them:
+    ``"low_latency"`` (decode, and training's all-to-all dispatcher) sends one per routed expert
+    outside the rank, k·(ep−1)/ep; ``"normal"`` (DeepEP's high-throughput kernels, which serving
+    engines run for steps that prefill) sends a token once to each destination rank over NVLink,
+    D_rank·(1 − 1/ep) copies, and once to each other NVLink domain over the network, whose receiving
+    GPU forwards it on over NVLink: D_dom·(1 − 1/n_dom) copies (:func:`groups_reached`; the own rank's
+    and own domain's expected share removed by symmetry). A token whose 8 experts span 4 nodes of an
+    EP32 DeepSeek-V3 sends 2.7 copies over the network instead of 6.
+
+    ``rdma`` False (a TCP network): DeepEP's kernels need RDMA between nodes, so a worker wider than a
+    domain runs the engine's fallback (vLLM's default all2all backend), an all-gather of every rank's
+    tokens to every rank and a reduce-scatter back, both in BF16: (ep−1)/ep of the step's tokens reach each
+    GPU, in a ring whose network hops cross at min(NVLink, ports × port) (:func:`ring_link`)."""
     if ep <= 1 or not model.moe_experts:
         return 0.0
     k = max(1, model.moe_active_experts)
@@ -269,11 +299,31 @@ def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes
     ranks_per_domain = max(1, domain // rank_tp)
     off_domain = (ep - min(ep, ranks_per_domain)) / (ep - 1)
 
-    def one_way(element_bytes: float) -> float:
-        per_gpu = sent * k * model.hidden * element_bytes * (ep - 1) / ep / rank_tp
-        t = nvlink_latency_s + per_gpu * (1 - off_domain) / nvlink_bytes_per_s
-        if off_domain:
-            t = max(t, net_latency_s + per_gpu * off_domain / net_bytes_per_s)
-        return t
+    if not rdma and ranks_per_domain < ep:
+        rate, latency = ring_link(ep, (nvlink_bytes_per_s, nvlink_latency_s), (net_bytes_per_s, net_latency_s),
+                                  ranks_per_domain)
+        gathered = tokens * model.hidden * 2.0 * (ep - 1) / ep  # every other rank's tokens, BF16
+        return model.moe_layers * 2 * ((ep - 1) * latency + gathered / rate)
+    if kernel == "low_latency":
+        def one_way(element_bytes: float) -> float:
+            per_gpu = sent * k * model.hidden * element_bytes * (ep - 1) / ep / rank_tp
+            t = nvlink_latency_s + per_gpu * (1 - off_domain) / nvlink_bytes_per_s
+            if off_domain:
+                t = max(t, net_latency_s + per_gpu * off_domain / net_bytes_per_s)
+            return t
+    elif kernel == "normal":
+        domains = math.ceil(ep / min(ep, ranks_per_domain))
+        # a rank as wide as a domain has no rank beside it to forward to
+        nvlink_copies = groups_reached(model.moe_experts, k, ep) * (1 - 1 / ep) if ranks_per_domain > 1 else 0.0
+        net_copies = groups_reached(model.moe_experts, k, domains) * (1 - 1 / domains) if domains > 1 else 0.0
+
+        def one_way(element_bytes: float) -> float:
+            per_copy = sent * model.hidden * element_bytes / rank_tp  # a GPU's share of one copy of its tokens
+            t = nvlink_latency_s + per_copy * nvlink_copies / nvlink_bytes_per_s
+            if net_copies:
+                t = max(t, net_latency_s + per_copy * net_copies / net_bytes_per_s)
+            return t
+    else:
+        raise ValueError(f"kernel must be 'low_latency' or 'normal', not {kernel!r}")
 
     return model.moe_layers * (one_way(dispatch) + one_way(2.0))
