@@ -2,7 +2,8 @@
 
 The command function is registered on the main app by ``rollart.cli``. Environment:
 ``ROLLART_REPRODUCE_BATCH`` caps every plan's batch size (reduced runs, CI);
-``ROLLART_REPRODUCE_VARIANT_TIMEOUT`` bounds one variant's wall time (seconds, default 90);
+``ROLLART_REPRODUCE_VARIANT_TIMEOUT`` bounds one variant's CPU time (seconds, default 90; see
+:mod:`rollart.reproduce.runner`);
 ``ROLLART_REPRODUCE_JOBS`` sets the worker processes (default one per CPU, at most 8).
 """
 

@@ -168,6 +168,21 @@ def task_share_summary(plan: Any, steps: list[StepRecord], stats: Any) -> dict[s
     return {"task_shares": shares, "warnings": warnings}
 
 
+def waste_summary(stats: Any) -> dict[str, Any]:
+    """Decode work thrown away by aborts (``stats``: :class:`~rollart.core.stats.RunStats`).
+    ``wasted_tokens``: tokens the engines decoded for turns cut short by an abort (redundant or stale
+    trajectories), left out of ``tokens_per_s``, which counts returned turns only (the finished turns of
+    an aborted trajectory are in it); None where the backend cannot report a cut turn's partial output
+    (the Ray runtime: vLLM's abort returns none). ``wasted_token_share``: their share of all decoded
+    tokens (returned + wasted). GPU time is unaffected: the engines are charged for every iteration
+    they ran."""
+    unknown = getattr(stats, "wasted_unreported", 0)
+    wasted = None if unknown else getattr(stats, "wasted_tokens", 0)
+    decoded = stats.generated_tokens + (wasted or 0)
+    return {"wasted_tokens": wasted,
+            "wasted_token_share": None if wasted is None else (wasted / decoded if decoded else 0.0)}
+
+
 def _pct(x: float) -> str:
     """A share as a whole percent, never rounded to 0 % or 100 % unless it is."""
     if 0 < x < 0.005:
@@ -229,13 +244,17 @@ def summary_table(result: RunResult) -> Table:
         table.add_row("serverless reward", f"{sm['serverless_gpu_seconds']:.0f} GPU·s billed "
                                            f"{'per request' if per_request else 'as instance time'}{share}, "
                                            f"{sm.get('serverless_cold_starts', 0)} cold starts{up}")
+    wasted = sm.get("wasted_tokens")
     table.add_row("aborted", f"{sm['aborted_stale']} stale · {sm['aborted_redundant']} redundant · "
                              f"{sm['env_failures']} env failures"
-                             + (f" · {sm['env_timeouts']} env timeouts" if sm.get("env_timeouts") else ""))
+                             + (f" · {sm['env_timeouts']} env timeouts" if sm.get("env_timeouts") else "")
+                             + (f" · {wasted:,} tokens decoded for cut turns, wasted "
+                                f"({sm['wasted_token_share']:.1%} of decoded tokens)" if wasted else ""))
     for pool, c in (sm.get("env_cores") or {}).items():
         wait = f" · envs waited {c['mean_wait_s']:.1f} s for cores on average" if c["mean_wait_s"] >= 0.05 else ""
         idle = (f" · billed for all {c['cores']:,g} (cluster.cpu_pools.{pool}.cores)"
-                if c["peak_held_share"] < 0.5 and "cost_usd_per_hour" in sm else "")
+                if c["peak_held_share"] < 0.5 and "cost_usd_per_hour" in sm and "cpu_cores_billed_at_peak" not in sm
+                else "")
         pulls = (f" · {c['image_pulls']:,} image pulls, {c['mean_pull_s']:.1f} s mean, up to {c['peak_pulls']:,} at once"
                  if c.get("image_pulls") else "")
         table.add_row("env cores", f"{pool}: at most {c['peak_held_share']:.0%} of {c['cores']:,g} held{wait}{idle}{pulls}")
@@ -245,7 +264,10 @@ def summary_table(result: RunResult) -> Table:
         table.add_row("cost", "- (a placed GPU type has no price: set prices.gpu_usd_per_hour)"
                       if sm["cost_usd_per_hour"] is None else
                       f"${sm['cost_per_step_usd']:,.2f}/step · ${sm['cost_per_1k_trajectories_usd']:,.2f} per 1k "
-                      f"trajectories · ${sm['cost_usd_per_hour']:,.0f}/h")
+                      f"trajectories · ${sm['cost_usd_per_hour']:,.0f}/h"
+                      + (f" · env CPU billed for the {sm['cpu_cores_billed_at_peak']:,.0f} cores held at peak "
+                         "(the plan sets no cluster.cpu_pools; its default pool is not bought whole)"
+                         if "cpu_cores_billed_at_peak" in sm else ""))
     table.add_row("staleness", f"{sm['mean_staleness']:.2f} versions mean")
     if "prefix_cache_hit_rate" in sm:
         preempted = sm.get("kv_preemptions") or 0

@@ -19,14 +19,14 @@ from simpy.events import NORMAL, EventPriority
 from rollart.calibration import generation_cost, train_cost
 from rollart.calibration.cost import ProfiledTrainCost
 from rollart.core import Controller, RunAborted, build_workers
-from rollart.core.effects import (Abort, Aborted, AcquireEnv, BroadcastWeights, ComputeReward, EnvClose, EnvReset,
-                                  EnvStep, Generate, GenOutcome, PublishWeights, Sleep, Spawn, TrainStep,
+from rollart.core.effects import (Abort, Aborted, AcquireEnv, BroadcastWeights, ComputeReward, EnvClose, EnvOutcome,
+                                  EnvReset, EnvStep, Generate, GenOutcome, PublishWeights, Sleep, Spawn, TrainStep,
                                   UpdateWeights, Wait)
 from rollart.core.modes import ModeConfig, unused_settings, weight_sync_summary
 from rollart.core.stats import StepRecord
 from rollart.plan import Plan, PlanError
 from rollart.plan.schema import GenerationGroup
-from rollart.report import RunResult, price_steady_state, summary_from_steps, task_share_summary
+from rollart.report import RunResult, price_steady_state, summary_from_steps, task_share_summary, waste_summary
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
 from rollart.sim.costs.moe import effective_domain, worker_domain, worker_weight_bytes
@@ -69,6 +69,16 @@ class _Wake:
         self.callbacks: list[Any] = []
         # Environment.schedule(self, NORMAL, delay), inlined (the same queue entry)
         heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), self))  # type: ignore[attr-defined]
+
+
+class _ImagePull:
+    """An image on its way into a pool: the SimPy process moving its bytes, and how many env resets
+    wait for it (when the last gives up, the pull stops and gives its share of the path back)."""
+
+    __slots__ = ("key", "proc", "waiters")
+
+    def __init__(self, key: tuple[str, int]):
+        self.key, self.proc, self.waiters = key, None, 0
 
 
 class SimBackend:
@@ -246,7 +256,11 @@ class SimBackend:
         # per pool with an image_pull_gbps: the path its envs pull their images through, shared
         self.image_pipes = {name: SharedPipe(self.env, p.image_pull_gbps * 1e9 / 8)
                             for name, p in self.plan.cluster.cpu_pools.items() if p.image_pull_gbps}
-        self._pulled: set[int] = set()  # trajectories whose env has its image (a retried reset pulls nothing)
+        # per (pool, image): True once the pool holds the image, else the pull in flight (_ImagePull); an
+        # entry lives while an open env of the pool runs the image (a retried reset pulls nothing)
+        self._images: dict[tuple[str, int], Any] = {}
+        self._image_of: dict[int, tuple[str, int]] = {}  # per open trajectory: the (pool, image) it runs
+        self._image_users: dict[tuple[str, int], int] = {}
         self.pull_s: dict[str, list[float]] = {}  # per pool: [seconds the finished pulls took, how many]
         # per pool: the most cores held at once, and [seconds envs queued for cores, envs that took cores]
         self.cpu_peak: dict[str, float] = dict.fromkeys(self.cpu, 0.0)
@@ -314,6 +328,8 @@ class SimBackend:
             self._procs[key] = proc
         return proc
 
+    _partial = 0  # the decoded tokens of the request _run_request aborted last (read and reset by _drive)
+
     def _drive(self, gen: Generator[Any, Any, Any], key: Hashable | None) -> SimGen:
         handlers = self._handlers
         note = self.contention.note_effect if self.contention is not None else None
@@ -321,6 +337,7 @@ class SimBackend:
         step_overhead = self._step_overhead
         send: Any = None
         throw: BaseException | None = None
+        partial: int | None = None  # an aborted Generate's decoded tokens (engine.abort's count)
         try:
             while True:
                 try:
@@ -351,13 +368,20 @@ class SimBackend:
                         try:
                             yield req.done
                         except simpy.Interrupt:
-                            engine.abort(req)
+                            partial = engine.abort(req)
                             raise
                         send = GenOutcome(tokens=tokens)
                     else:
                         send = yield from handlers[kind](effect)
                 except simpy.Interrupt as intr:
-                    send, throw = None, Aborted(str(intr.cause))
+                    # _run_request's count (PD: of the stage cut), set just before in this same call chain: no
+                    # other process runs between an interrupted request's abort and this handler
+                    handled, self._partial = self._partial, 0
+                    if kind is Generate:
+                        throw = Aborted(str(intr.cause), handled if partial is None else partial)
+                    else:
+                        throw = Aborted(str(intr.cause))
+                    send, partial = None, None
         finally:
             if key is not None:
                 self._procs.pop(key, None)
@@ -409,22 +433,75 @@ class SimBackend:
             self.cpu_peak[pool] = max(self.cpu_peak[pool], cores.capacity - cores.level)
 
     def _env_reset(self, eff: EnvReset) -> SimGen:
+        """One reset attempt. A sandbox start that pulls its image is under the start-up timeout (ROLL's
+        sandbox manager): one deadline, ``env.timeout_s`` from the attempt's start, covers the wait for
+        the image and the reset; at the deadline the attempt is abandoned (a pull no one else waits for
+        stops and gives its share of the path back) and the core's retry policy takes over."""
         traj = eff.traj
         task = self.plan.task(traj.task)
         if traj.id not in self._holding_cpu:
             yield from self._acquire_env(AcquireEnv(traj))
-        if task.env.image_gb > 0 and traj.id not in self._pulled:
-            self._pulled.add(traj.id)
-            if not self.envs.image_cached(task, traj.id):
-                pool = task.env.pool or self._default_cpu_pool
-                t0 = self.env.now
-                yield from self.image_pipes[pool].transfer(task.env.image_gb * 1e9)
-                done = self.pull_s.setdefault(pool, [0.0, 0])  # an aborted pull is not a pull's time
-                done[0] += self.env.now - t0
-                done[1] += 1
-        latency, outcome = self.envs.reset(task, traj.id)
+        left = None
+        if task.env.image_gb > 0:
+            pull = self._image_pull(task, traj)
+            if pull is not None:
+                timeout_s, t0 = task.env.timeout_s, self.env.now
+                pull.waiters += 1
+                try:
+                    yield pull.proc | self.env.timeout(timeout_s)
+                except simpy.Interrupt:  # aborted while waiting for the image
+                    self._stop_waiting(pull)
+                    raise
+                if not pull.proc.triggered:  # the deadline came first
+                    self._stop_waiting(pull)
+                    return EnvOutcome(ok=False, error="timeout")
+                pull.waiters -= 1
+                left = timeout_s - (self.env.now - t0)
+        latency, outcome = self.envs.reset(task, traj.id, left)
         yield self.env.timeout(latency + self._env_pool(task).reset_overhead_s)
         return outcome
+
+    def _image_key(self, traj: Any) -> int:
+        """The image a trajectory's env runs: its GRPO group's. A group's members share one prompt, so
+        one repository image (SWE-style tasks): on their pool the first member's reset pulls it, later
+        members wait for that pull or find it there, and whether a cache holds it is drawn once."""
+        return traj.group.id
+
+    def _image_pull(self, task: Any, traj: Any) -> _ImagePull | None:
+        """The pull a trajectory's env waits for, or None when its pool holds the image."""
+        key = (task.env.pool or self._default_cpu_pool, self._image_key(traj))
+        if traj.id not in self._image_of:
+            self._image_of[traj.id] = key
+            self._image_users[key] = self._image_users.get(key, 0) + 1
+        state = self._images.get(key)
+        if state is None:
+            if self.envs.image_cached(task, key[1]):
+                state = True
+            else:
+                state = _ImagePull(key)
+                state.proc = self.env.process(self._pull(state, task.env.image_gb * 1e9))
+            self._images[key] = state
+        return None if state is True else state
+
+    def _pull(self, pull: _ImagePull, nbytes: float) -> SimGen:
+        pool, t0 = pull.key[0], self.env.now
+        try:
+            yield from self.image_pipes[pool].transfer(nbytes)
+        except simpy.Interrupt:  # every reset waiting for it gave up: the bytes moved so far are lost
+            return
+        done = self.pull_s.setdefault(pool, [0.0, 0])  # an abandoned pull is not a pull's time
+        done[0] += self.env.now - t0
+        done[1] += 1
+        if self._images.get(pull.key) is pull:
+            self._images[pull.key] = True
+
+    def _stop_waiting(self, pull: _ImagePull) -> None:
+        pull.waiters -= 1
+        if not pull.waiters:
+            if self._images.get(pull.key) is pull:
+                del self._images[pull.key]  # a later attempt starts a pull of its own
+            if pull.proc.is_alive:
+                pull.proc.interrupt()
 
     def _env_step(self, eff: EnvStep) -> SimGen:
         task = self.plan.task(eff.traj.task)
@@ -436,7 +513,14 @@ class SimBackend:
         return self.plan.cluster.cpu_pools[task.env.pool or self._default_cpu_pool]
 
     def _env_close(self, eff: EnvClose) -> SimGen:
-        self._pulled.discard(eff.traj.id)
+        image = self._image_of.pop(eff.traj.id, None)
+        if image is not None:
+            users = self._image_users[image] - 1
+            if users:
+                self._image_users[image] = users
+            else:  # no open env runs the image any more
+                del self._image_users[image]
+                self._images.pop(image, None)
         held = self._holding_cpu.pop(eff.traj.id, None)
         if held is not None:
             yield self.cpu[held[0]].put(held[1])
@@ -492,7 +576,7 @@ class SimBackend:
         try:
             yield req.done
         except simpy.Interrupt:
-            engine.abort(req)  # ABORT: the engine drops it at its next step
+            self._partial = engine.abort(req)  # ABORT: the engine drops it at its next step
             raise
 
     def _reward(self, eff: ComputeReward) -> SimGen:
@@ -694,6 +778,7 @@ class SimOutcome:
         elapsed = steps[-1].end_s if steps else self.elapsed_s
         summary: dict[str, Any] = summary_from_steps(steps, b.mode.alpha)
         summary.update(task_share_summary(b.plan, steps, ctl.stats))
+        summary.update(waste_summary(ctl.stats))
         summary.update({
             "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
             "gpu_busy_fraction": self.gpu_busy_fraction(),
@@ -745,10 +830,11 @@ class SimOutcome:
                             "cost_usd_per_hour": None})
         else:
             cost = run_cost(b.plan, elapsed, len(steps), sum(s.trajectories for s in steps),
-                            summary["serverless_gpu_seconds"], b.mode)
+                            summary["serverless_gpu_seconds"], b.mode, cpu_held=b.cpu_peak)
             summary.update({"cost_per_step_usd": cost.per_step_usd,
                             "cost_per_1k_trajectories_usd": cost.per_1k_trajectories_usd,
-                            "cost_usd_per_hour": cost.usd_per_hour})
+                            "cost_usd_per_hour": cost.usd_per_hour,
+                            **({"cpu_cores_billed_at_peak": cost.cpu_cores_billed} if cost.cpu_billed_at_peak else {})})
             price_steady_state(summary)
         calibration = dict(b.cost_sources)
         calibration["trainer"] = b.train_cost.source

@@ -63,7 +63,7 @@ class _Timer:
 
 class Request:
     __slots__ = ("traj_id", "context", "new_tokens", "decode_tokens", "tokens", "done", "admit_iter",
-                 "finish_iter", "seq", "aborted", "running", "remote", "preempted")
+                 "finish_iter", "seq", "aborted", "running", "remote", "preempted", "wasted")
 
     def __init__(self, traj_id: int, context: int, decode_tokens: int, done: simpy.Event, prefilled: bool,
                  remote: int = 0):
@@ -80,6 +80,11 @@ class Request:
         self.aborted = False
         self.running = False
         self.preempted = False              # it ran, was preempted, and waits to be prefilled again
+        self.wasted = 0                     # aborted: the tokens it had decoded (thrown away)
+
+    def decoded_before(self) -> int:
+        """Tokens decoded in earlier admissions (before a preemption cut the asked-for count)."""
+        return self.tokens - self.decode_tokens
 
 
 class GenerationEngine:
@@ -113,6 +118,11 @@ class GenerationEngine:
         self.prefill_tokens = 0
         self.busy_s = 0.0
         self._aborts: list[Request] = []
+        # abort accounting: requests aborted after decoding something, the tokens they had decoded
+        # and the tokens prefilled for their last admission (GPU time is charged as it ran, in busy_s)
+        self.aborted_requests = 0
+        self.aborted_decoded_tokens = 0
+        self.aborted_prefill_tokens = 0
         self._updates: list[tuple[float, simpy.Event]] = []
         self._carry = 0.0           # seconds of an interrupted iteration still to run
         self._plan: tuple[float, float, float, int, Any, int, float] | None = None
@@ -145,19 +155,35 @@ class GenerationEngine:
         self._command()
         return req
 
-    def abort(self, req: Request) -> None:
-        if req.aborted or req.done.triggered:
-            return
+    def abort(self, req: Request) -> int:
+        """ABORT a request; returns the tokens it had decoded (its partial response, thrown away):
+        those of the admission in progress up to now and of earlier ones (a preempted request).
+        A request whose result was ready but not yet taken gives all of its tokens."""
+        if req.aborted:
+            return 0
+        if req.done.triggered:  # it finished this instant; the caller never takes the result
+            req.aborted = True
+            req.wasted = req.tokens
+            self.aborted_requests += 1
+            self.aborted_decoded_tokens += req.tokens
+            return req.tokens
         req.aborted = True
         self._note_calls()  # the call returns (as aborted) through the worker's event loop
         if req.running:
             self._aborts.append(req)
-            self._command()
-        else:
-            try:
-                self.waiting.remove(req)
-            except ValueError:
-                pass
+            self._command()  # applies it now unless a weight swap runs (then when that ends)
+            if req.running:  # not applied yet: what it decoded until now
+                return req.decoded_before() + self.it - req.admit_iter + 1
+            return req.wasted
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            pass
+        req.wasted = req.decoded_before()  # preempted earlier: what it decoded before
+        if req.wasted:
+            self.aborted_requests += 1
+            self.aborted_decoded_tokens += req.wasted
+        return req.wasted
 
     def update_weights(self, swap_s: float) -> simpy.Event:
         ev = self.env.event()
@@ -432,7 +458,11 @@ class GenerationEngine:
                 break
             ctx = self._remove(req)
             self.preemptions += 1
-            if req.aborted:
+            if req.aborted:  # aborted this instant, not yet applied: account for it here
+                req.wasted = req.decoded_before() + ctx - req.context
+                self.aborted_requests += 1
+                self.aborted_decoded_tokens += req.wasted
+                self.aborted_prefill_tokens += req.new_tokens
                 continue
             req.decode_tokens -= ctx - req.context  # ≥ 1: it would have completed otherwise
             req.context = req.new_tokens = ctx
@@ -548,6 +578,10 @@ class GenerationEngine:
     def _apply_aborts(self) -> None:
         for req in self._aborts:
             if req.running:
+                req.wasted = req.decoded_before() + self.it - req.admit_iter + 1
+                self.aborted_requests += 1
+                self.aborted_decoded_tokens += req.wasted
+                self.aborted_prefill_tokens += req.new_tokens
                 self._remove(req)
         self._aborts.clear()
 

@@ -76,12 +76,12 @@ PULL = ["algorithm.steps=2", "tasks.CodeExec.env.image_gb=2", "cluster.cpu_pools
 
 def test_a_smaller_pull_path_lengthens_the_resets_of_a_lockstep_batch() -> None:
     reset = {}
-    for gbps in (100, 10, 1):
+    for gbps in (100, 10, 2):  # at 2 Gbps a group's 8 pulls of 2 GB share the path for 64 s, inside timeout_s 120
         r = run_sim(small_plan([*PULL, f"cluster.cpu_pools.env.image_pull_gbps={gbps}"]), "sync").to_result()
         reset[gbps] = r.summary["env_cores"]["env"]["mean_pull_s"]
         assert r.summary["env_cores"]["env"]["image_pulls"] > 0
-    assert reset[100] < reset[10] < reset[1]
-    assert reset[1] == pytest.approx(10 * reset[10], rel=0.3)  # a pull's time scales with 1 / the path
+    assert reset[100] < reset[10] < reset[2]
+    assert reset[2] == pytest.approx(5 * reset[10], rel=0.3)  # a pull's time scales with 1 / the path
 
 
 def test_cached_images_pull_nothing_and_a_pull_needs_a_path() -> None:
@@ -132,3 +132,108 @@ def test_gigabyte_pulls_arriving_apart_all_finish() -> None:
         for s, b in jobs:  # work-conserving: the last pull ends when every byte has crossed
             last = max(last, s) + b / (5e9 / 8)
         assert max(ends) == pytest.approx(last, rel=1e-9)
+
+
+def _reset_attempts(overrides: list[str], mode: str = "sync"):
+    """Run ``small_plan(overrides)``; every env.reset attempt as (task, seconds, error), and the result."""
+    from rollart.core.effects import EnvReset
+    from rollart.core.modes import mode_config
+    from rollart.sim.backend import SimBackend
+
+    plan = small_plan(overrides)
+    backend = SimBackend(plan, mode_config(plan, mode), plan.algorithm.seed)
+    reset, attempts = backend._env_reset, []
+
+    def timed(eff):
+        t0 = backend.env.now
+        out = yield from reset(eff)
+        attempts.append((eff.traj.task, backend.env.now - t0, out.error))
+        return out
+
+    backend._handlers[EnvReset] = timed
+    return attempts, backend.run().to_result()
+
+
+def test_one_deadline_covers_the_image_pull_and_the_reset() -> None:
+    # A 1 GB image at 0.2 Gbps takes 40 s alone, past timeout_s 30: a sandbox start that pulls its image
+    # is under the start-up timeout (ROLL's sandbox manager), so every attempt gives up at 30 s and
+    # retries, where the pull used to run to its end and time nothing out.
+    attempts, r = _reset_attempts(["tasks.CodeExec.env.image_gb=1", "cluster.cpu_pools.env.image_pull_gbps=0.2",
+                                   "tasks.CodeExec.env.timeout_s=30"])
+    code = [(s, err) for task, s, err in attempts if task == "CodeExec"]
+    assert r.summary["env_timeouts"] > 0 and any(err == "timeout" for _, err in code)
+    assert max(s for s, _ in code) <= 30.0 + 1e-9  # each attempt costs at most timeout_s
+    assert "image_pulls" not in r.summary["env_cores"]["env"]  # no pull finished: each was abandoned
+    # a pull that fits leaves the reset only what is left of the deadline: still at most timeout_s
+    attempts, r = _reset_attempts(["tasks.CodeExec.env.image_gb=1", "cluster.cpu_pools.env.image_pull_gbps=2.5",
+                                   "tasks.CodeExec.env.timeout_s=30"])
+    assert r.summary["env_cores"]["env"]["image_pulls"] > 0
+    assert max(s for task, s, _ in attempts if task == "CodeExec") <= 30.0 + 1e-9
+
+
+def test_an_abandoned_pull_gives_its_share_of_the_path_back() -> None:
+    # at every attempt's start the path carries no pull that no env waits for: an attempt that gave up
+    # stopped its pull, so the next one starts alone on the path instead of behind the dead ones
+    from rollart.core.effects import EnvReset
+    from rollart.core.modes import mode_config
+    from rollart.sim.backend import SimBackend, _ImagePull
+
+    plan = small_plan(["tasks.CodeExec.env.image_gb=1", "cluster.cpu_pools.env.image_pull_gbps=0.2",
+                       "tasks.CodeExec.env.timeout_s=30"])
+    backend = SimBackend(plan, mode_config(plan, "sync"), plan.algorithm.seed)
+    reset, seen = backend._env_reset, []
+    pipe = backend.image_pipes["env"]
+
+    def checked(eff):
+        waited = sum(1 for p in backend._images.values() if isinstance(p, _ImagePull) and p.waiters)
+        seen.append((len(pipe._events), waited))
+        return (yield from reset(eff))
+
+    backend._handlers[EnvReset] = checked
+    r = backend.run().to_result()
+    assert r.summary["env_timeouts"] > 0 and any(n for n, _ in seen)
+    assert all(n <= waited for n, waited in seen), seen
+
+
+def test_an_image_cache_without_an_image_is_named_with_its_fix() -> None:
+    from rollart.core.modes import mode_config, unused_settings
+
+    plan = small_plan(["tasks.CodeExec.env.image_cache_hit=0.9"])
+    note, = (n for n in unused_settings(plan, mode_config(plan, "sync")) if "image_cache_hit" in n)
+    assert note.startswith("tasks.CodeExec.env.image_cache_hit=0.9: ")
+    assert "tasks.CodeExec.env.image_gb" in note and "cluster.cpu_pools.env.image_pull_gbps" in note
+    # the run reports it; with an image to pull the cache acts and nothing is named
+    assert note in run_sim(plan, "sync").to_result().summary["unused_settings"]
+    pulled = small_plan([*PULL, "cluster.cpu_pools.env.image_pull_gbps=10", "tasks.CodeExec.env.image_cache_hit=0.9"])
+    assert not [n for n in unused_settings(pulled, mode_config(pulled, "sync")) if "image_cache_hit" in n]
+
+
+ALL_PULL = [f"tasks.{t}.env.{k}" for t in ("FrozenLake", "GEM-Math", "CodeExec") for k in ("image_gb=1", "failure_prob=0")]
+
+
+def test_a_group_pulls_its_image_once_whatever_its_size() -> None:
+    # GRPO group members share a prompt, so one repository image: 16 groups of 8 pull what 16 groups
+    # of 1 pull (the same distinct images), where every member used to pull its own copy (8×)
+    pulls = {}
+    for batch, group in ((16, 1), (128, 8)):
+        r = run_sim(small_plan([*ALL_PULL, "cluster.cpu_pools.env.image_pull_gbps=100", "cluster.cpu_pools.env.cores=1024",
+                                f"algorithm.batch_size={batch}", f"algorithm.group_size={group}", "algorithm.steps=2"]),
+                    "sync").to_result()
+        pulls[group] = r.summary["env_cores"]["env"]["image_pulls"]
+    assert pulls[8] == pulls[1] == 2 * 16  # bytes: pulls × image_gb, the same
+
+
+def test_a_group_draws_its_cache_hit_once() -> None:
+    # with a 50% cache, a group's members all find the image or all wait for one pull: pulls come in
+    # whole groups (one per missed group), never one per member
+    from rollart.core.modes import mode_config
+    from rollart.sim.backend import SimBackend
+
+    plan = small_plan([*ALL_PULL, "cluster.cpu_pools.env.image_pull_gbps=100", "cluster.cpu_pools.env.cores=1024",
+                       "algorithm.batch_size=128", "algorithm.steps=2", "tasks.CodeExec.env.image_cache_hit=0.5",
+                       "tasks.FrozenLake.env.image_cache_hit=0.5", "tasks.GEM-Math.env.image_cache_hit=0.5"])
+    backend = SimBackend(plan, mode_config(plan, "sync"), plan.algorithm.seed)
+    r = backend.run().to_result()
+    groups = {g for g in range(32) if not backend.envs.image_cached(plan.tasks[0], g)}
+    assert 0 < r.summary["env_cores"]["env"]["image_pulls"] < 32
+    assert r.summary["env_cores"]["env"]["image_pulls"] == len(groups) or len(groups) in (0, 32)

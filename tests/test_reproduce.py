@@ -806,7 +806,7 @@ def test_runner_watchdog_fires_again_when_a_gc_callback_swallows_its_raise():
 
     def slow_callback(phase: str, info: dict) -> None:  # the alarm lands here; its raise is dropped
         if phase == "start":
-            time.sleep(0.4)
+            _spin_cpu(0.4)
 
     deadline = time.monotonic() + 5
     with pytest.raises(_WallLimit):
@@ -817,5 +817,49 @@ def test_runner_watchdog_fires_again_when_a_gc_callback_swallows_its_raise():
             finally:
                 gc.callbacks.remove(slow_callback)
             while time.monotonic() < deadline:
-                time.sleep(0.05)
+                _spin_cpu(0.05)
     assert time.monotonic() < deadline
+
+
+def _spin_cpu(seconds: float) -> None:
+    """Burn ``seconds`` of this process's CPU time (a simulation computing)."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_runner_watchdog_counts_cpu_time_not_wall_time():
+    """A worker that waits for a core (a loaded machine: here, sleeping) spends wall time, not CPU
+    time: it is not stopped at the limit's wall seconds, only once it has computed that long."""
+    from rollart.reproduce.runner import _WallLimit, _watchdog
+
+    t0 = time.monotonic()
+    with pytest.raises(_WallLimit) as stop:
+        with _watchdog(0.5, stall_s=30, tick_s=0.05):
+            time.sleep(1.5)  # three times the limit in wall time, ~no CPU: the watchdog must not fire
+            slept = time.monotonic() - t0
+            _spin_cpu(5.0)   # now compute: it fires after ~0.5 s of CPU
+    assert slept >= 1.5 and stop.value.reason == "cpu"
+    assert 0.5 <= stop.value.cpu_s < 1.5 and stop.value.wall_s >= 1.5
+
+
+def test_runner_watchdog_stops_a_blocked_simulation():
+    """A stall that burns no CPU (blocked on something) is stopped after stall_s wall seconds."""
+    from rollart.reproduce.runner import _WallLimit, _watchdog
+
+    t0 = time.monotonic()
+    with pytest.raises(_WallLimit) as stop:
+        with _watchdog(100.0, stall_s=0.5, tick_s=0.05):
+            time.sleep(10)
+    assert stop.value.reason == "blocked" and time.monotonic() - t0 < 5
+
+
+def test_runner_watchdog_spares_a_slow_but_computing_simulation():
+    """Under load a worker gets a share of a core, not nothing: 5 % of a core is not 'blocked'."""
+    from rollart.reproduce.runner import _watchdog
+
+    with _watchdog(100.0, stall_s=0.3, tick_s=0.02):
+        end = time.monotonic() + 1.2
+        while time.monotonic() < end:  # a 10 % duty cycle: 5 ms of CPU every 50 ms
+            _spin_cpu(0.005)
+            time.sleep(0.045)

@@ -141,6 +141,26 @@ def test_env_group_batches_take_no_tail_correction() -> None:
     assert out.summary["scale_approx"]["tail_s"] == 0 and all(t.delay_s == 0 for t in b.tail.steps)
 
 
+def test_a_long_tailed_env_groups_approximation_says_it_overstates() -> None:
+    """The env-groups approximation does not scale a batch's wait for the slowest of all env groups: on the
+    paper plans (longest response ~2-3× the mean) that is within the validated bounds below and nothing is
+    said; a trained batch whose longest response is 5× its mean or more carries a warning naming the fix."""
+    from rollart.core.stats import StepRecord
+    from rollart.sim.scale import env_groups_tail_warning
+
+    plan = _paper(4, steps=4)
+    out = SimBackend(plan, mode_config(plan), 0, keep_history=False, scale_approx=8).run().to_result()
+    assert "WARNING" not in out.summary["scale_approx"]["note"]
+    def record(longest: int, mean: float) -> StepRecord:
+        return StepRecord(step=0, start_s=0.0, end_s=1.0, breakdown_s={}, trajectories=1, tokens=1, mean_staleness=0.0,
+                          response_tokens_max=longest, response_tokens_mean=mean)
+
+    light, heavy = [record(6_000, 2_500)], [record(27_000, 3_000)]
+    assert env_groups_tail_warning(light) == ""
+    warning = env_groups_tail_warning(heavy)
+    assert "9×" in warning and "overstated" in warning and "without --scale-approx" in warning
+
+
 def _steady(result) -> tuple[float, float]:
     steps = result.steps[1:]
     time = sum(s.time_s for s in steps)

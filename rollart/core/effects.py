@@ -165,4 +165,11 @@ class Abort:
 
 
 class Aborted(Exception):
-    """Thrown into a trajectory's process when another process aborted it."""
+    """Thrown into a trajectory's process when another process aborted it. ``partial_tokens``: when
+    it was aborted in a :class:`Generate`, the tokens its engine had decoded for that turn so far
+    (work done and thrown away); None where the backend cannot tell (the Ray runtime cancels the
+    request without its partial output)."""
+
+    def __init__(self, reason: str = "", partial_tokens: int | None = None) -> None:
+        super().__init__(reason)
+        self.partial_tokens = partial_tokens

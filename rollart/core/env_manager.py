@@ -73,6 +73,16 @@ def is_timeout(error: str | None) -> bool:
     return error is not None and (error == "timeout" or error.startswith("timeout:"))
 
 
+def _count_wasted(ctl: "Controller", exc: Aborted) -> None:
+    """A turn aborted mid-generation: the tokens its engine decoded are wasted work, counted apart
+    from ``generated_tokens`` (which counts returned turns only); unknown where the backend cannot
+    report them."""
+    if exc.partial_tokens is None:
+        ctl.stats.wasted_unreported += 1
+    else:
+        ctl.stats.wasted_tokens += exc.partial_tokens
+
+
 def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:
     while ctl.proxy.suspended:  # step ②: no new requests while weights are swapped
         yield from _wait(ctl, traj, ctl.proxy.resumed, WEIGHT_SYNC)
@@ -84,6 +94,9 @@ def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:
         t0 = ctl.now()
         try:
             out: GenOutcome = yield Generate(traj, worker.id, kv, max_new_tokens, None)
+        except Aborted as exc:
+            _count_wasted(ctl, exc)
+            raise
         finally:
             proxy.release(worker, kv)
         traj.record(t0, ctl.now(), GEN)
@@ -106,6 +119,9 @@ def _generate(ctl: "Controller", traj: Trajectory, max_new_tokens: int) -> Proc:
     t0 = ctl.now()
     try:
         out: GenOutcome = yield Generate(traj, worker.id, traj.context_tokens, max_new_tokens, prefill.id)
+    except Aborted as exc:
+        _count_wasted(ctl, exc)
+        raise
     finally:
         proxy.release(worker, kv)
         proxy.release(prefill, 0)

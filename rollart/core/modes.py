@@ -100,7 +100,8 @@ def unused_settings(plan: Plan, mode: ModeConfig) -> list[str]:
     """The plan's ROLLART settings that ``mode`` does not apply, one line each: the baselines run
     without redundant envs and route least-loaded, whatever the plan says, and a run should say so
     rather than ignore a setting silently. Dedicated reward GPUs (``placement.reward.gpus``) that
-    the run does not use (reward on the serverless platform, by the mode or the plan) are named too."""
+    the run does not use (reward on the serverless platform, by the mode or the plan) are named too, and
+    so is an env image cache (``env.image_cache_hit``) for a task that pulls no image (``env.image_gb`` 0)."""
     notes = []
     if plan.algorithm.redundancy > 0 and mode.redundancy == 0:
         notes.append(f"algorithm.redundancy={plan.algorithm.redundancy:g}: mode {mode.name} runs no "
@@ -119,6 +120,13 @@ def unused_settings(plan: Plan, mode: ModeConfig) -> list[str]:
             who = f"mode {mode.name}" if r.where == "dedicated" else "placement.reward.where=serverless"
             why = f"{who} sends LLM-judge calls to the serverless platform"
         notes.append(f"placement.reward.gpus={r.gpus}: {why}; the {r.gpus} {r.pool} GPUs are not placed or billed")
+    for t in plan.tasks:  # a cache for images that are never pulled: the calibrated reset already holds the pull
+        if t.env.image_cache_hit > 0 and t.env.image_gb <= 0:
+            pool = t.env.pool or next(iter(plan.cluster.cpu_pools), "<pool>")
+            notes.append(f"tasks.{t.name}.env.image_cache_hit={t.env.image_cache_hit:g}: the task pulls no image "
+                         f"(env.image_gb is 0; its env.reset distribution holds whatever pull it measured), so a "
+                         f"cache saves nothing; to model pulls set tasks.{t.name}.env.image_gb and "
+                         f"cluster.cpu_pools.{pool}.image_pull_gbps")
     return notes
 
 

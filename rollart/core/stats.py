@@ -35,7 +35,12 @@ class StepRecord:
 
 @dataclass
 class RunStats:
-    generated_tokens: int = 0
+    generated_tokens: int = 0    # tokens of the turns that returned (what tokens_per_s counts)
+    # the decoded tokens of turns cut short by an abort (redundant or stale): the backend reports them
+    # with the abort (Aborted.partial_tokens); aborted turns whose backend could not tell are counted
+    # in wasted_unreported (then the run's wasted_tokens is unknown, not 0)
+    wasted_tokens: int = 0
+    wasted_unreported: int = 0
     env_errors: int = 0          # individual env call errors/timeouts (retried or not)
     env_timeouts: int = 0        # the env call errors that were timeouts
     env_failures: int = 0        # trajectories lost to env failures after retries

@@ -112,6 +112,10 @@ class GpuPool(_Strict):
 
 
 class CpuPool(_Strict):
+    """A CPU pool for envs. A plan that writes no ``cluster.cpu_pools`` gets ``{"env": CpuPool(cores=4096)}``;
+    a run bills that implicit pool by the most cores its envs held at once (sim.costs.price), a written
+    pool whole."""
+
     cores: Annotated[int, Field(gt=0, le=100_000_000)]
     # Time an env call spends outside the env itself (the RPC to the env worker, its thread
     # hand-off), added to every reset / step drawn from the task's distributions; `rollart
@@ -421,8 +425,10 @@ class EnvSpec(_Strict):
     image_gb: NonNegFloat = Field(0.0, description=(
         "GB an env pulls before its first reset (its image's layers missing from the node), through its "
         "pool's image_pull_gbps; env.reset then draws the rest (container start, setup)"))
-    image_cache_hit: Probability = Field(0.0, description="share of envs whose image a node or registry "
-                                         "cache already holds (no pull)")
+    image_cache_hit: Probability = Field(0.0, description="share of images (one per GRPO group: its "
+                                         "members share a prompt, so one repository image) a node or "
+                                         "registry cache already holds (no pull); no effect while image_gb "
+                                         "is 0 (the run says so)")
 
     @field_validator("reset", "step", mode="before")
     @classmethod
@@ -635,9 +641,9 @@ class WeightSync(_Strict):
     h2d_gbps: PosFloat = Field(200.0, description="host-to-device copy when swapping pulled weights in")
     bucket_overhead_s: NonNegFloat | None = Field(None, description=(
         "the store's fixed cost per bucket put (registration, metadata round trip, handshake), paid one "
-        "bucket after another; unset: the overhead measured through the real Mooncake store "
-        "(calibration/data/weight_transfer/measured.yaml: TCP loopback on a 2-core host, an upper bound "
-        "for an RDMA cluster)"))
+        "bucket after another; unset: on a TCP link the overhead measured through the real Mooncake store's TCP "
+        "transport (calibration/data/weight_transfer/measured.yaml: loopback on a 2-core host), on an RDMA/IB "
+        "link an assumed 2 ms metadata round trip (no per-transfer socket exchange)"))
 
 
 # ---------------------------------------------------------------- prices

@@ -10,7 +10,8 @@
 
 Reduced runs for CI: ``--steps 1`` and the environment variable ``ROLLART_REPRODUCE_BATCH``
 (e.g. ``16``), which caps every plan's batch size (a multiple of its GRPO group size);
-``ROLLART_REPRODUCE_VARIANT_TIMEOUT`` (seconds, default 90) bounds one variant's wall time;
+``ROLLART_REPRODUCE_VARIANT_TIMEOUT`` (seconds, default 90) bounds one variant's CPU time (not wall time:
+machine load does not move it; a variant blocked without computing is stopped too);
 ``ROLLART_REPRODUCE_JOBS`` sets the worker processes (default one per CPU, at most 8).
 """
 

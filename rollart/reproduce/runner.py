@@ -9,10 +9,16 @@ Reduced runs (CI): ``batch_cap`` lowers every plan's ``algorithm.batch_size`` to
 many trajectories (a multiple of the group size); the environment variable
 ``ROLLART_REPRODUCE_BATCH`` sets it for ``rollart reproduce``. ``--steps`` sets the steps.
 
-A watchdog stops a variant whose simulation runs longer than ``variant_timeout_s`` of wall
-time (``ROLLART_REPRODUCE_VARIANT_TIMEOUT``, default 90 s; a paper-scale step costs about a
-second) and keeps the steps it finished, so one stalled simulation cannot eat the budget of
-the whole reproduction. It needs the main thread (SIGALRM); elsewhere it is off.
+A watchdog stops a variant whose simulation uses more than ``variant_timeout_s`` seconds of
+its process's CPU time (``ROLLART_REPRODUCE_VARIANT_TIMEOUT``, default 90 s; a paper-scale step
+costs about a second, a 10-step paper variant 25-45 s) and keeps the steps it finished, so one
+stalled simulation cannot eat the budget of the whole reproduction. CPU time, not wall time: on
+a loaded machine a worker waits for a core, and a wall-clock limit then stopped healthy variants
+(3 of 12 α variants on a busy 2-core box at 50-90 s wall for 30-33 s of CPU). A simulation that
+stalls by looping (zero-time events, a slow path) burns CPU and meets the limit as before; one
+blocked without computing (a lock, a sleep) is stopped when its process gains under
+``STALL_CPU_FRACTION`` of a core over ``stall_s`` wall seconds (default 60 s), which no runnable
+process on a loaded machine falls to. It needs the main thread (SIGALRM); elsewhere it is off.
 
 Distinct simulations run on ``ROLLART_REPRODUCE_JOBS`` worker processes (default: one per
 CPU, at most 8); each is seeded by its plan, so the results do not depend on the order or
@@ -58,24 +64,53 @@ class EnvErrorProbe(NullTracer):
 
 
 class _WallLimit(BaseException):
-    """A BaseException, so that no ``except Exception`` on the way up swallows it."""
+    """Raised by :func:`_watchdog`. A BaseException, so that no ``except Exception`` on the way up
+    swallows it. ``reason`` says which limit: ``"cpu"`` (the CPU budget is spent) or ``"blocked"``
+    (no CPU progress for ``stall_s`` wall seconds); ``cpu_s`` and ``wall_s`` are the process CPU
+    time and wall time since the watchdog started."""
+
+    def __init__(self, reason: str = "cpu", cpu_s: float = 0.0, wall_s: float = 0.0) -> None:
+        super().__init__(reason, cpu_s, wall_s)
+        self.reason, self.cpu_s, self.wall_s = reason, cpu_s, wall_s
+
+
+DEFAULT_STALL_S = 60.0
+STALL_CPU_FRACTION = 0.01  # a blocked process: under 1 % of a core over stall_s wall seconds
 
 
 @contextmanager
-def _watchdog(seconds: float | None) -> Iterator[None]:
-    """Raise :class:`_WallLimit` in the main thread after ``seconds`` of wall time."""
+def _watchdog(seconds: float | None, stall_s: float | None = DEFAULT_STALL_S,
+              tick_s: float = 1.0) -> Iterator[None]:
+    """Raise :class:`_WallLimit` in the main thread once this process has used ``seconds`` of CPU
+    time since entering (machine load does not move it), or once it gained less than
+    ``STALL_CPU_FRACTION`` of a core over the last ``stall_s`` wall seconds (blocked, not computing;
+    ``None`` or 0 turns that check off). Checked on a wall-clock tick of ``tick_s`` (at most
+    ``seconds``)."""
     if not seconds or seconds <= 0 or threading.current_thread() is not threading.main_thread() \
             or not hasattr(signal, "setitimer"):
         yield
         return
 
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    window: list[tuple[float, float]] = [(wall0, cpu0)]  # (wall, cpu) samples, oldest first
+
     def _fire(signum: int, frame: object) -> None:
-        raise _WallLimit()
+        cpu, wall = time.process_time(), time.monotonic()
+        if cpu - cpu0 >= seconds:
+            raise _WallLimit("cpu", cpu - cpu0, wall - wall0)
+        if stall_s and stall_s > 0:
+            window.append((wall, cpu))
+            while len(window) > 2 and window[1][0] <= wall - stall_s:
+                window.pop(0)  # keep the newest sample at least stall_s old
+            w_old, c_old = window[0]
+            if wall - w_old >= stall_s and cpu - c_old < STALL_CPU_FRACTION * (wall - w_old):
+                raise _WallLimit("blocked", cpu - cpu0, wall - wall0)
 
     previous = signal.signal(signal.SIGALRM, _fire)
-    # Re-armed every second: a raise that lands in a gc callback (hypothesis installs one) is
-    # reported as unraisable and dropped, and a one-shot timer would then never stop the run.
-    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    tick = max(0.01, min(tick_s, seconds))
+    # A periodic tick, re-checked every time: a raise that lands in a gc callback (hypothesis installs
+    # one) is reported as unraisable and dropped, and the next tick raises again.
+    signal.setitimer(signal.ITIMER_REAL, tick, tick)
     try:
         yield
     finally:
@@ -240,10 +275,14 @@ class Runner:
             with _watchdog(self.variant_timeout_s):
                 outcome = simulate_plan(plan, cfg, plan.algorithm.seed, probe, on_step=_step)
                 result = outcome.to_result()
-        except _WallLimit:
-            error = (f"stopped by the reproduce watchdog after {self.variant_timeout_s:g} s of wall time with "
-                     f"{len(records)} of {steps} steps done (the simulation stalled or is far slower than a "
-                     "paper-scale step)")
+        except _WallLimit as stop:
+            if stop.reason == "blocked":
+                why = (f"after {stop.wall_s:.0f} s of wall time, blocked: under {STALL_CPU_FRACTION:.0%} of a core for "
+                       f"{DEFAULT_STALL_S:g} s ({stop.cpu_s:.1f} s of CPU time in all)")
+            else:
+                why = (f"after {self.variant_timeout_s:g} s of CPU time ({stop.wall_s:.0f} s of wall time), with no end "
+                       "in sight: the simulation stalled in a loop or is far slower than a paper-scale step")
+            error = f"stopped by the reproduce watchdog {why}; {len(records)} of {steps} steps done"
             summary = summary_from_steps(records, cfg.alpha) if records else {}
             result = RunResult(plan.name, cfg.name, plan.algorithm.seed, "sim", records, summary, {}, error) \
                 if records else None

@@ -719,7 +719,7 @@ class RuntimeOutcome:
         self.elapsed_s = backend.now()
 
     def to_result(self):  # noqa: ANN201
-        from rollart.report import RunResult, summary_from_steps, task_share_summary
+        from rollart.report import RunResult, summary_from_steps, task_share_summary, waste_summary
 
         b = self.backend
         ctl = b.ctl
@@ -740,6 +740,7 @@ class RuntimeOutcome:
         effects = b.driver.effects_handled if hasattr(b, "driver") else 0
         summary: dict[str, Any] = summary_from_steps(steps, b.mode.alpha)
         summary.update(task_share_summary(b.plan, steps, ctl.stats))
+        summary.update(waste_summary(ctl.stats))
         summary.update({
             "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
             "gpu_busy_fraction": {p: busy[p] / n[p] for p in busy},

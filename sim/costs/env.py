@@ -128,17 +128,22 @@ class EnvModel:
             st = self._state[traj_id] = _EnvState(np.random.default_rng([self.seed, traj_id]))
         return st.rng
 
-    def _call(self, task: TaskSpec, traj_id: int, latency_dist, rng: Any = None) -> tuple[float, str | None]:
+    def _call(self, task: TaskSpec, traj_id: int, latency_dist, rng: Any = None,
+              timeout_s: float | None = None) -> tuple[float, str | None]:
         rng = self.rng(traj_id) if rng is None else rng
         latency = latency_dist.sample(rng)
-        if latency > task.env.timeout_s:
-            return task.env.timeout_s, "timeout"
+        limit = task.env.timeout_s if timeout_s is None else timeout_s
+        if latency > limit:
+            return limit, "timeout"
         if task.env.failure_prob and self._fails(traj_id, self._state[traj_id]).random() < task.env.failure_prob:
             return latency, "error"
         return latency, None
 
-    def reset(self, task: TaskSpec, traj_id: int) -> tuple[float, EnvOutcome]:
-        latency, err = self._call(task, traj_id, task.env.reset)
+    def reset(self, task: TaskSpec, traj_id: int, timeout_s: float | None = None) -> tuple[float, EnvOutcome]:
+        """A reset's latency and outcome. ``timeout_s``: what is left of the attempt's deadline
+        (``task.env.timeout_s`` less the seconds its image pull took; the whole of it when omitted):
+        a draw above it is a timeout that costs exactly it."""
+        latency, err = self._call(task, traj_id, task.env.reset, timeout_s=timeout_s)
         if err:
             return latency, EnvOutcome(ok=False, error=err)
         st = self._state[traj_id]
@@ -167,13 +172,14 @@ class EnvModel:
         obs = 0 if done else max(0, round(task.obs_tokens.sample(rng)))
         return latency, EnvOutcome(ok=True, obs_tokens=obs, done=done)
 
-    def image_cached(self, task: TaskSpec, traj_id: int) -> bool:
-        """Whether the trajectory's env finds its image cached (probability ``image_cache_hit``): a
-        stream of its own (seed, id, 3), so the cache changes no other draw."""
+    def image_cached(self, task: TaskSpec, image: int) -> bool:
+        """Whether the pool finds ``image`` cached (probability ``image_cache_hit``): a stream of its
+        own (seed, image, 3), so the cache changes no other draw, and one draw per image, so every
+        env that runs the image sees the same answer."""
         hit = task.env.image_cache_hit
         if hit <= 0.0 or hit >= 1.0:
             return hit >= 1.0
-        return bool(np.random.default_rng([self.seed, traj_id, 3]).random() < hit)
+        return bool(np.random.default_rng([self.seed, image, 3]).random() < hit)
 
     def rule_reward_s(self, task: TaskSpec, traj_id: int) -> float:
         """Seconds the trajectory's rule reward takes: a third stream (seed, id, 2), drawn from only

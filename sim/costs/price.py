@@ -9,7 +9,11 @@ serverless GPU-seconds, priced with the plan's ``prices`` table.
   out, so they are neither billed nor counted (pass the run's ``mode``; without one, a plan-only
   check counts them, the most the plan can place).
 * CPU cores: every core of the plan's CPU pools, for the whole run (env pools are provisioned,
-  not billed per call).
+  not billed per call). A plan that writes no ``cluster.cpu_pools`` gets the schema's default pool
+  (``CpuPool(cores=4096)``), which it never asked for: a run bills that implicit pool by the most
+  cores its envs held at once (``run_cost(cpu_held=...)``), and the report says so; a pool the plan
+  wrote is billed whole. A check before simulating (``hourly_fixed_usd``) knows no peak and counts
+  the whole default pool, an upper bound.
 * Serverless reward: the GPU-seconds the platform billed, at its GPU type's hourly price × the
   serverless premium (``Prices.serverless_gpu_second_price``).
 
@@ -20,6 +24,8 @@ US$/hour can be checked against before simulating.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rollart.core.modes import ModeConfig, dedicated_reward_used
@@ -50,6 +56,20 @@ def gpus_placed_by_type(plan: Plan, mode: ModeConfig | None = None) -> dict[str,
 
 def cpu_cores(plan: Plan) -> int:
     return sum(p.cores for p in plan.cluster.cpu_pools.values())
+
+
+def implicit_cpu_pool(plan: Plan) -> bool:
+    """Whether the plan's CPU pools are the schema's default: the plan wrote no ``cluster.cpu_pools``."""
+    return "cpu_pools" not in plan.cluster.model_fields_set
+
+
+def cpu_cores_billed(plan: Plan, cpu_held: Mapping[str, float] | None = None) -> float:
+    """CPU cores a run pays for: every core of the plan's pools; for the implicit default pool
+    (:func:`implicit_cpu_pool`) with the run's ``cpu_held`` (per pool, the most cores its envs held at
+    once) known, those cores, whole."""
+    if cpu_held is None or not implicit_cpu_pool(plan):
+        return float(cpu_cores(plan))
+    return float(sum(math.ceil(cpu_held.get(pool, 0.0) - 1e-9) for pool in plan.cluster.cpu_pools))
 
 
 def missing_prices(plan: Plan, mode: ModeConfig | None = None) -> list[str]:
@@ -100,13 +120,17 @@ class RunCost:
     gpu_usd: float
     cpu_usd: float
     serverless_usd: float
+    cpu_cores_billed: float = 0.0  # the CPU cores billed for the run's wall time
+    cpu_billed_at_peak: bool = False  # the implicit default pool, billed by the most cores held at once
 
 
 def run_cost(plan: Plan, wall_s: float, steps: int, trajectories: int, serverless_gpu_s: float,
-             mode: ModeConfig | None = None) -> RunCost:
+             mode: ModeConfig | None = None, cpu_held: Mapping[str, float] | None = None) -> RunCost:
     """Cost of a run in ``mode`` that took ``wall_s`` seconds for ``steps`` steps and ``trajectories``
     trained trajectories. Per-step / per-1k figures are 0 when nothing finished. ``mode`` None: the
-    plan's own ``algorithm.mode`` (this is a run, so its reward GPUs are billed only if it uses them)."""
+    plan's own ``algorithm.mode`` (this is a run, so its reward GPUs are billed only if it uses them).
+    ``cpu_held``: per CPU pool, the most cores the run's envs held at once; a plan that wrote no
+    ``cluster.cpu_pools`` pays for those instead of the default pool's every core."""
     if mode is None:
         from rollart.core.modes import mode_config
 
@@ -114,7 +138,8 @@ def run_cost(plan: Plan, wall_s: float, steps: int, trajectories: int, serverles
     require_prices(plan, mode)
     hours = max(wall_s, 0.0) / 3600.0
     gpu = sum(n * (plan.prices.gpu_price(t) or 0.0) for t, n in gpus_placed_by_type(plan, mode).items()) * hours
-    cpu = cpu_cores(plan) * plan.prices.cpu_core_usd_per_hour * hours
+    billed = cpu_cores_billed(plan, cpu_held)
+    cpu = billed * plan.prices.cpu_core_usd_per_hour * hours
     serverless = serverless_gpu_s * (serverless_price(plan) or 0.0)  # no price only where nothing is billed
     total = gpu + cpu + serverless
     return RunCost(
@@ -123,8 +148,9 @@ def run_cost(plan: Plan, wall_s: float, steps: int, trajectories: int, serverles
         per_1k_trajectories_usd=1000.0 * total / trajectories if trajectories else 0.0,
         usd_per_hour=total / hours if hours > 0 else hourly_fixed_usd(plan, mode),
         gpu_usd=gpu, cpu_usd=cpu, serverless_usd=serverless,
+        cpu_cores_billed=billed, cpu_billed_at_peak=cpu_held is not None and implicit_cpu_pool(plan),
     )
 
 
-__all__ = ["RunCost", "cpu_cores", "dedicated_reward_used", "gpus_placed", "gpus_placed_by_type", "hourly_fixed_usd",
+__all__ = ["RunCost", "cpu_cores", "cpu_cores_billed", "dedicated_reward_used", "implicit_cpu_pool", "gpus_placed", "gpus_placed_by_type", "hourly_fixed_usd",
            "missing_prices", "require_prices", "run_cost", "serverless_price"]
