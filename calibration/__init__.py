@@ -127,14 +127,14 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     boundary, so of 4 × tp 32 on 128 GPUs of 72-GPU racks the third, on GPUs 64–95, gets 8 and crosses the
     network); None: the GPU type's ``nvlink_domain`` (a worker alone, from a boundary)."""
     from rollart.calibration.cost import EngineProfileGeneration, KernelProfileGeneration
-    from rollart.calibration.links import inter_node_link
+    from rollart.calibration.links import inter_node_link, rdma_between_nodes
     from rollart.calibration.profiles import EngineProfile, TrainProfile
     from rollart.sim.costs.gpu import RooflineEfficiency, RooflineGeneration
 
     def roofline() -> RooflineGeneration:
         return RooflineGeneration(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
                                   ep=ep, network=inter_node_link(network), domain=domain,
-                                  rdma=network is None or network.kind != "tcp")
+                                  rdma=rdma_between_nodes(network))
 
     if profile == "datasheet":
         return roofline()

@@ -45,8 +45,8 @@ from __future__ import annotations
 
 from rollart.calibration.kernels import (BF16_BYTES, CUSTOM_ALLREDUCE_MAX_BYTES, CUSTOM_ALLREDUCE_WORLD_SIZES,
                                          FP8_BYTES, M_TILE, unsplit_key)
-from rollart.calibration.links import inter_node_link
-from rollart.calibration.mla_decode import flashmla_efficiency
+from rollart.calibration.links import inter_node_link, rdma_between_nodes
+from rollart.calibration.mla_decode import flashmla_efficiency, flashmla_row_use
 from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainProfile, expert_gemm_params,
                                           stream_efficiency)
 from rollart.plan.schema import GpuType, Link, ModelSpec
@@ -111,10 +111,10 @@ class KernelProfileGeneration:
         d = dict(profile.attn_decode.params)
         if model.kv_dtype == "fp8":  # the FP8-KV kernel's own t0 and byte rate (dequantisation on the SMs)
             d.update(profile.attn_decode_fp8_kv.params if profile.attn_decode_fp8_kv else {})
-        self._flashmla = model.mla and profile.fp8_tensor_cores  # Hopper-class: the engines run FlashMLA
+        self._flashmla = model.mla and profile.fp8_tensor_cores  # FP8 tensor cores: the engines run FlashMLA
         if self._flashmla:  # its published fractions of peak and HBM (calibration.mla_decode)
             e_c, e_bw, _ = flashmla_efficiency()
-            d["e_c"] = e_c
+            d["e_c"] = e_c * flashmla_row_use(heads)  # a GPU's heads fill its 64-row query tile or pad it
             if model.kv_dtype != "fp8":
                 d["e_bw"] = e_bw
         self._attn_decode = d
@@ -151,7 +151,7 @@ class KernelProfileGeneration:
                             c.params.get("max_bytes", CUSTOM_ALLREDUCE_MAX_BYTES))
                            if c is not None and rank_tp in CUSTOM_ALLREDUCE_WORLD_SIZES else None)
         self._network = inter_node_link(network)
-        self._rdma = network is None or network.kind != "tcp"  # DeepEP's kernels across nodes need RDMA
+        self._rdma = rdma_between_nodes(network)  # DeepEP's kernels across nodes need RDMA
         # element-wise kernels: bytes per token (attention side, per rank) and per expert row (MLP);
         # activations are quantised only where the linear layers compute in FP8
         i_rank, fp8 = inter / rank_tp, self._linear[2] == FP8_BYTES
@@ -174,8 +174,9 @@ class KernelProfileGeneration:
             per_token += 2.0 * (max(1, model.moe_active_experts) + 1) * h
         self._ew_bytes = (per_token, per_row)
         self._ew_rate = self._bw * stream_efficiency(profile)
-        mla = (" (MLA latent; decode attention at FlashMLA's published H800 shares of peak and HBM)" if self._flashmla
-               else " (MLA latent; GQA-fitted attention kernels)")
+        mla = (" (MLA latent; decode attention at FlashMLA's published H800 share of peak"
+               + (", the FP8-KV fit's byte rate)" if model.kv_dtype == "fp8" else " and HBM)")
+               if self._flashmla else " (MLA latent; GQA-fitted attention kernels)")
         kind = (f"{dtype}, {model.kv_dtype.upper()} KV" + (mla if model.mla else "") + (f", ep {ep}" if ep > 1 else ""))
         ref = profile.transferred_from  # a GPU type without a profile (profiles.transferred_profile)
         borrowed = all(c.derived for _, c in profile.terms())  # nothing measured on this GPU (H200)

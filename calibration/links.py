@@ -69,6 +69,12 @@ def effective_bytes_per_s(link: "Link") -> float:
     return link.bytes_per_s if link.measured_rate else link.bytes_per_s * LINK_EFFICIENCY.get(link.kind, 1.0)
 
 
+def rdma_between_nodes(network: "Link | None") -> bool:
+    """Whether a cluster's nodes talk RDMA (what DeepEP's kernels need across nodes): every link kind but
+    TCP; no link named: the InfiniBand fit (:func:`default_network`)."""
+    return network is None or network.kind != "tcp"
+
+
 def inter_node_link(network: "Link | None") -> tuple[float, float]:
     """(bytes/s, latency s) between a cluster's nodes: the plan's intra-cluster ``network`` link at
     the rate bulk traffic reaches on it (:func:`effective_bytes_per_s`) when it names one, else

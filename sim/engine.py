@@ -574,6 +574,11 @@ class GenerationEngine:
                 # _note_calls, inlined: its result goes back through the worker's event loop
                 if self.call_step_s and self.env._now >= self._charged_until:
                     self._calls_handled = True
+            else:  # aborted as it decoded its last token: every token was decoded, and is thrown away
+                req.wasted = req.tokens
+                self.aborted_requests += 1
+                self.aborted_decoded_tokens += req.tokens
+                self.aborted_prefill_tokens += req.new_tokens
 
     def _apply_aborts(self) -> None:
         for req in self._aborts:

@@ -75,13 +75,17 @@ PULL = ["algorithm.steps=2", "tasks.CodeExec.env.image_gb=2", "cluster.cpu_pools
 
 
 def test_a_smaller_pull_path_lengthens_the_resets_of_a_lockstep_batch() -> None:
+    # batch 128 in groups of 8: a synchronous batch's 16 groups each pull their 1 GB image at once, so the
+    # pulls share the path and each takes 16 × 1 GB / the path (at 2 Gbps 64 s, inside timeout_s 120)
     reset = {}
-    for gbps in (100, 10, 2):  # at 2 Gbps a group's 8 pulls of 2 GB share the path for 64 s, inside timeout_s 120
-        r = run_sim(small_plan([*PULL, f"cluster.cpu_pools.env.image_pull_gbps={gbps}"]), "sync").to_result()
-        reset[gbps] = r.summary["env_cores"]["env"]["mean_pull_s"]
-        assert r.summary["env_cores"]["env"]["image_pulls"] > 0
+    for gbps in (100, 10, 2):
+        r = run_sim(small_plan([*ALL_PULL, "algorithm.steps=2", "algorithm.batch_size=128", "cluster.cpu_pools.env.cores=1024",
+                                f"cluster.cpu_pools.env.image_pull_gbps={gbps}"]), "sync").to_result()
+        env = r.summary["env_cores"]["env"]
+        reset[gbps] = env["mean_pull_s"]
+        assert env["image_pulls"] == 32 and r.summary["env_failures"] == 0  # 16 groups a step, 2 steps
+        assert reset[gbps] == pytest.approx(16 * 1e9 * 8 / (gbps * 1e9), rel=0.05)
     assert reset[100] < reset[10] < reset[2]
-    assert reset[2] == pytest.approx(5 * reset[10], rel=0.3)  # a pull's time scales with 1 / the path
 
 
 def test_cached_images_pull_nothing_and_a_pull_needs_a_path() -> None:
@@ -236,4 +240,4 @@ def test_a_group_draws_its_cache_hit_once() -> None:
     r = backend.run().to_result()
     groups = {g for g in range(32) if not backend.envs.image_cached(plan.tasks[0], g)}
     assert 0 < r.summary["env_cores"]["env"]["image_pulls"] < 32
-    assert r.summary["env_cores"]["env"]["image_pulls"] == len(groups) or len(groups) in (0, 32)
+    assert r.summary["env_cores"]["env"]["image_pulls"] == len(groups)

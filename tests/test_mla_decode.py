@@ -41,3 +41,16 @@ def test_without_fp8_tensor_cores_the_gqa_fit_stays() -> None:
     # on H800 FlashMLA beats the GQA fit's compute share, so a long-context MLA decode step gets faster
     h800 = generation_cost(DSV3, "H800", GpuType(**GPU_PRESETS["H800"]), 16, ep=16)
     assert h800._attn_decode["e_c"] > h800.profile.attn_decode.params["e_c"]
+
+
+def test_fewer_heads_than_a_flashmla_tile_pad_it() -> None:
+    # tensor parallelism over the 128 heads: tp 8 leaves 16 heads a GPU, a quarter of FlashMLA's 64-row
+    # query tile, so the compute runs at a quarter of the published share; a rank holding all 128 fills it
+    from rollart.calibration.mla_decode import flashmla_row_use
+
+    assert flashmla_row_use(16) == 0.25 and flashmla_row_use(128) == 1.0 and flashmla_row_use(64) == 1.0
+    e_c = flashmla_efficiency()[0]
+    tp8 = generation_cost(DSV3, "H20", GpuType(**GPU_PRESETS["H20"]), 8)
+    ep8 = generation_cost(DSV3, "H20", GpuType(**GPU_PRESETS["H20"]), 8, ep=8)
+    assert tp8._attn_decode["e_c"] == pytest.approx(e_c * 16 / 64)
+    assert ep8._attn_decode["e_c"] == pytest.approx(e_c)

@@ -71,8 +71,8 @@ def test_engines_account_for_what_aborted_requests_decoded(tmp_path: Path) -> No
     wasted = sum(e.aborted_decoded_tokens for e in engines)
     assert wasted > 0 and wasted == sum(r.wasted for r in aborted)
     assert sum(e.aborted_requests for e in engines) == sum(1 for r in aborted if r.wasted)
-    # a cut request decoded less than it was asked for (else it would have returned)
-    assert all(0 <= r.wasted < r.tokens for r in aborted if not r.done.triggered)
+    # a cut request decoded at most what it was asked for (all of it when cut during its last iteration)
+    assert all(0 <= r.wasted <= r.tokens for r in aborted if not r.done.triggered)
 
 
 def test_wasted_tokens_close_the_decode_books(tmp_path: Path) -> None:
@@ -98,3 +98,37 @@ def test_a_backend_that_cannot_report_partial_tokens_gives_no_number() -> None:
     _count_wasted(ctl, Aborted("redundant"))  # the Ray runtime: no partial output
     assert waste_summary(ctl.stats) == {"wasted_tokens": None, "wasted_token_share": None}
     assert Aborted("x").partial_tokens is None and str(Aborted("x", 3)) == "x"
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.999, 1.0])
+def test_an_abort_counts_what_the_request_decoded_even_at_its_last_token(fraction: float) -> None:
+    """Aborted half-way, in its last iteration or at the instant it finishes: the engine's books hold
+    what the request decoded, and abort() returns the same figure."""
+    import simpy
+
+    from rollart.sim.engine import GenerationEngine
+    from tests.test_engine_kv_on_demand import ToyCost
+
+    def finish_time() -> float:
+        env = simpy.Environment()
+        engine = GenerationEngine(env, 0, "p", ToyCost(), 4, prefix_cache=False)
+        req = engine.add(1, 100, 10)
+        env.run(req.done)
+        return env.now
+
+    env = simpy.Environment()
+    engine = GenerationEngine(env, 0, "p", ToyCost(), 4, prefix_cache=False)
+    req = engine.add(1, 100, 10)
+    returned = []
+
+    def cut():
+        yield env.timeout(finish_time() * fraction)
+        returned.append(engine.abort(req))
+
+    env.process(cut())
+    env.run()
+    assert engine.aborted_decoded_tokens == returned[0] == req.wasted
+    assert 0 < returned[0] <= 10
+    if fraction == 1.0:  # cut as it finished: all ten were decoded
+        assert returned[0] == 10
+    assert engine.aborted_requests == 1

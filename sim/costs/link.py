@@ -117,15 +117,16 @@ class WeightTransferCost:
         # read the BF16 stage, write it in the served dtype
         self.convert_s = (stage + self.weight_bytes / tr.pp) / (gpu.hbm_tbps * 1e12 * HBM_COPY_EFFICIENCY)
         self.stage_s = self.weight_bytes / tr.pp / self.h2d_bytes_per_s
-        from rollart.calibration.links import STORE_BUCKET_OVERHEAD_S
+        from rollart.calibration.links import STORE_BUCKET_OVERHEAD_S, calibrated_links
 
         # The measured per-bucket costs are Mooncake's TCP transport's (a socket exchange per transfer); an
         # RDMA or InfiniBand path posts its transfers to the NIC with no such exchange, so it keeps the
         # assumed metadata round trip (STORE_BUCKET_OVERHEAD_S) rather than a TCP measurement
         store = measured_store()
+        assumed = float(calibrated_links().get("store", {}).get("bucket_overhead_s", STORE_BUCKET_OVERHEAD_S))
 
         def measured_on(link: Link, key: str) -> float:
-            return store.get(key, STORE_BUCKET_OVERHEAD_S) if link.kind == "tcp" else STORE_BUCKET_OVERHEAD_S
+            return store.get(key, assumed) if link.kind == "tcp" else assumed
 
         self.publish_overhead_s = measured_on(self.cross, "publish_s")
         self.pull_overhead_s = measured_on(self.intra, "pull_s")

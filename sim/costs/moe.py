@@ -282,8 +282,8 @@ def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes
     engines run for steps that prefill) sends a token once to each destination rank over NVLink,
     D_rank·(1 − 1/ep) copies, and once to each other NVLink domain over the network, whose receiving
     GPU forwards it on over NVLink: D_dom·(1 − 1/n_dom) copies (:func:`groups_reached`; the own rank's
-    and own domain's expected share removed by symmetry). A token whose 8 experts span 4 nodes of an
-    EP32 DeepSeek-V3 sends 2.7 copies over the network instead of 6.
+    and own domain's expected share removed by symmetry). DeepSeek-V3 on EP32 over 4 nodes, routing
+    uniform: 2.7 network copies a token expected, against 6 for the low-latency layout.
 
     ``rdma`` False (a TCP network): DeepEP's kernels need RDMA between nodes, so a worker wider than a
     domain runs the engine's fallback (vLLM's default all2all backend), an all-gather of every rank's
