@@ -176,8 +176,7 @@ def waste_summary(stats: Any) -> dict[str, Any]:
     (the Ray runtime: vLLM's abort returns none). ``wasted_token_share``: their share of all decoded
     tokens (returned + wasted). GPU time is unaffected: the engines are charged for every iteration
     they ran."""
-    unknown = getattr(stats, "wasted_unreported", 0)
-    wasted = None if unknown else getattr(stats, "wasted_tokens", 0)
+    wasted = None if stats.wasted_unreported else stats.wasted_tokens
     decoded = stats.generated_tokens + (wasted or 0)
     return {"wasted_tokens": wasted,
             "wasted_token_share": None if wasted is None else (wasted / decoded if decoded else 0.0)}

@@ -18,6 +18,7 @@ experts here: a DeepSeek-V3-like model's dense first layers (``dense_layers``) a
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from rollart.plan.schema import GpuType, ModelSpec
 
@@ -244,6 +245,7 @@ def dispatch_bytes(model: ModelSpec) -> float:
     return FP8_DISPATCH_BYTES if model.weight_dtype == "fp8" else 2.0
 
 
+@lru_cache(maxsize=256)  # a few (E, k, groups) per run, asked at every prefilling engine step
 def groups_reached(experts: int, active: int, groups: int) -> float:
     """Expected distinct groups a token's ``active`` experts fall in when ``experts`` experts are split
     evenly into ``groups`` groups (ranks, or NVLink domains of ranks) and a token picks its experts
