@@ -10,7 +10,9 @@
    the measured profile, whatever it is called);
 3. else measured kernel efficiencies on the GPU type's datasheet, priced by the same composition:
    the named preset's own (a ``cluster.custom_gpus`` entry reusing a preset's name with other
-   timing numbers, e.g. an H20 with faster HBM), else the H100's (a type without timings of its own).
+   timing numbers, e.g. an H20 with faster HBM), else those of the measured GPU most like it
+   (:func:`transfer_reference`), each step no slower than on any measured preset the type matches or
+   beats in every timing figure the step depends on (:func:`custom_generation_cost`).
 
 The returned model's ``source`` says which, and every report prints it."""
 
@@ -36,6 +38,14 @@ def _load(path: str):  # noqa: ANN202 - cached profile objects
 
 # The datasheet numbers a kernel's time depends on; ``memory_gb`` only sizes the KV cache.
 TIMING_FIELDS = ("tflops_bf16", "tflops_fp8", "hbm_tbps", "nvlink_gbps")
+# Those a BF16 model's step depends on: it never computes in FP8, so ``tflops_fp8`` is not one of them
+BF16_TIMING_FIELDS = ("tflops_bf16", "hbm_tbps", "nvlink_gbps")
+
+
+def _at_least(gpu: "GpuType", sheet: dict, fields: tuple[str, ...]) -> bool:
+    """Whether ``gpu`` matches or beats the datasheet ``sheet`` in every one of ``fields`` it gives (a
+    field the sheet leaves unset, A100's ``tflops_fp8``, is no bar; one ``gpu`` leaves unset loses)."""
+    return all((mine := getattr(gpu, f)) is not None and mine >= v for f in fields if (v := sheet.get(f)) is not None)
 
 
 def _same_timings(sheet: dict, gpu: "GpuType") -> bool:
@@ -56,21 +66,34 @@ def _timing_preset(gpu: "GpuType") -> str | None:
     return None
 
 
-def transfer_reference(gpu_name: str | None, gpu: "GpuType | None" = None) -> str:
+def transfer_reference(gpu_name: str | None, gpu: "GpuType | None" = None, fp8: bool = False) -> str:
     """The preset whose measured kernel efficiencies price a GPU type without a profile of its own:
     the preset ``gpu_name`` names when it ships one (a custom variant of a measured GPU keeps its
     kernels' measured fractions of peak). Else the measured reference (``profiles.RIDGE_REFERENCES``)
-    most like ``gpu``'s datasheet:
+    most like ``gpu``'s datasheet, chosen on the figures the priced terms depend on:
 
-    * of its architecture class: with FP8 tensor cores (``tflops_fp8``) Hopper's H100 and H20,
-      without them Ampere's A100;
-    * of those, the ones ``gpu`` is at least as good as in every timing figure, when there are any
-      (so an H20 with faster HBM is never priced slower than an H20);
-    * of those, the nearest in ridge point (BF16 FLOP per HBM byte, on a log scale). The ridge decides
-      which side of the roofline a kernel runs on: H20 (37) was timed where small-batch GEMMs are
-      compute-floored, H100 (295) where they read weights.
+    The references are the GPUs measured on either side of the roofline's ridge and each architecture's:
+    Hopper's H100 and H20, Ampere's A100, Blackwell's B200 and GB200 (Hopper's fits at Blackwell's measured
+    sustained share of peak, :mod:`rollart.calibration.sustained`), so a sheet at or beyond a Blackwell
+    preset (a B300) keeps what Blackwell sustains rather than Hopper's share of its peak.
 
-    Without a datasheet, H100 (``profiles.TRANSFER_REFERENCE``)."""
+    * ``fp8`` False (a BF16 model's terms, the trainer's all-reduce and MFU): on the BF16 figures only, so
+      a BF16 model's step never depends on ``tflops_fp8``. Of the references ``gpu`` matches or beats in
+      BF16 FLOP/s and HBM bandwidth, the nearest datasheet (the sum of the two figures' log distances: an
+      H200-like sheet takes the H100's, an A800 the A100's, an H20 with faster HBM the H20's); when it
+      beats none, the nearest ridge point (BF16 FLOP per HBM byte, log scale: H20 37, A100 153, H100 295;
+      the ridge decides which side of the roofline a small-batch GEMM runs on).
+    * ``fp8`` True (an FP8 model, whose linear layers compute on the FP8 tensor cores where there are
+      any): with ``tflops_fp8``, of the references with measured FP8 GEMMs on FP8 tensor cores (Hopper's
+      H100 and H20); without it, of all three (the weights are served weight-only, in BF16 compute). Of
+      those, the ones ``gpu`` matches or beats in every timing figure when there are any (without FP8
+      tensor cores: the A100), and of those the nearest datasheet (else, beating none, the nearest ridge
+      point). So an H20-like sheet keeps the H20's kernels with or without its FP8 figure, and an H200-like
+      sheet without one is priced as Ampere.
+
+    The reference prices the type's kernels; :func:`custom_generation_cost` then holds each step to no
+    more than on any measured preset the type matches or beats. Without a datasheet, H100
+    (``profiles.TRANSFER_REFERENCE``)."""
     from rollart.calibration.profiles import RIDGE_REFERENCES, TRANSFER_REFERENCE, shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS, canonical_gpu
 
@@ -79,12 +102,25 @@ def transfer_reference(gpu_name: str | None, gpu: "GpuType | None" = None) -> st
         return preset
     if gpu is None:
         return TRANSFER_REFERENCE
-    same_class = [r for r in RIDGE_REFERENCES if (GPU_PRESETS[r].get("tflops_fp8") is None) == (gpu.tflops_fp8 is None)]
-    dominated = [r for r in same_class if all(getattr(gpu, f) >= v for f in TIMING_FIELDS
-                                              if (v := GPU_PRESETS[r].get(f)) is not None)]
-    ridge = math.log(gpu.tflops_bf16 / gpu.hbm_tbps)
-    return min(dominated or same_class, key=lambda r: (
-        abs(ridge - math.log(GPU_PRESETS[r]["tflops_bf16"] / GPU_PRESETS[r]["hbm_tbps"])), r != TRANSFER_REFERENCE))
+
+    def ridge(r: str) -> float:
+        return abs(math.log(gpu.tflops_bf16 / gpu.hbm_tbps)
+                   - math.log(GPU_PRESETS[r]["tflops_bf16"] / GPU_PRESETS[r]["hbm_tbps"]))
+
+    def nearest(r: str) -> tuple[float, bool]:  # the datasheet distance: both figures' log ratios
+        return (sum(abs(math.log(getattr(gpu, f) / GPU_PRESETS[r][f])) for f in ("tflops_bf16", "hbm_tbps")),
+                r != TRANSFER_REFERENCE)
+
+    if not fp8:
+        beaten = [r for r in RIDGE_REFERENCES if _at_least(gpu, GPU_PRESETS[r], ("tflops_bf16", "hbm_tbps"))]
+        if beaten:
+            return min(beaten, key=nearest)
+        return min(RIDGE_REFERENCES, key=lambda r: (ridge(r), r != TRANSFER_REFERENCE))
+    candidates = [r for r in RIDGE_REFERENCES if gpu.tflops_fp8 is None or GPU_PRESETS[r].get("tflops_fp8")]
+    dominated = [r for r in candidates if _at_least(gpu, GPU_PRESETS[r], TIMING_FIELDS)]
+    if dominated:
+        return min(dominated, key=nearest)
+    return min(candidates, key=lambda r: (ridge(r), r != TRANSFER_REFERENCE))
 
 
 @lru_cache(maxsize=32)
@@ -140,10 +176,7 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
         return roofline()
     path = Path(profile) if profile else _shipped_kernel_profile(gpu_name, gpu)
     if path is None:  # no timings of this GPU: the measured reference's efficiencies on its datasheet
-        moved = _transferred(gpu_name, transfer_reference(gpu_name, gpu), gpu.tflops_bf16, gpu.hbm_tbps,
-                             gpu.nvlink_gbps, gpu.tflops_fp8)
-        return KernelProfileGeneration(model, gpu, tp, moved, f"{gpu_name} datasheet", ep, network, memory_utilization,
-                                       domain)
+        return custom_generation_cost(model, gpu_name, gpu, tp, ep, network, memory_utilization, domain)
     loaded = _load(str(path.resolve()))
     origin = path.name if profile is None else str(path)
     if isinstance(loaded, TrainProfile):
@@ -152,6 +185,68 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
         return EngineProfileGeneration(model, gpu, tp, loaded, origin,  # measured end to end: as measured
                                        memory_utilization=memory_utilization, ep=ep)
     return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network, memory_utilization, domain)
+
+
+def _preset_floors(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network: "Link | None",
+                   memory_utilization: float, domain: int | None) -> list[tuple[str, object]]:
+    """(name, cost model) of every preset with a shipped kernel profile that ``gpu`` matches or beats in
+    each timing figure ``model``'s steps depend on (``BF16_TIMING_FIELDS`` for BF16 weights, else
+    ``TIMING_FIELDS``), priced by its own profile with ``gpu``'s NVLink domain and memory (neither is a
+    kernel's speed), so that it differs from the preset only where the plan lays workers out differently."""
+    from rollart.calibration.profiles import shipped_profile_path
+    from rollart.plan.presets import GPU_PRESETS
+
+    fields = BF16_TIMING_FIELDS if model.weight_dtype == "bf16" else TIMING_FIELDS
+    out = []
+    for preset, sheet in GPU_PRESETS.items():
+        if shipped_profile_path(preset) is None or not _at_least(gpu, sheet, fields):
+            continue
+        twin = gpu.model_copy(update={f: sheet.get(f) for f in TIMING_FIELDS})
+        out.append((preset, generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization, domain)))
+    return out
+
+
+def custom_generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, ep: int = 1,  # noqa: ANN201
+                           network: "Link | None" = None, memory_utilization: float = 0.90,
+                           domain: int | None = None):
+    """The generation cost model of a GPU type without kernel timings of its own (``generation_cost``'s
+    third case): :func:`transfer_reference`'s measured efficiencies on its datasheet, floored by the
+    presets it matches or beats.
+
+    * The reference: for a BF16 model chosen on the BF16 figures, and transferred with the reference's
+      own FP8 ÷ BF16 peak ratio (the FP8 fits enter a BF16 MoE only as the grouped ÷ dense factors), so
+      ``tflops_fp8`` never moves a BF16 model's step; for an FP8 model chosen as ``transfer_reference``
+      with ``fp8`` says.
+    * The floor: each step (prefill, mixed, a decode iteration) is the least of the reference's price and
+      the price on every measured preset the type matches or beats in each timing figure that step
+      depends on (``_preset_floors``): a datasheet at least as good in every figure is never priced slower
+      than a measured GPU (kernel by kernel, a reference can lose to another measured GPU: the H100's
+      FP8 GEMM launch, 9.6 µs, against the H20's 4.6 µs, at batch 1 on a MoE's small expert GEMMs).
+      A decode iteration's line takes the least of each of its coefficients (fixed time, attention's
+      compute and memory slopes per cached token), so it is at most each line at every context.
+    * An FP8 model on a type with FP8 tensor cores is also floored by the same type without them
+      (``tflops_fp8`` None: FP8 weights served weight-only, W8A16, as an engine may on any GPU), so adding
+      FP8 tensor cores never makes an FP8 model slower.
+
+    Without any floor it is the reference's composition as is (a ``KernelProfileGeneration``)."""
+    from rollart.calibration.cost import FlooredGeneration, KernelProfileGeneration
+    from rollart.plan.presets import GPU_PRESETS
+
+    fp8 = model.weight_dtype != "bf16"
+    ref = transfer_reference(gpu_name, gpu, fp8=fp8)
+    if fp8:
+        tflops_fp8 = gpu.tflops_fp8
+    else:  # the reference's FP8 ÷ BF16 ratio on this BF16 peak: a BF16 model reads no FP8 figure of the type
+        ref_fp8 = GPU_PRESETS[ref].get("tflops_fp8")
+        tflops_fp8 = ref_fp8 * gpu.tflops_bf16 / GPU_PRESETS[ref]["tflops_bf16"] if ref_fp8 else None
+    moved = _transferred(gpu_name, ref, gpu.tflops_bf16, gpu.hbm_tbps, gpu.nvlink_gbps, tflops_fp8)
+    floors = _preset_floors(model, gpu, tp, ep, network, memory_utilization, domain)
+    if fp8 and gpu.tflops_fp8 is not None:
+        floors.append((f"{gpu_name} served weight-only",
+                       generation_cost(model, gpu_name, gpu.model_copy(update={"tflops_fp8": None}), tp, None, ep,
+                                       network, memory_utilization, domain)))
+    args = (model, gpu, tp, moved, f"{gpu_name} datasheet", ep, network, memory_utilization, domain)
+    return FlooredGeneration(*args, floors=floors) if floors else KernelProfileGeneration(*args)
 
 
 # GPUs in the ring the shipped NCCL all-reduce fits were measured on (an 8×H100 DGX, calibration.datasets)
@@ -269,4 +364,4 @@ def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement", 
     return ProfiledTrainCost(model, loaded, trainer.profile)
 
 
-__all__ = ["generation_cost", "train_cost"]
+__all__ = ["custom_generation_cost", "generation_cost", "train_cost"]

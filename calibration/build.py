@@ -15,7 +15,8 @@ from rollart.calibration import datasets as D
 from rollart.calibration import kernels as K
 from rollart.calibration.profiles import (GROUPED_PARAMS, PROFILE_DIR, ComponentFit, KernelProfile, PhaseError,
                                          load_profile, profile_differences, save_profile, shipped_profile_path)
-from rollart.plan.presets import GPU_PRESETS
+from rollart.calibration.sustained import compute_share
+from rollart.plan.presets import GPU_PRESETS, with_article
 
 # Per engine step, outside the kernels (scheduling, input preparation, sampling, output processing,
 # launch): ASSUMED, no timing of the paper's vLLM 0.8.4 (V1, no multi-step) is public here. What is
@@ -32,17 +33,21 @@ FA3_H100_BF16_UTILISATION = 0.75
 FA2_A100_BF16_UTILISATION = 0.73
 # Streaming multiprocessors (NVIDIA datasheets): how many CTAs a decode kernel without split-KV
 # needs to keep the GPU busy (kernels.decode_attention_time)
-SMS = {"H800": 132, "H20": 78, "H100": 132, "H200": 132, "A100": 108}
-KEYS = {"h800": "H800", "h20": "H20", "h100": "H100", "h200": "H200", "a100": "A100"}
+SMS = {"H800": 132, "H20": 78, "H100": 132, "H200": 132, "A100": 108, "B200": 148, "GB200": 148}
+KEYS = {"h800": "H800", "h20": "H20", "h100": "H100", "h200": "H200", "a100": "A100", "b200": "B200", "gb200": "GB200"}
 # GPUs without public kernel timings of their own are fitted on a sibling's rows, in the sibling's
 # datasheet units, so what carries over is each kernel's *efficiency* (fraction of peak FLOP/s or of
 # HBM bandwidth), applied to this GPU's datasheet: H100 and H200 are the H800's GH100 die (989 TFLOP/s
 # dense BF16); H200 differs by its 4.8 TB/s HBM3e (and 141 GB), so its memory-bound kernels scale.
 # A100 has its own BF16 GEMM timings (Vidur); its attention, streaming and collectives take the H800's
 # efficiencies on its datasheet, across an architecture (Ampere), so those terms are estimates.
-TIMINGS_OF = {"h100": "h800", "h200": "h800", "a100": "h800"}
+# B200 and GB200 (Blackwell) have no public kernel timings here either: Hopper's fitted efficiencies on
+# their datasheets, the compute side scaled by what Blackwell is measured to sustain of its peak against
+# an H100 in the same benchmarks (rollart.calibration.sustained).
+TIMINGS_OF = {"h100": "h800", "h200": "h800", "a100": "h800", "b200": "h800", "gb200": "h800"}
 SIBLING = {"h100": "the same GH100 die", "h200": "the same GH100 die",
-           "a100": "Hopper's efficiencies on an Ampere GA100, an estimate"}
+           "a100": "Hopper's efficiencies on an Ampere GA100, an estimate",
+           "b200": "Hopper's efficiencies on Blackwell", "gb200": "Hopper's efficiencies on Blackwell"}
 PREFILL_TOKENS = 512  # GEMM rows with at least this many tokens count as prefill-like, the rest decode-like
 
 GEMM_FORMULA = "t0 + max(2·max(m+m_half, 64)·kn / (P·e_max), 2(mk+kn+mn) / (BW·e_mem))"
@@ -182,11 +187,18 @@ def build(gpu: str) -> KernelProfile:
     assumptions = [f"iteration overhead {ITERATION_OVERHEAD_S * 1e3:.0f} ms per engine step (scheduling, sampling, "
                    "launch) is assumed: kernel timings do not contain it"]
     rescaled = _rescaled(gpu)
+    share, share_note = compute_share(key)  # < 1 on Blackwell: what it sustains of its peak (calibration.sustained)
     if gpu == "a100":
         assumptions.append(f"no public A100 kernel timings but its BF16 GEMMs (fitted as measured): attention, long "
                            f"streams and FP8 terms take the H800's fitted efficiencies ({SIBLING[gpu]}) on A100's "
                            f"datasheet ({sheet['tflops_bf16']:g} TFLOP/s, {sheet['hbm_tbps']:g} TB/s); measure them "
                            "with `rollart calibrate profile` + `fit` on an A100")
+    elif share < 1.0:
+        assumptions.append(f"no public {key} kernel timings: every kernel's efficiency fitted on the {KEYS[source]}'s "
+                           f"({SIBLING[gpu]}) applies to {key}'s datasheet ({sheet['tflops_bf16']:g} TFLOP/s BF16, "
+                           f"{sheet['hbm_tbps']:g} TB/s): KV reads and long streams at the H800's fraction of HBM, "
+                           f"compute-bound kernels (GEMMs, prefill attention) at {share:g} of the H800's fraction of "
+                           f"peak: {share_note}; measure it with `rollart calibrate fit` on {with_article(key)}")
     elif rescaled:
         assumptions.append(f"no public {key} kernel timings: every kernel's efficiency fitted on the {KEYS[source]}'s "
                            f"({SIBLING[gpu]}, {src_sheet['tflops_bf16']:g} TFLOP/s BF16) applies to {key}'s "
@@ -196,7 +208,7 @@ def build(gpu: str) -> KernelProfile:
                            "(e_max·m/(m+m_half), from timings where HBM bound it first), which on the faster HBM "
                            "binds first (weight reads at ~4.1 TB/s at one row), so weight-bound decode gains "
                            f"1.1–1.25×, not {sheet['hbm_tbps'] / src_sheet['hbm_tbps']:.2f}×; measure it with "
-                           f"`rollart calibrate fit` on an {key}")
+                           f"`rollart calibrate fit` on {with_article(key)}")
     prefill_ape: list[np.ndarray] = []
     decode_ape: list[np.ndarray] = []
 
@@ -289,6 +301,8 @@ def build(gpu: str) -> KernelProfile:
         X, y, held_fit = hx, hy, h100
         if gpu == "h100":
             derived = None
+        elif share < 1.0:
+            derived = f"H100 BF16 timings: the fitted efficiencies on {key}'s datasheet ({SIBLING[gpu]})"
         elif rescaled:
             derived = (f"H100 BF16 timings: the fitted efficiencies on {key}'s datasheet (same Hopper compute "
                        f"silicon, {sheet['hbm_tbps']:g} TB/s HBM3e)")
@@ -300,6 +314,10 @@ def build(gpu: str) -> KernelProfile:
         for comp in ((gemm_fp8, gemm_grouped_fp8) if gpu == "a100" else (gemm, gemm_fp8, gemm_grouped_fp8)):
             comp.params = K.gemm_on_datasheet(comp.params, knee)
             comp.derived = (comp.derived or "") + f"; knee m_half × {knee:.3g} ({key}'s peak ÷ the H800's)"
+    if share < 1.0:  # a GPU that sustains less of its peak than the one whose timings it borrows (Blackwell)
+        for comp in (gemm, gemm_fp8, gemm_grouped_fp8):
+            comp.params["e_max"] = float(f"{comp.params['e_max'] * share:.6g}")
+            comp.derived = (comp.derived or "") + f"; e_max × {share:g} (its measured sustained share)"
     fp8_peak = sheet.get("tflops_fp8")  # None: no FP8 tensor cores (the datasheet preset says)
     if fp8_peak is not None:  # else: weight-only FP8, said below
         assumptions.append(f"FP8 weights: the DeepGEMM FP8 fit as fitted, at {FP8_PEAK_RATIO:g} × the BF16 peak, 1 "
@@ -330,10 +348,11 @@ def build(gpu: str) -> KernelProfile:
     else:
         cap, kernel, where = ((FA2_A100_BF16_UTILISATION, "FlashAttention-2", "A100") if gpu == "a100"
                               else (FA3_H100_BF16_UTILISATION, "FlashAttention-3", "H100"))
-        params = dict(fit.params, e_max=min(fit.params["e_max"], cap))
+        params = dict(fit.params, e_max=min(fit.params["e_max"], cap) * share)
         attn_prefill = ComponentFit(formula=PREFILL_FORMULA, params={k: float(f"{v:.6g}") for k, v in params.items()},
                                     data=files, dtype="bf16", derived=f"no {key} prefill timings: H20's FlashAttention-3 efficiency "
-                                    f"curve with e_max capped at {cap} ({kernel}'s reported BF16 utilisation on {where})")
+                                    f"curve with e_max capped at {cap} ({kernel}'s reported BF16 utilisation on {where})"
+                                    + (f", × {share:g} (its measured sustained share)" if share < 1.0 else ""))
         assumptions.append(attn_prefill.derived or "")
 
     # All-reduce (tensor parallel), from 8×H100 NVLink ------------------------------------
@@ -366,7 +385,7 @@ def build(gpu: str) -> KernelProfile:
     if gpu == "a100":
         note += "; the GEMM rows are A100's own, the decode-attention rows the H800's"
     elif rescaled:
-        note += f", all of them H100/H800 timings (none measured on an {key})"
+        note += f", all of them H100/H800 timings (none measured on {with_article(key)})"
     if fp8_peak is None:
         assumptions.append(f"{key} has no FP8 tensor cores: FP8 weights are read as 1 byte and computed in BF16 "
                            "(weight-only); the FP8 GEMM fits stay for the MoE grouped ÷ dense factors")
@@ -384,7 +403,7 @@ def build(gpu: str) -> KernelProfile:
     )
 
 
-GPUS = ("h800", "h20", "h100", "h200", "a100")
+GPUS = ("h800", "h20", "h100", "h200", "a100", "b200", "gb200")
 
 
 def check() -> int:

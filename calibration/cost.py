@@ -49,6 +49,8 @@ from rollart.calibration.links import inter_node_link, rdma_between_nodes
 from rollart.calibration.mla_decode import flashmla_efficiency, flashmla_row_use
 from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainProfile, expert_gemm_params,
                                           stream_efficiency)
+from rollart.calibration.sustained import compute_share
+from rollart.plan.presets import with_article
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import (DecodeLine, RooflineEfficiency, decode_attention_flops, kv_capacity,
                                    kv_heads_per_gpu, prefill_attention_flops)
@@ -114,7 +116,9 @@ class KernelProfileGeneration:
         self._flashmla = model.mla and profile.fp8_tensor_cores  # FP8 tensor cores: the engines run FlashMLA
         if self._flashmla:  # its published fractions of peak and HBM (calibration.mla_decode)
             e_c, e_bw, _ = flashmla_efficiency()
-            d["e_c"] = e_c * flashmla_row_use(heads)  # a GPU's heads fill its 64-row query tile or pad it
+            # a GPU's heads fill its 64-row query tile or pad it; a GPU that sustains less of its peak than
+            # Hopper (Blackwell: calibration.sustained) reaches that share of FlashMLA's too
+            d["e_c"] = e_c * flashmla_row_use(heads) * compute_share(profile.gpu)[0]
             if model.kv_dtype != "fp8":
                 d["e_bw"] = e_bw
         self._attn_decode = d
@@ -188,8 +192,10 @@ class KernelProfileGeneration:
                        f"calibrated kernel profile {profile.gpu} ({origin}); {kind}; prefill MAPE "
                        f"{profile.fit_error.prefill_mape_heldout:.1%}, decode MAPE "
                        f"{profile.fit_error.decode_mape_heldout:.1%} held-out"
-                       + (f" on other GPUs' timings: no term measured on an {profile.gpu}, their fitted "
-                          "efficiencies applied to its datasheet" if borrowed else ""))
+                       + (f" on other GPUs' timings: no term measured on {with_article(profile.gpu)}, their fitted "
+                          "efficiencies applied to its datasheet" if borrowed else "")
+                       + (f", compute at {share:g} of them (what {profile.gpu} is measured to sustain of its peak, "
+                          "calibration/sustained.py)" if (share := compute_share(profile.gpu)[0]) < 1.0 else ""))
         self.source += straddle_note(tp, gpu.nvlink_domain, self._domain)
 
     def _gemms(self, m: float, shapes: list[tuple[float, float]], kind: tuple | None = None) -> float:
@@ -392,6 +398,40 @@ class KernelProfileGeneration:
             line = DecodeLine(a=fixed, c0=0.0, c1=m.layers * per_token_compute, m0=0.0,
                               m1=m.layers * per_token_memory)
             self._lines[batch] = line
+        return line
+
+
+class FlooredGeneration(KernelProfileGeneration):
+    """A transferred composition whose every step is at most each floor's
+    (:func:`rollart.calibration.custom_generation_cost`): prefill and mixed steps take the least of the
+    step times; a decode iteration's line takes the least of each coefficient (fixed time, compute and
+    memory per cached token), so it is at most every line at every context (where two lines cross, a
+    little below both)."""
+
+    def __init__(self, *args, floors: list[tuple[str, object]]) -> None:  # noqa: ANN002
+        super().__init__(*args)
+        self._floors = [cost for _, cost in floors]
+        self._floor_lines: dict[int, DecodeLine] = {}
+        self.source += ("; each step at most its price on the measured "
+                        + ", ".join(name for name, _ in floors) + " (every timing figure matched or beaten)")
+
+    def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float:
+        return min(super().prefill_time(new_tokens, attention_pairs, sequences),
+                   *(f.prefill_time(new_tokens, attention_pairs, sequences) for f in self._floors))
+
+    def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
+                        decode_context: float, sequences: int = 0) -> float:
+        return min(super().mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context, sequences),
+                   *(f.mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context, sequences)
+                     for f in self._floors))
+
+    def decode_line(self, batch: int) -> DecodeLine:
+        line = self._floor_lines.get(batch)
+        if line is None:
+            lines = [super().decode_line(batch), *(f.decode_line(batch) for f in self._floors)]
+            line = self._floor_lines[batch] = DecodeLine(
+                a=min(x.a for x in lines), c0=min(x.c0 for x in lines), c1=min(x.c1 for x in lines),
+                m0=min(x.m0 for x in lines), m1=min(x.m1 for x in lines))
         return line
 
 

@@ -291,10 +291,12 @@ def save_profile(profile: Profile, path: str | Path, header: str = "") -> None:
 # The GPU whose measured kernel efficiencies price a GPU type without a profile of its own: the H100
 # (its BF16 GEMMs timed by Vidur, its attention and FP8 GEMMs the H800's: the same GH100 die)
 TRANSFER_REFERENCE = "H100"
-# The measured references a custom GPU type is matched to (calibration.transfer_reference): Hopper timed on
-# either side of the roofline's ridge (H100 295, H20 37 BF16 FLOP per HBM byte), and Ampere (A100, no FP8
-# tensor cores). The H200 profile is itself H100's efficiencies; H800's are H100's bar the BF16 GEMM source.
-RIDGE_REFERENCES = ("H100", "H20", "A100")
+# The references a custom GPU type is matched to (calibration.transfer_reference): Hopper timed on either side
+# of the roofline's ridge (H100 295, H20 37 BF16 FLOP per HBM byte), Ampere (A100, no FP8 tensor cores), and
+# Blackwell (B200, GB200: Hopper's fits at the share of peak Blackwell is measured to sustain,
+# calibration.sustained). The H200 profile is itself H100's efficiencies; H800's are H100's bar the BF16 GEMM
+# source.
+RIDGE_REFERENCES = ("H100", "H20", "A100", "B200", "GB200")
 
 
 def transferred_profile(reference: KernelProfile, gpu_name: str, tflops_bf16: float, hbm_tbps: float,

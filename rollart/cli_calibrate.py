@@ -119,7 +119,7 @@ def _show_links() -> None:
 
 
 @calibrate_app.command()
-def show(name: Optional[str] = typer.Argument(None, help="a shipped profile (h800, h20, h100, h200, a100, links) or a profile "
+def show(name: Optional[str] = typer.Argument(None, help="a shipped profile (h800, h20, h100, h200, a100, b200, gb200, links) or a profile "
                                                          "YAML; none: one line per shipped profile"),
          plot: Optional[Path] = typer.Option(None, "--plot", help="draw measured vs fitted to this PNG")) -> None:
     """Print a fitted profile: models, coefficients, data, held-out errors and assumptions."""

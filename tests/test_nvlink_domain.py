@@ -47,9 +47,11 @@ def h100(domain: int) -> GpuType:
     return GpuType(**{**GPU_PRESETS["H100"], "nvlink_domain": domain})
 
 
-def test_presets_are_hgx_boards() -> None:
-    """H800, H20, H100, H200 and A100 ship as 8-GPU HGX boards, and a type that says nothing is one too."""
-    assert {name: sheet["nvlink_domain"] for name, sheet in GPU_PRESETS.items()} == dict.fromkeys(GPU_PRESETS, 8)
+def test_presets_are_hgx_boards_but_the_nvl72_rack() -> None:
+    """H800, H20, H100, H200, A100 and B200 ship as 8-GPU HGX boards, GB200 as a 72-GPU NVL72 rack, and a type
+    that says nothing is an 8-GPU board."""
+    assert {name: sheet["nvlink_domain"] for name, sheet in GPU_PRESETS.items()} == {
+        **dict.fromkeys(GPU_PRESETS, 8), "GB200": 72}
     assert GpuType(tflops_bf16=1, hbm_tbps=1, memory_gb=1).nvlink_domain == 8
 
 

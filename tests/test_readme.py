@@ -44,9 +44,11 @@ COMMANDS: dict[str, Spec] = {
         Spec(extra=("--steps", "1")),
     "rollart simulate --set tasks.CodeExec.env.failure_prob=0.05 --mode areal --json out.json --trace trace.json":
         Spec(extra=("--steps", "2")),
-    "rollart simulate --set 'cluster.custom_gpus.B200={tflops_bf16: 2250, hbm_tbps: 8, memory_gb: 180, "
-    "nvlink_gbps: 1800, tflops_fp8: 4500}' --set cluster.gpu_pools.h20.gpu=B200":
-        Spec(extra=("--steps", "1"), needle="H100 kernel profile on the B200"),
+    "rollart simulate --set cluster.gpu_pools.h20.gpu=B200":
+        Spec(extra=("--steps", "1"), needle="calibrated kernel profile B200 (b200.yaml)"),
+    "rollart simulate --set 'cluster.custom_gpus.B300={tflops_bf16: 2250, hbm_tbps: 8, memory_gb: 288, "
+    "nvlink_gbps: 1800, tflops_fp8: 4500}' --set cluster.gpu_pools.h20.gpu=B300":
+        Spec(extra=("--steps", "1"), needle="B200 kernel profile on the B300"),
     "rollart simulate --set placement.hw_affinity.FrozenLake=H900": Spec(rc=2, needle="unknown pool 'H900'"),
     "rollart simulate --set algorithm.alpah=2": Spec(rc=2, needle="did you mean 'alpha'"),
     "rollart scenarios": Spec(needle="paper/qwen3-8b-128gpu"),

@@ -10,8 +10,8 @@ from __future__ import annotations
 GPU_PRESETS: dict[str, dict[str, float]] = {
     # name: dense BF16 TFLOP/s, HBM TB/s, memory GB (GiB in practice), NVLink GB/s
     # (datasheet total of both directions, per GPU), dense FP8 TFLOP/s where the tensor cores
-    # compute FP8 (Hopper: 2 × BF16; A100 has none), GPUs in one NVLink domain (all five are HGX
-    # 8-GPU boards: NVLink/NVSwitch inside the board, the cluster's network beyond).
+    # compute FP8 (Hopper and Blackwell: 2 × BF16; A100 has none), GPUs in one NVLink domain (HGX
+    # 8-GPU boards: NVLink/NVSwitch inside the board, the cluster's network beyond; GB200: a 72-GPU rack).
     # memory_visible_gib: the total torch.cuda.get_device_properties(0) reports (what vLLM's
     # gpu_memory_utilization multiplies), from public printouts: H100 80GB HBM3 81,082-81,090 MiB
     # (81,089 taken; the H800 has the same memory system and no public printout: the H100's taken),
@@ -28,6 +28,16 @@ GPU_PRESETS: dict[str, dict[str, float]] = {
              "nvlink_gbps": 900.0, "tflops_fp8": 1978.0, "nvlink_domain": 8},
     "A100": {"tflops_bf16": 312.0, "hbm_tbps": 2.039, "memory_gb": 80.0, "memory_visible_gib": 79.172,
              "nvlink_gbps": 600.0, "nvlink_domain": 8},
+    # Blackwell (NVIDIA's HGX B200 and GB200 NVL72 datasheets, per GPU, dense): B200 2.25 PFLOP/s BF16,
+    # 4.5 FP8, 180 GB HBM3e at 7.7 TB/s (the HGX B200 table; some pages round it to 8), NVLink 5 1.8 TB/s,
+    # an 8-GPU board; GB200 2.5 / 5 PFLOP/s, 186 GB at 8 TB/s, the same NVLink across a 72-GPU rack. No
+    # public kernel timings: their profiles carry the H800's efficiencies at Blackwell's measured sustained
+    # share of peak (rollart.calibration.sustained). memory_visible_gib: B200 178.36 GiB as torch reports it
+    # on a DGX B200 (Together AI's published run); GB200 no printout found, so the B200's share of its total.
+    "B200": {"tflops_bf16": 2250.0, "hbm_tbps": 7.7, "memory_gb": 180.0, "memory_visible_gib": 178.36,
+             "nvlink_gbps": 1800.0, "tflops_fp8": 4500.0, "nvlink_domain": 8},
+    "GB200": {"tflops_bf16": 2500.0, "hbm_tbps": 8.0, "memory_gb": 186.0, "memory_visible_gib": 184.3,
+              "nvlink_gbps": 1800.0, "tflops_fp8": 5000.0, "nvlink_domain": 72},
 }
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {
@@ -77,6 +87,11 @@ LINK_PRESETS: dict[str, dict[str, float]] = {
     "nvlink": {"bandwidth_gbps": 3200.0, "latency_us": 2.0},
     "pcie": {"bandwidth_gbps": 400.0, "latency_us": 2.0},
 }
+
+
+def with_article(name: str) -> str:
+    """"an H200", "a B200": the article as the name's first letter is spoken."""
+    return ("an " if name[:1].upper() in "AEFHILMNORSX" else "a ") + name
 
 
 def canonical_gpu(name: str) -> str | None:

@@ -81,7 +81,7 @@ class GpuType(_Strict):
     nvlink_domain: Count = Field(8, description=(
         "GPUs that share one NVLink/NVSwitch domain: a tensor-, expert- or data-parallel group of at most this "
         "many GPUs communicates over NVLink (nvlink_gbps), a wider one crosses the cluster's network. 8 for an "
-        "HGX board (H100, H200, H800, H20, A100), 72 for a GB200/GB300 NVL72 rack. A pool whose count is not a "
+        "HGX board (H100, H200, H800, H20, A100, B200), 72 for a GB200/GB300 NVL72 rack (the GB200 preset). A pool whose count is not a "
         "multiple of it ends in a partial domain. Groups are laid out as consecutive GPUs from a domain boundary "
         "(a generation group's workers, tp GPUs each; the trainer's tp and ep groups over its GPUs): one that "
         "straddles two domains (tp 16 on GPUs 64-79 of 72-GPU racks) crosses the network too; the trainer's "
@@ -101,7 +101,7 @@ class GpuType(_Strict):
 
 
 class GpuPool(_Strict):
-    gpu: str = Field(description="GPU type: a preset (H800, H20, H100, H200, A100) or a cluster.custom_gpus name")
+    gpu: str = Field(description="GPU type: a preset (H800, H20, H100, H200, A100, B200, GB200) or a cluster.custom_gpus name")
     count: Count
     cluster: str = Field("inference", description="physical cluster the pool sits in (links between clusters are slow)")
     profile: str | None = Field(None, description="cost profile YAML (from `rollart calibrate fit`), or 'datasheet' "
@@ -659,10 +659,15 @@ class WeightSync(_Strict):
 #   reported for H20 vs H800 servers (no public cloud list price).
 # * H200 (141 GB): 3.50, neocloud on-demand list prices ($3.3–4/h).
 # * A100 (80 GB): 1.50, neocloud on-demand list prices ($1.2–1.8/h).
+# * B200 (180 GB): 5.25, the middle of the $4.50–6.00/h specialised-cloud on-demand range of early
+#   2026 (Lyceum's B200 pricing guide, March 2026; Spheron lists $6.03).
+# * GB200: 5.25, assumed equal to the B200 (sold as NVL72 racks, no broad per-GPU list price; one
+#   neocloud lists $9.08/h for a two-GPU superchip, $4.54 a GPU).
 # A GPU type without a price (a custom_gpus entry) only matters when a cost is asked for: the
 # simulate summary then shows no cost, and `rollart sweep`/`rollart plan` stop with a plan
 # error naming ``prices.gpu_usd_per_hour.<type>``.
-DEFAULT_GPU_USD_PER_HOUR: dict[str, float] = {"H800": 2.50, "H20": 1.20, "H100": 2.50, "H200": 3.50, "A100": 1.50}
+DEFAULT_GPU_USD_PER_HOUR: dict[str, float] = {"H800": 2.50, "H20": 1.20, "H100": 2.50, "H200": 3.50, "A100": 1.50,
+                                             "B200": 5.25, "GB200": 5.25}
 
 
 class Prices(_Strict):

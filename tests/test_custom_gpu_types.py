@@ -1,0 +1,135 @@
+"""A custom GPU type (a ``cluster.custom_gpus`` sheet that is no shipped preset) is priced by
+``calibration.custom_generation_cost``: the measured reference most like it, each step floored by the
+measured presets it matches or beats. Two rules, stated over random sheets that dominate a preset:
+
+* a sheet at least as good as a measured preset in every timing figure is never priced slower than that
+  preset on any step (prefill, decode, mixed; dense and MoE; BF16 and FP8);
+* a BF16 model's step times do not depend on ``tflops_fp8``, and adding FP8 tensor cores never makes an
+  FP8 model slower.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from rollart.calibration import TIMING_FIELDS, generation_cost, transfer_reference
+from rollart.calibration.profiles import shipped_profile_path
+from rollart.plan.presets import GPU_PRESETS
+from rollart.plan.schema import GpuType, ModelSpec
+
+MEASURED = [p for p in GPU_PRESETS if shipped_profile_path(p) is not None]  # H800 H20 H100 H200 A100 (+ any new)
+GAINS = st.sampled_from([1.0, 1.01, 1.3, 2.0, 4.0])
+# (model, tp): dense and MoE, one GPU to a whole 8-GPU board
+MODELS = st.sampled_from([("Qwen3-8B", 1), ("Qwen3-8B", 2), ("Qwen3-30B-A3B", 1), ("Qwen3-30B-A3B", 2),
+                          ("Qwen3-235B-A22B", 8)])
+CTX = 2048
+TOL = 1 + 1e-9
+
+
+def _spec(model: str, dtype: str) -> ModelSpec:
+    return ModelSpec.model_validate({"preset": model, "weight_dtype": dtype})
+
+
+def _better(preset: str, gains: tuple[float, ...], fp8_gain: float | None) -> GpuType:
+    """``preset``'s sheet with each timing figure times its gain (never lower); ``fp8_gain`` gives a sheet
+    without an FP8 peak (A100) one of that many times its BF16 peak (None: left as it is)."""
+    base = dict(GPU_PRESETS[preset])
+    sheet = {f: base[f] * g for f, g in zip(("tflops_bf16", "hbm_tbps", "nvlink_gbps"), gains[:3])}
+    if base.get("tflops_fp8") is not None:
+        sheet["tflops_fp8"] = base["tflops_fp8"] * gains[3]
+    elif fp8_gain is not None:
+        sheet["tflops_fp8"] = sheet["tflops_bf16"] * fp8_gain
+    return GpuType(**{**base, **sheet, "memory_gb": base["memory_gb"] * gains[4], "memory_visible_gib": None})
+
+
+def _custom(*sheets: GpuType) -> bool:
+    """Whether no sheet has a shipped preset's exact timing figures (such a sheet is that preset, priced by
+    its own profile, and the rules are about custom types)."""
+    return not any(all(s.get(f) == getattr(g, f) for f in TIMING_FIELDS) for g in sheets
+               for s in GPU_PRESETS.values())
+
+
+def _steps(cost) -> list[float]:  # noqa: ANN001
+    """Decode iterations (batch 1-256), prefills (128-8k tokens) and mixed steps of one cost model."""
+    out = [cost.decode_line(b).total(b * CTX, b, 1) for b in (1, 4, 16, 64, 256)]
+    out += [cost.prefill_time(n, n * n / 2, 1) for n in (128, 1024, 8192)]
+    out += [cost.mixed_step_time(n, n * n / 2, b, b * CTX, 1) for n, b in ((256, 8), (2048, 64))]
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(preset=st.sampled_from(MEASURED), gains=st.tuples(*[GAINS] * 5),
+       fp8_gain=st.sampled_from([None, 1.0, 2.0, 4.0]), case=MODELS, dtype=st.sampled_from(["bf16", "fp8"]))
+def test_a_sheet_at_least_as_good_as_a_measured_preset_is_never_priced_slower(preset, gains, fp8_gain, case, dtype):
+    """Before session 51 the reference alone priced a custom sheet, and a B200-like sheet (2,250 TFLOP/s BF16,
+    4,500 FP8, 8 TB/s, NVLink 1,800) decoded Qwen3-235B-A22B FP8 at tp 8, batch 1, in 10.88 ms against the
+    H20's 10.43: its reference, the H100, launches an FP8 GEMM in 9.6 µs, the H20 in 4.6 µs. An A100 given
+    FP8 tensor cores is also covered (``fp8_gain``): it is no slower than the A100 serving FP8 weight-only."""
+    model, tp = case
+    sheet = _better(preset, gains, fp8_gain)
+    assert all((getattr(sheet, f) or 0) >= (GPU_PRESETS[preset].get(f) or 0) for f in TIMING_FIELDS)
+    m = _spec(model, dtype)
+    own = generation_cost(m, preset, GpuType(**GPU_PRESETS[preset]), tp)
+    custom = generation_cost(m, "GX", sheet, tp)
+    for mine, theirs in zip(_steps(custom), _steps(own)):
+        assert mine <= theirs * TOL, (preset, sheet, model, dtype, _steps(custom), _steps(own))
+
+
+@settings(max_examples=25, deadline=None)
+@given(preset=st.sampled_from(MEASURED), gains=st.tuples(*[GAINS] * 5), fp8=st.sampled_from([1.0, 2.0, 4.0]),
+       case=MODELS)
+def test_a_bf16_model_never_reads_the_fp8_figure(preset, gains, fp8, case):
+    """Whether ``tflops_fp8`` is set, and to what, moves no step of a BF16 model: its reference is chosen on
+    the BF16 figures (``transfer_reference``), and its floors are the presets it beats in those. Before,
+    the field switched the reference between H100 and A100: Qwen3-8B decoded 0.94-0.95x and Qwen3-30B-A3B
+    prefilled 4k tokens 1.10x the time with the field as without."""
+    model, tp = case
+    m = _spec(model, "bf16")
+    sheet = _better(preset, gains, None)
+    without = sheet.model_copy(update={"tflops_fp8": None})
+    other = sheet.model_copy(update={"tflops_fp8": sheet.tflops_bf16 * fp8})
+    assume(_custom(sheet, without, other))
+    times = [_steps(generation_cost(m, "GX", s, tp)) for s in (sheet, without, other)]
+    assert times[0] == times[1] == times[2]
+    assert transfer_reference("GX", sheet) == transfer_reference("GX", without) == transfer_reference("GX", other)
+
+
+@settings(max_examples=25, deadline=None)
+@given(preset=st.sampled_from(MEASURED), gains=st.tuples(*[GAINS] * 5), fp8=st.sampled_from([1.0, 2.0, 4.0]),
+       case=MODELS)
+def test_fp8_tensor_cores_never_make_an_fp8_model_slower(preset, gains, fp8, case):
+    """The same sheet with FP8 tensor cores (an FP8 peak of 1-4x the BF16 one) prices every step of an FP8
+    model at most as without them (FP8 weights served weight-only, BF16 compute). Before, the H100's FP8
+    GEMM launch replaced the A100's BF16 one, and Qwen3-30B-A3B decoded at batch 1 in 1.10x the time."""
+    model, tp = case
+    m = _spec(model, "fp8")
+    sheet = _better(preset, gains, None)
+    without = sheet.model_copy(update={"tflops_fp8": None})
+    with_fp8 = sheet.model_copy(update={"tflops_fp8": sheet.tflops_bf16 * fp8})
+    assume(_custom(without, with_fp8))
+    for mine, theirs in zip(_steps(generation_cost(m, "GX", with_fp8, tp)), _steps(generation_cost(m, "GX", without, tp))):
+        assert mine <= theirs * TOL
+
+
+@pytest.mark.parametrize(("model", "tp"), [("Qwen3-235B-A22B", 8), ("Qwen3-30B-A3B", 2)])
+def test_the_probes_blackwell_like_sheet_decodes_no_slower_than_an_h20(model: str, tp: int) -> None:
+    """The review probe's case (gen51/dominance.py), on a custom name: 10.88 ms against the H20's 10.43
+    before; now at most the H20's, priced from the B200's profile (the nearest reference it beats: Blackwell's
+    sustained share, not Hopper's), and the source says which measured GPUs floor it."""
+    m = _spec(model, "fp8")
+    sheet = GpuType(tflops_bf16=2250, tflops_fp8=4500, hbm_tbps=8.0, memory_gb=180, nvlink_gbps=1800)
+    h20 = generation_cost(m, "H20", GpuType(**GPU_PRESETS["H20"]), tp)
+    bx = generation_cost(m, "BX", sheet, tp)
+    assert bx.decode_line(1).total(CTX, 1, 1) <= h20.decode_line(1).total(CTX, 1, 1)
+    assert bx.source.startswith("B200 kernel profile on the BX datasheet") and "H20" in bx.source
+
+
+def test_a_sheet_beating_no_preset_is_its_references_composition() -> None:
+    """Nothing to floor (a sheet below every measured preset in some figure): the reference's composition
+    as before, a plain ``KernelProfileGeneration``."""
+    from rollart.calibration.cost import KernelProfileGeneration
+    small = GpuType(tflops_bf16=120, tflops_fp8=240, hbm_tbps=0.9, memory_gb=48, nvlink_gbps=100)
+    cost = generation_cost(_spec("Qwen3-8B", "bf16"), "L20ish", small, 1)
+    assert type(cost) is KernelProfileGeneration and "at most its price" not in cost.source
