@@ -130,15 +130,17 @@ def test_only_batches_that_wait_for_their_slowest_group_are_corrected() -> None:
     assert all(d == 0 for d in delays[0.5][1:]) and all(d != 0 for d in delays[0.05][1:])
 
 
-def test_env_group_batches_take_no_tail_correction() -> None:
-    """On env groups (the default) each env group rolls its episodes out one after another and a
-    batch takes each one's oldest: a slow episode holds back its own env group, not the batch's other
-    groups, and the subset matches full runs without the pooled rollout's order-statistics
-    correction (which overshot them by 9-13 %; figures below)."""
+def test_env_group_batches_on_the_paper_plans_hardly_move() -> None:
+    """On env groups (the default) a batch's round 0 waits for every env group's oldest episode; the
+    correction for the slowest of all of them (sim/scale.py, env_batch_done_s) estimates each batch, and
+    on a paper plan (longest response 2-3× the mean) it does not move the steps: the subset's own waits
+    already reach it (the figures below were measured without it)."""
     plan = _paper(4, steps=4)
     b = SimBackend(plan, mode_config(plan), 0, keep_history=False, scale_approx=8)
     out = b.run().to_result()
-    assert out.summary["scale_approx"]["tail_s"] == 0 and all(t.delay_s == 0 for t in b.tail.steps)
+    assert sorted(b.tail.env_batches) == [0, 1, 2, 3]  # every batch was estimated
+    assert abs(out.summary["scale_approx"]["tail_s"]) < 0.01 * out.steps[-1].end_s
+    assert "estimated member by member" in out.summary["scale_approx"]["note"]
 
 
 def test_a_long_tailed_env_groups_approximation_says_it_overstates() -> None:
@@ -196,7 +198,7 @@ def _mean(runs: list[tuple[float, float]]) -> tuple[float, float]:
 # (per-seed differences -0.6, +1.6, -0.2, -4.7 %); at 512 and 1,024 they do not, and 12 approximate seeds
 # (~5 CPU-s each) are set against the full runs (~55 and ~140 CPU-s each); those two checks are opt-in
 # (ROLLART_SCALE_FULL=1), the 128-GPU one runs in CI.
-# Since ROLLART rolls out on env groups (ROLL's GroupQueues; no tail correction, sim/scale.py), measured
+# Since ROLLART rolls out on env groups (ROLL's GroupQueues; before sim/scale.py's env-groups tail estimate), measured
 # the same way (steady step s / trained tokens per s; approximation seeds 0-3, 0-11, 0-11; full 0-3, 0-1, 0-1):
 #                 approximation               full                difference
 #   128 GPUs      380.0 / 17,878 (m = 2)      374.9 / 17,865      +1.3 % / +0.1 %
