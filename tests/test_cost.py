@@ -24,7 +24,9 @@ def _text(table) -> str:
 
 
 def test_default_prices_cover_every_preset_and_overrides_merge():
-    assert set(Prices().gpu_usd_per_hour) == {"H800", "H20", "H100", "H200", "A100"}
+    from rollart.plan.presets import GPU_PRESETS
+
+    assert set(Prices().gpu_usd_per_hour) == set(GPU_PRESETS)
     plan = small_plan(["prices.gpu_usd_per_hour.h20=1.75", "prices.cpu_core_usd_per_hour=0.01"])
     # a partial table merges over the defaults; preset names are case-insensitive
     assert plan.prices.gpu_usd_per_hour["H20"] == 1.75

@@ -387,76 +387,7 @@ def test_swe_gap_diagnostics_use_the_profile_means_and_stay_out_of_the_breakdown
     assert all(math.isfinite(g["inflation"]) for g in section.headline["gap"].values())
 
 
-def test_pd_note_reports_pool_load_and_prefix_reuse_from_the_runs():
-    """The PD explanation is read from the runs (pool busy, prefix reuse), not written in."""
-    from types import SimpleNamespace
-
-    from rollart.reproduce.experiments.pd import PD_MODELS, _pd_note
-
-    def fake(model: str, layout: str, busy: dict, hit: float, setup: str = "48-b512", plan=None) -> Outcome:
-        o = Outcome(Variant("v", "x", params={"model": model, "layout": layout, "setup": setup}), plan,
-                    SimpleNamespace(summary={"gpu_busy_fraction": busy, "prefix_cache_hit_rate": hit}, steps=[]),
-                    None, 0.0, 1)
-        return o
-
-    plan = load_plan(resolve("paper/experiments/pd-disaggregation-swe"), ["algorithm.batch_size=512"])
-    outs = [fake("dense", "colocated", {"h800": 0.7, "h20": 0.69}, 0.99, plan=plan),
-            fake("dense", "pd", {"h800": 0.06, "h20": 0.74}, 0.97)]
-    notes = _pd_note(outs)
-    label = dict((k, lbl) for k, lbl, _ in PD_MODELS)["dense"]
-    # 512 × 1.25 env managers over 16 + 16 workers
-    assert notes[0].startswith(f"48 GPUs, batch 512, {label}: up to 20 conversations per colocated worker;")
-    assert "6% busy" in notes[0] and "74%" in notes[0] and "97%" in notes[0]
-    assert _pd_note(outs[:1]) == []  # nothing to compare
-    assert _pd_note([fake("dense", "colocated", {}, 0.9, setup="48-b128"), outs[1]]) == []  # different setups
-
-    from rollart.report import RunResult
-
-    def bound(layout: str) -> Outcome:  # train 45 s of each 50 s step: trainer-bound
-        summary = {"gpu_busy_fraction": {"h800": 0.5, "h20": 0.5}, "prefix_cache_hit_rate": 0.9}
-        recs = [_rec(0, 0, 100)] + [_rec(i, 50 * i + 50, 50 * i + 100, train=45) for i in (1, 2)]
-        return Outcome(Variant("v", "x", params={"model": "moe", "layout": layout, "setup": "48-b512"}), None,
-                       RunResult("s", "rollart", 0, "sim", recs, summary), None, 0.0, 3)
-
-    note, = [n for n in _pd_note([bound("colocated"), bound("pd")]) if n.startswith("48 GPUs")]
-    assert note.endswith("— both trainer-bound, so each step is the train step and the layout cannot show.")
-    assert "trainer-bound" not in notes[0]
-
-
-def test_a_pd_check_leaves_out_a_model_whose_runs_are_both_trainer_bound():
-    """Trainer-bound colocated and PD runs are each the train step: their ratio (~1) says nothing of
-    the layout, so that model's half of the paper's direction is left out, and said so."""
-    from rollart.reproduce.experiments import PD
-
-    def run(model: str, layout: str, train: float, step: float) -> Outcome:
-        return _fake({"model": model, "layout": layout, "setup": "48-b512"}, [train, train], step=step)
-
-    bound = [run("dense", "colocated", 45, 50), run("dense", "pd", 44.5, 49.5)]    # 90 %: trainer-bound, 1.01×
-    moe = [run("moe", "colocated", 20, 50), run("moe", "pd", 20, 40)]               # 40–50 %: 1.25×
-    check, = [c for c in PD.analyse(bound + moe).checks if "(48 GPUs, batch 512)" in c.figure]
-    assert check.agrees is True and check.simulated == "1.01× (trainer-bound: cannot show) · 1.25×"
-    slower = [run("moe", "colocated", 20, 40), run("moe", "pd", 20, 50)]
-    check, = [c for c in PD.analyse(bound + slower).checks if "(48 GPUs, batch 512)" in c.figure]
-    assert check.agrees is False                                                     # the MoE half decides
-    both = [run("moe", "colocated", 45, 50), run("moe", "pd", 45, 50)]
-    check, = [c for c in PD.analyse(bound + both).checks if "(48 GPUs, batch 512)" in c.figure]
-    assert check.agrees is None                                                      # neither can show
-
-
-def test_pd_layouts_keep_the_gpus_of_their_setup():
-    """Every PD variant places as many H800 and H20 as its colocated run (tp-2 prefill: half the workers)."""
-    from rollart.reproduce.experiments import PD
-
-    for v in PD.variants:
-        plan = load_plan(resolve(v.scenario), [*v.overrides, "algorithm.steps=1"])
-        used = {}
-        for g in plan.placement.generation:
-            used[g.pool] = used.get(g.pool, 0) + g.workers * g.tp
-        assert used["h800"] == plan.cluster.gpu_pools["h800"].count, v.label
-        assert used["h20"] == plan.cluster.gpu_pools["h20"].count, v.label
-        assert plan.placement.pd_disaggregation == (v.params["layout"] != "colocated"), v.label
-    assert len({v.params["setup"] for v in PD.variants}) == 3
-
+# The PD experiment's tests (verdict, sizing, notes, layouts): tests/test_reproduce_pd.py
 
 
 def test_transfer_column_is_the_cost_model_and_rdma_beats_tcp_for_every_model():
