@@ -78,21 +78,16 @@ def transfer_reference(gpu_name: str | None, gpu: "GpuType | None" = None, fp8: 
     preset (a B300) keeps what Blackwell sustains rather than Hopper's share of its peak.
 
     * ``fp8`` False (a BF16 model's terms, the trainer's all-reduce and MFU): on the BF16 figures only, so
-      a BF16 model's step never depends on ``tflops_fp8``. Of the references ``gpu`` matches or beats in
-      BF16 FLOP/s and HBM bandwidth, the nearest datasheet (the sum of the two figures' log distances: an
-      H200-like sheet takes the H100's, an A800 the A100's, an H20 with faster HBM the H20's); when it
-      beats none, the nearest ridge point (BF16 FLOP per HBM byte, log scale: H20 37, A100 153, H100 295;
-      the ridge decides which side of the roofline a small-batch GEMM runs on).
+      a BF16 model's step never depends on ``tflops_fp8``: of all the references, the nearest datasheet
+      (the sum of BF16 FLOP/s's and HBM bandwidth's log distances: an H200-like sheet takes the H100's, an
+      A800 the A100's, an H20 with faster HBM the H20's, a sheet just short of a B200 the B200's).
     * ``fp8`` True (an FP8 model, whose linear layers compute on the FP8 tensor cores where there are
-      any): with ``tflops_fp8``, of the references with measured FP8 GEMMs on FP8 tensor cores (Hopper's
-      H100 and H20); without it, of all three (the weights are served weight-only, in BF16 compute). Of
-      those, the ones ``gpu`` matches or beats in every timing figure when there are any (without FP8
-      tensor cores: the A100), and of those the nearest datasheet (else, beating none, the nearest ridge
-      point). So an H20-like sheet keeps the H20's kernels with or without its FP8 figure, and an H200-like
-      sheet without one is priced as Ampere.
+      any): with ``tflops_fp8``, of the references with FP8 tensor cores (H100, H20, B200, GB200); without
+      it, of all (the weights are served weight-only, in BF16 compute); the nearest datasheet.
 
-    The reference prices the type's kernels; :func:`custom_generation_cost` then holds each step to no
-    more than on any measured preset the type matches or beats. Without a datasheet, H100
+    The reference prices the type's kernels; :func:`custom_generation_cost` then holds each step between
+    its prices on the presets that bound the type's datasheet from below and from above, so a datasheet
+    change of a few per cent that moves the reference never reverses an answer. Without a datasheet, H100
     (``profiles.TRANSFER_REFERENCE``)."""
     from rollart.calibration.profiles import RIDGE_REFERENCES, TRANSFER_REFERENCE, shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS, canonical_gpu
@@ -103,24 +98,23 @@ def transfer_reference(gpu_name: str | None, gpu: "GpuType | None" = None, fp8: 
     if gpu is None:
         return TRANSFER_REFERENCE
 
-    def ridge(r: str) -> float:
-        return abs(math.log(gpu.tflops_bf16 / gpu.hbm_tbps)
-                   - math.log(GPU_PRESETS[r]["tflops_bf16"] / GPU_PRESETS[r]["hbm_tbps"]))
-
     def nearest(r: str) -> tuple[float, bool]:  # the datasheet distance: both figures' log ratios
         return (sum(abs(math.log(getattr(gpu, f) / GPU_PRESETS[r][f])) for f in ("tflops_bf16", "hbm_tbps")),
                 r != TRANSFER_REFERENCE)
 
-    if not fp8:
-        beaten = [r for r in RIDGE_REFERENCES if _at_least(gpu, GPU_PRESETS[r], ("tflops_bf16", "hbm_tbps"))]
-        if beaten:
-            return min(beaten, key=nearest)
-        return min(RIDGE_REFERENCES, key=lambda r: (ridge(r), r != TRANSFER_REFERENCE))
-    candidates = [r for r in RIDGE_REFERENCES if gpu.tflops_fp8 is None or GPU_PRESETS[r].get("tflops_fp8")]
-    dominated = [r for r in candidates if _at_least(gpu, GPU_PRESETS[r], TIMING_FIELDS)]
-    if dominated:
-        return min(dominated, key=nearest)
-    return min(candidates, key=lambda r: (ridge(r), r != TRANSFER_REFERENCE))
+    candidates = [r for r in RIDGE_REFERENCES
+                  if not fp8 or gpu.tflops_fp8 is None or GPU_PRESETS[r].get("tflops_fp8")]
+    return min(candidates, key=nearest)
+
+
+def _at_most(gpu: "GpuType", sheet: dict, fields: tuple[str, ...]) -> bool:
+    """Whether ``gpu`` is no better than the datasheet ``sheet`` in every one of ``fields`` (a field ``gpu``
+    leaves unset is no better; one the sheet leaves unset and ``gpu`` gives is better)."""
+    for f in fields:
+        mine, theirs = getattr(gpu, f), sheet.get(f)
+        if mine is not None and (theirs is None or mine > theirs):
+            return False
+    return True
 
 
 @lru_cache(maxsize=32)
@@ -187,48 +181,60 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network, memory_utilization, domain)
 
 
-def _preset_floors(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network: "Link | None",
-                   memory_utilization: float, domain: int | None) -> list[tuple[str, object]]:
-    """(name, cost model) of every preset with a shipped kernel profile that ``gpu`` matches or beats in
-    each timing figure ``model``'s steps depend on (``BF16_TIMING_FIELDS`` for BF16 weights, else
-    ``TIMING_FIELDS``), priced by its own profile with ``gpu``'s NVLink domain and memory (neither is a
-    kernel's speed), so that it differs from the preset only where the plan lays workers out differently."""
+def _preset_bounds(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network: "Link | None",
+                   memory_utilization: float, domain: int | None) -> tuple[list[tuple[str, object]], list[object]]:
+    """(floors, ceilings): the cost models of every preset with a shipped kernel profile that ``gpu`` matches
+    or beats (floors: no step may cost more) or that matches or beats ``gpu`` (ceilings: no step may cost
+    less) in each timing figure ``model``'s steps depend on (``BF16_TIMING_FIELDS`` for BF16 weights, else
+    ``TIMING_FIELDS``); each priced by its own profile with ``gpu``'s NVLink domain and memory (neither is a
+    kernel's speed), so that it differs from the preset only where the plan lays workers out differently. A
+    preset with ``gpu``'s exact figures is ``gpu`` itself and bounds nothing."""
     from rollart.calibration.profiles import shipped_profile_path
     from rollart.plan.presets import GPU_PRESETS
 
     fields = BF16_TIMING_FIELDS if model.weight_dtype == "bf16" else TIMING_FIELDS
-    out = []
+    floors, above_it = [], []
     for preset, sheet in GPU_PRESETS.items():
-        if shipped_profile_path(preset) is None or not _at_least(gpu, sheet, fields):
+        below, above = _at_least(gpu, sheet, fields), _at_most(gpu, sheet, fields)
+        if shipped_profile_path(preset) is None or not (below or above) or _same_timings(sheet, gpu):
             continue
         twin = gpu.model_copy(update={f: sheet.get(f) for f in TIMING_FIELDS})
-        out.append((preset, generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization, domain)))
-    return out
+        cost = generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization, domain)
+        if below:
+            floors.append((preset, cost))
+        if above:
+            above_it.append(cost)
+    return floors, above_it
 
 
 def custom_generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, ep: int = 1,  # noqa: ANN201
                            network: "Link | None" = None, memory_utilization: float = 0.90,
                            domain: int | None = None):
     """The generation cost model of a GPU type without kernel timings of its own (``generation_cost``'s
-    third case): :func:`transfer_reference`'s measured efficiencies on its datasheet, floored by the
-    presets it matches or beats.
+    third case): :func:`transfer_reference`'s measured efficiencies on its datasheet, held between the
+    presets that bound its datasheet.
 
     * The reference: for a BF16 model chosen on the BF16 figures, and transferred with the reference's
       own FP8 ÷ BF16 peak ratio (the FP8 fits enter a BF16 MoE only as the grouped ÷ dense factors), so
       ``tflops_fp8`` never moves a BF16 model's step; for an FP8 model chosen as ``transfer_reference``
       with ``fp8`` says.
-    * The floor: each step (prefill, mixed, a decode iteration) is the least of the reference's price and
-      the price on every measured preset the type matches or beats in each timing figure that step
-      depends on (``_preset_floors``): a datasheet at least as good in every figure is never priced slower
-      than a measured GPU (kernel by kernel, a reference can lose to another measured GPU: the H100's
-      FP8 GEMM launch, 9.6 µs, against the H20's 4.6 µs, at batch 1 on a MoE's small expert GEMMs).
-      A decode iteration's line takes the least of each of its coefficients (fixed time, attention's
-      compute and memory slopes per cached token), so it is at most each line at every context.
-    * An FP8 model on a type with FP8 tensor cores is also floored by the same type without them
-      (``tflops_fp8`` None: FP8 weights served weight-only, W8A16, as an engine may on any GPU), so adding
-      FP8 tensor cores never makes an FP8 model slower.
+    * The floors: each step (prefill, mixed, a decode iteration) is at most its price on every preset the
+      type matches or beats in each timing figure that step depends on (``_preset_bounds``): a datasheet at
+      least as good in every figure is never priced slower (kernel by kernel, a reference can lose to
+      another GPU: the H100's FP8 GEMM launch, 9.6 µs, against the H20's 4.6 µs, at batch 1 on a MoE's small
+      expert GEMMs). An FP8 model on a type with FP8 tensor cores is also floored by the same type without
+      them (``tflops_fp8`` None: FP8 weights served weight-only, W8A16, as an engine may on any GPU), so
+      adding FP8 tensor cores never makes an FP8 model slower.
+    * The ceilings: and at least its price on every preset that matches or beats the type in each of those
+      figures, so a datasheet no better in any figure is never priced faster (a sheet just short of a B200
+      would otherwise keep a reference's larger share of peak). Where the presets themselves disagree (a
+      B200 or GB200, on the H800's borrowed launch costs, decodes an FP8 MoE at batch 1 slower than the H20
+      it beats in every figure), the floor wins: being no slower than what it beats is the firmer rule.
+    * A decode iteration's line takes each coefficient (fixed time, attention's compute and memory slopes per
+      cached token) the same way: the greatest over the reference and the ceilings, lowered to the least
+      over the floors.
 
-    Without any floor it is the reference's composition as is (a ``KernelProfileGeneration``)."""
+    Without any bound it is the reference's composition as is (a ``KernelProfileGeneration``)."""
     from rollart.calibration.cost import FlooredGeneration, KernelProfileGeneration
     from rollart.plan.presets import GPU_PRESETS
 
@@ -240,13 +246,15 @@ def custom_generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp
         ref_fp8 = GPU_PRESETS[ref].get("tflops_fp8")
         tflops_fp8 = ref_fp8 * gpu.tflops_bf16 / GPU_PRESETS[ref]["tflops_bf16"] if ref_fp8 else None
     moved = _transferred(gpu_name, ref, gpu.tflops_bf16, gpu.hbm_tbps, gpu.nvlink_gbps, tflops_fp8)
-    floors = _preset_floors(model, gpu, tp, ep, network, memory_utilization, domain)
+    floors, ceilings = _preset_bounds(model, gpu, tp, ep, network, memory_utilization, domain)
     if fp8 and gpu.tflops_fp8 is not None:
         floors.append((f"{gpu_name} served weight-only",
                        generation_cost(model, gpu_name, gpu.model_copy(update={"tflops_fp8": None}), tp, None, ep,
                                        network, memory_utilization, domain)))
     args = (model, gpu, tp, moved, f"{gpu_name} datasheet", ep, network, memory_utilization, domain)
-    return FlooredGeneration(*args, floors=floors) if floors else KernelProfileGeneration(*args)
+    if floors or ceilings:
+        return FlooredGeneration(*args, floors=floors, ceilings=ceilings)
+    return KernelProfileGeneration(*args)
 
 
 # GPUs in the ring the shipped NCCL all-reduce fits were measured on (an 8×H100 DGX, calibration.datasets)

@@ -315,9 +315,9 @@ def build(gpu: str) -> KernelProfile:
             comp.params = K.gemm_on_datasheet(comp.params, knee)
             comp.derived = (comp.derived or "") + f"; knee m_half × {knee:.3g} ({key}'s peak ÷ the H800's)"
     if share < 1.0:  # a GPU that sustains less of its peak than the one whose timings it borrows (Blackwell)
-        for comp in (gemm, gemm_fp8, gemm_grouped_fp8):
-            comp.params["e_max"] = float(f"{comp.params['e_max'] * share:.6g}")
-            comp.derived = (comp.derived or "") + f"; e_max × {share:g} (its measured sustained share)"
+        for comp, key_ in ((gemm, "e_max"), (gemm_fp8, "e_max"), (gemm_grouped_fp8, "e_max"), (attn_decode, "e_c")):
+            comp.params[key_] = float(f"{comp.params[key_] * share:.6g}")
+            comp.derived = (comp.derived or "") + f"; {key_} × {share:g} (its measured sustained share)"
     fp8_peak = sheet.get("tflops_fp8")  # None: no FP8 tensor cores (the datasheet preset says)
     if fp8_peak is not None:  # else: weight-only FP8, said below
         assumptions.append(f"FP8 weights: the DeepGEMM FP8 fit as fitted, at {FP8_PEAK_RATIO:g} × the BF16 peak, 1 "

@@ -50,7 +50,7 @@ from rollart.calibration.mla_decode import flashmla_efficiency, flashmla_row_use
 from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainProfile, expert_gemm_params,
                                           stream_efficiency)
 from rollart.calibration.sustained import compute_share
-from rollart.plan.presets import with_article
+from rollart.plan.presets import canonical_gpu, with_article
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import (DecodeLine, RooflineEfficiency, decode_attention_flops, kv_capacity,
                                    kv_heads_per_gpu, prefill_attention_flops)
@@ -113,12 +113,15 @@ class KernelProfileGeneration:
         d = dict(profile.attn_decode.params)
         if model.kv_dtype == "fp8":  # the FP8-KV kernel's own t0 and byte rate (dequantisation on the SMs)
             d.update(profile.attn_decode_fp8_kv.params if profile.attn_decode_fp8_kv else {})
+        # what the GPU sustains of Hopper's share of peak (Blackwell < 1): the profile's own, or for a transferred
+        # one its reference's (calibration.sustained); the build folds it into the fitted terms
+        self._compute_share = compute_share(canonical_gpu(profile.transferred_from or profile.gpu) or "")[0]
         self._flashmla = model.mla and profile.fp8_tensor_cores  # FP8 tensor cores: the engines run FlashMLA
         if self._flashmla:  # its published fractions of peak and HBM (calibration.mla_decode)
             e_c, e_bw, _ = flashmla_efficiency()
             # a GPU's heads fill its 64-row query tile or pad it; a GPU that sustains less of its peak than
             # Hopper (Blackwell: calibration.sustained) reaches that share of FlashMLA's too
-            d["e_c"] = e_c * flashmla_row_use(heads) * compute_share(profile.gpu)[0]
+            d["e_c"] = e_c * flashmla_row_use(heads) * self._compute_share
             if model.kv_dtype != "fp8":
                 d["e_bw"] = e_bw
         self._attn_decode = d
@@ -194,8 +197,8 @@ class KernelProfileGeneration:
                        f"{profile.fit_error.decode_mape_heldout:.1%} held-out"
                        + (f" on other GPUs' timings: no term measured on {with_article(profile.gpu)}, their fitted "
                           "efficiencies applied to its datasheet" if borrowed else "")
-                       + (f", compute at {share:g} of them (what {profile.gpu} is measured to sustain of its peak, "
-                          "calibration/sustained.py)" if (share := compute_share(profile.gpu)[0]) < 1.0 else ""))
+                       + (f", compute at {self._compute_share:g} of them (what {profile.gpu} is measured to sustain "
+                          "of its peak, calibration/sustained.py)" if self._compute_share < 1.0 else ""))
         self.source += straddle_note(tp, gpu.nvlink_domain, self._domain)
 
     def _gemms(self, m: float, shapes: list[tuple[float, float]], kind: tuple | None = None) -> float:
@@ -402,36 +405,49 @@ class KernelProfileGeneration:
 
 
 class FlooredGeneration(KernelProfileGeneration):
-    """A transferred composition whose every step is at most each floor's
-    (:func:`rollart.calibration.custom_generation_cost`): prefill and mixed steps take the least of the
-    step times; a decode iteration's line takes the least of each coefficient (fixed time, compute and
-    memory per cached token), so it is at most every line at every context (where two lines cross, a
-    little below both)."""
+    """A transferred composition held between the presets that bound its datasheet
+    (:func:`rollart.calibration.custom_generation_cost`): a prefill or mixed step costs the greatest of its
+    own and the ceilings' times, lowered to the least of the floors'; a decode iteration's line takes each
+    coefficient (fixed time, compute and memory per cached token) the same way, so it is at most every
+    floor's line at every context and, where the presets agree, at least every ceiling's (where two lines
+    cross, a little beyond)."""
 
-    def __init__(self, *args, floors: list[tuple[str, object]]) -> None:  # noqa: ANN002
+    def __init__(self, *args, floors: list[tuple[str, object]], ceilings: list[object] = ()) -> None:  # noqa: ANN002
         super().__init__(*args)
         self._floors = [cost for _, cost in floors]
-        self._floor_lines: dict[int, DecodeLine] = {}
-        self.source += ("; each step at most its price on the measured "
-                        + ", ".join(name for name, _ in floors) + " (every timing figure matched or beaten)")
+        self._ceilings = list(ceilings)
+        self._bounded_lines: dict[int, DecodeLine] = {}
+        if floors:
+            self.source += ("; each step at most its price on the measured "
+                            + ", ".join(name for name, _ in floors) + " (every timing figure matched or beaten)")
+        if self._ceilings:
+            self.source += "; and at least on the presets that beat it in every figure"
+
+    def _bounded(self, own: float, step) -> float:  # noqa: ANN001
+        high = max([own, *(step(c) for c in self._ceilings)])
+        return min([high, *(step(f) for f in self._floors)])
 
     def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float:
-        return min(super().prefill_time(new_tokens, attention_pairs, sequences),
-                   *(f.prefill_time(new_tokens, attention_pairs, sequences) for f in self._floors))
+        return self._bounded(super().prefill_time(new_tokens, attention_pairs, sequences),
+                             lambda c: c.prefill_time(new_tokens, attention_pairs, sequences))
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
                         decode_context: float, sequences: int = 0) -> float:
-        return min(super().mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context, sequences),
-                   *(f.mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context, sequences)
-                     for f in self._floors))
+        return self._bounded(super().mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context,
+                                                     sequences),
+                             lambda c: c.mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context,
+                                                         sequences))
 
     def decode_line(self, batch: int) -> DecodeLine:
-        line = self._floor_lines.get(batch)
+        line = self._bounded_lines.get(batch)
         if line is None:
-            lines = [super().decode_line(batch), *(f.decode_line(batch) for f in self._floors)]
-            line = self._floor_lines[batch] = DecodeLine(
-                a=min(x.a for x in lines), c0=min(x.c0 for x in lines), c1=min(x.c1 for x in lines),
-                m0=min(x.m0 for x in lines), m1=min(x.m1 for x in lines))
+            high = [super().decode_line(batch), *(c.decode_line(batch) for c in self._ceilings)]
+            low = [f.decode_line(batch) for f in self._floors]
+
+            def coef(name: str) -> float:
+                return min([max(getattr(x, name) for x in high), *(getattr(x, name) for x in low)])
+            line = self._bounded_lines[batch] = DecodeLine(a=coef("a"), c0=coef("c0"), c1=coef("c1"),
+                                                           m0=coef("m0"), m1=coef("m1"))
         return line
 
 

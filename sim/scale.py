@@ -509,8 +509,7 @@ class TailProbe:
         self._forget_old(n)
 
     def _pool(self, t: Any) -> str | None:
-        w = self.ctl.proxy._by_id.get(t.last_worker) if t.last_worker is not None else None
-        return None if w is None else w.pool
+        return self.ctl.proxy.pool_of(t.last_worker)
 
     def _record_env_batch(self, n: int, batch: list[Any], ready: float) -> None:
         self._fits.clear()
@@ -537,7 +536,9 @@ class TailProbe:
         leaves out; calibration/CHANGES.md, session 51). None: too few members to fit."""
         key = (task, pool)
         if key not in self._fits:
-            pairs = self._pairs.get(key) or [p for (t, _), ps in self._pairs.items() if t == task for p in ps]
+            pairs = self._pairs.get(key) or []
+            if len(pairs) < MIN_FIT_MEMBERS:  # a thinly served pool: the task's members over all its pools
+                pairs = [p for (t, _), ps in self._pairs.items() if t == task for p in ps]
             fit = None
             if len(pairs) >= MIN_FIT_MEMBERS:
                 x, y = np.asarray(pairs, dtype=float).T

@@ -339,14 +339,13 @@ def test_simulate_warns_when_pools_mix_a_calibrated_profile_with_the_datasheet_r
     assert "H20 on the datasheet roofline (assumed efficiencies) beside calibrated profiles" in " ".join(mixed.stdout.split())
     # A GPU type without timings of its own (a custom type) is priced by the same composition, with the
     # measured efficiencies of the reference most like it on its datasheet: for this BF16 model chosen on the
-    # BF16 figures, of the references it beats in BF16 FLOP/s and HBM (H20, A100) the nearest datasheet, the
-    # A100's. No mix, and its cost-model line says how.
+    # BF16 figures, the nearest datasheet, the H100's. No mix, and its cost-model line says how.
     custom = rollart("simulate", "h800-vs-h20", "--steps", "1", "-q", "--set",
                      "cluster.custom_gpus.GX={tflops_bf16: 800, tflops_fp8: 1600, hbm_tbps: 4, memory_gb: 100}",
                      "--set", "cluster.gpu_pools.h20.gpu=GX", cwd=tmp_path)
     assert custom.returncode == 0, custom.stderr
     text = " ".join(custom.stdout.split())
-    assert "A100 kernel profile on the GX datasheet (no GX timings" in text, text
+    assert "H100 kernel profile on the GX datasheet (no GX timings" in text, text
     assert "datasheet roofline" not in text
     for gpu in ("H200", "A100"):  # shipped profiles (H200: the H800's efficiencies on its datasheet)
         same = rollart("simulate", "h800-vs-h20", "--steps", "1", "-q", "--set", f"cluster.gpu_pools.h20.gpu={gpu}",

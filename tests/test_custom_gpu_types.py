@@ -77,6 +77,47 @@ def test_a_sheet_at_least_as_good_as_a_measured_preset_is_never_priced_slower(pr
         assert mine <= theirs * TOL, (preset, sheet, model, dtype, _steps(custom), _steps(own))
 
 
+LOSSES = st.sampled_from([1.0, 0.99, 0.8, 0.5, 0.25])
+
+
+@settings(max_examples=30, deadline=None)
+@given(preset=st.sampled_from(MEASURED), losses=st.tuples(*[LOSSES] * 5), drop_fp8=st.booleans(), case=MODELS,
+       dtype=st.sampled_from(["bf16", "fp8"]))
+def test_a_sheet_no_better_than_a_measured_preset_is_never_priced_faster(preset, losses, drop_fp8, case, dtype):
+    """The mirror rule: a sheet at most as good as a preset in every timing figure is never priced faster.
+    A review found a sheet 1 TFLOP/s short of a B200 priced from the H100's reference (Hopper's share of peak)
+    and prefilling Qwen3-32B 6 % faster than the B200 it trails; the reference is now the nearest datasheet
+    and each step is raised to its price on every preset that beats the sheet."""
+    model, tp = case
+    base = dict(GPU_PRESETS[preset])
+    sheet = {f: base[f] * g for f, g in zip(("tflops_bf16", "hbm_tbps", "nvlink_gbps"), losses[:3])}
+    sheet["tflops_fp8"] = None if drop_fp8 or base.get("tflops_fp8") is None else base["tflops_fp8"] * losses[3]
+    worse = GpuType(**{**base, **sheet, "memory_gb": base["memory_gb"], "memory_visible_gib": None})
+    assume(_custom(worse))
+    m = _spec(model, dtype)
+    own = _steps(generation_cost(m, preset, GpuType(**GPU_PRESETS[preset]), tp))
+    custom = _steps(generation_cost(m, "GY", worse, tp))
+    # where the presets themselves disagree (one the sheet beats is priced below one that beats it: a B200 on
+    # the H800's borrowed launch costs against the H20 at batch 1), the floor rule wins; those steps are left out
+    fields = ("tflops_bf16", "hbm_tbps", "nvlink_gbps") + (("tflops_fp8",) if dtype == "fp8" else ())
+    beaten = [q for q in MEASURED if all((getattr(worse, f) or 0) >= (GPU_PRESETS[q].get(f) or 0) for f in fields)]
+    floors = [_steps(generation_cost(m, q, GpuType(**GPU_PRESETS[q]), tp)) for q in beaten]
+    for i, (mine, theirs) in enumerate(zip(custom, own)):
+        if all(f[i] >= theirs for f in floors):
+            assert mine * TOL >= theirs, (preset, worse, model, dtype, custom, own)
+
+
+def test_a_sheet_just_short_of_a_b200_is_priced_no_faster_than_the_b200() -> None:
+    """The review's case: B200's sheet with 2,249 TFLOP/s BF16 (and 4,498 FP8) was priced from the H100's
+    efficiencies and prefilled Qwen3-32B at tp 2 in 210 ms against the B200's 224."""
+    m = _spec("Qwen3-32B", "bf16")
+    b200 = generation_cost(m, "B200", GpuType(**GPU_PRESETS["B200"]), 2)
+    short = GpuType(**{**GPU_PRESETS["B200"], "tflops_bf16": 2249.0, "tflops_fp8": 4498.0})
+    assert transfer_reference("X", short) == "B200"
+    custom = generation_cost(m, "X", short, 2)
+    assert custom.prefill_time(8192, 8192 ** 2 / 2, 1) >= b200.prefill_time(8192, 8192 ** 2 / 2, 1)
+
+
 @settings(max_examples=25, deadline=None)
 @given(preset=st.sampled_from(MEASURED), gains=st.tuples(*[GAINS] * 5), fp8=st.sampled_from([1.0, 2.0, 4.0]),
        case=MODELS)
@@ -126,10 +167,15 @@ def test_the_probes_blackwell_like_sheet_decodes_no_slower_than_an_h20(model: st
     assert bx.source.startswith("B200 kernel profile on the BX datasheet") and "H20" in bx.source
 
 
-def test_a_sheet_beating_no_preset_is_its_references_composition() -> None:
-    """Nothing to floor (a sheet below every measured preset in some figure): the reference's composition
-    as before, a plain ``KernelProfileGeneration``."""
+def test_a_sheet_no_preset_bounds_is_its_references_composition() -> None:
+    """Nothing to bound (a sheet that beats every preset in one figure and trails each in another): the
+    reference's composition as before, a plain ``KernelProfileGeneration``; a sheet below every preset in
+    every figure is held at least at their prices."""
     from rollart.calibration.cost import KernelProfileGeneration
-    small = GpuType(tflops_bf16=120, tflops_fp8=240, hbm_tbps=0.9, memory_gb=48, nvlink_gbps=100)
-    cost = generation_cost(_spec("Qwen3-8B", "bf16"), "L20ish", small, 1)
+    m = _spec("Qwen3-8B", "bf16")
+    odd = GpuType(tflops_bf16=3000, hbm_tbps=0.9, memory_gb=48, nvlink_gbps=100)
+    cost = generation_cost(m, "Oddity", odd, 1)
     assert type(cost) is KernelProfileGeneration and "at most its price" not in cost.source
+    small = GpuType(tflops_bf16=120, tflops_fp8=240, hbm_tbps=0.9, memory_gb=48, nvlink_gbps=100)
+    slow = generation_cost(m, "L20ish", small, 1)
+    assert "at least on the presets that beat it" in slow.source

@@ -752,8 +752,8 @@ def test_a_gpu_type_without_timings_is_priced_with_the_h100s_efficiencies_on_its
     """A custom Hopper-like GPU type (FP8 tensor cores, a ridge point near the H100's) goes through the same
     composition as the measured GPUs, with the H100's fitted efficiencies on its own datasheet, as the shipped
     H200 profile is built: a custom type with H200's datasheet prices every step as the H200 profile does.
-    Without FP8 tensor cores (no `tflops_fp8` on its datasheet) it is priced as Ampere (the A100's
-    efficiencies), and FP8 weights compute in BF16."""
+    Without FP8 tensor cores (no `tflops_fp8` on its datasheet) FP8 weights compute in BF16 (weight-only),
+    on the nearest reference's efficiencies (still the H100's)."""
     m = ModelSpec.model_validate("Qwen3-32B")
     h200 = generation_cost(m, "H200", GpuType(**GPU_PRESETS["H200"]), 2)
     # H200's datasheet with 1 GB/s more NVLink (no preset has exactly these numbers)
@@ -763,13 +763,13 @@ def test_a_gpu_type_without_timings_is_priced_with_the_h100s_efficiencies_on_its
         assert twin.decode_line(batch).total(batch * CTX, batch, 1) == pytest.approx(
             h200.decode_line(batch).total(batch * CTX, batch, 1), rel=1e-3)
     assert twin.prefill_time(8192, 8192 ** 2 / 2) == pytest.approx(h200.prefill_time(8192, 8192 ** 2 / 2), rel=1e-3)
-    # FP8 compute where the datasheet gives an FP8 peak; without one, Ampere's efficiencies and BF16 compute
+    # FP8 compute where the datasheet gives an FP8 peak; without one, BF16 compute
     sheet = {k: v for k, v in GPU_PRESETS["H200"].items() if k != "tflops_fp8"}
     fp8 = _spec("Qwen3-32B", weight_dtype="fp8")
     with_fp8 = generation_cost(fp8, "GX", _datasheet_of("H200"), 1)
     assert with_fp8.source.startswith("calibrated kernel profile H200")  # H200's exact numbers: its profile
     without = generation_cost(fp8, "GX", GpuType(**sheet), 1)
-    assert without.source.startswith("A100 kernel profile on the GX datasheet")
+    assert without.source.startswith("H100 kernel profile on the GX datasheet")
     assert "FP8 GEMM compute" in with_fp8.source and "no FP8 tensor cores" in without.source
     assert with_fp8.prefill_time(8192, 8192 ** 2 / 2) < 0.7 * without.prefill_time(8192, 8192 ** 2 / 2)
     # the datasheet roofline stays one pool setting away

@@ -133,6 +133,11 @@ class LLMProxy:
         for pool, role in self._by_pool_role:
             self._pools_of_role.setdefault(role, []).append(pool)
 
+    def pool_of(self, worker_id: int | None) -> str | None:
+        """The pool a worker belongs to (None: no such worker)."""
+        w = self._by_id.get(worker_id) if worker_id is not None else None
+        return None if w is None else w.pool
+
     # ---- routing -------------------------------------------------------------------
 
     def preferred_pool(self, tag: str) -> str | None:
