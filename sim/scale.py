@@ -279,22 +279,14 @@ def token_cdf(task: Any, observed: Sequence[int] = ()) -> "Callable[[np.ndarray]
     Otherwise (multi-turn tasks, other kinds) the subset's own generated tokens (pooled over the run;
     they are drawn, not shaped by the load): an empirical CDF, which never reaches past the subset's
     longest, so there the correction is at most what the subset sampled. None: nothing to go on."""
-    from scipy.special import ndtr
-
+    from rollart.calibration.env_fit import model_cdf
     from rollart.plan.distributions import Constant, LogNormal
 
     turns, dist = task.turns, task.response_tokens
     single = isinstance(turns, Constant) and round(turns.value) <= 1
     cap = float(task.max_context_tokens)
-    if single and isinstance(dist, LogNormal) and dist.sigma > 0:
-        cap = min(cap, dist.max) if dist.max is not None else cap
-        med, sigma = dist.median, dist.sigma
-
-        def lognormal(x: np.ndarray) -> np.ndarray:
-            with np.errstate(divide="ignore"):
-                z = (np.log(np.maximum(x, 0.0)) - math.log(med)) / sigma
-            return np.where(x >= cap, 1.0, ndtr(z))
-        return lognormal
+    if single and isinstance(dist, LogNormal) and dist.sigma > 0:  # its own cap in model_cdf, the context's here
+        return lambda x: np.where(np.asarray(x, dtype=float) >= cap, 1.0, model_cdf(dist, x))
     if single and isinstance(dist, Constant):
         value = min(cap, dist.value)
         return lambda x: (np.asarray(x) >= value).astype(float)
