@@ -163,9 +163,7 @@ class GenerationEngine:
             return 0
         if req.done.triggered:  # it finished this instant; the caller never takes the result
             req.aborted = True
-            req.wasted = req.tokens
-            self.aborted_requests += 1
-            self.aborted_decoded_tokens += req.tokens
+            self._count_abort(req, req.tokens)
             return req.tokens
         req.aborted = True
         self._note_calls()  # the call returns (as aborted) through the worker's event loop
@@ -173,16 +171,14 @@ class GenerationEngine:
             self._aborts.append(req)
             self._command()  # applies it now unless a weight swap runs (then when that ends)
             if req.running:  # not applied yet: what it decoded until now
-                return req.decoded_before() + self.it - req.admit_iter + 1
+                return self._decoded_so_far(req)
             return req.wasted
         try:
             self.waiting.remove(req)
         except ValueError:
             pass
-        req.wasted = req.decoded_before()  # preempted earlier: what it decoded before
-        if req.wasted:
-            self.aborted_requests += 1
-            self.aborted_decoded_tokens += req.wasted
+        if req.decoded_before():  # preempted earlier: what it decoded before
+            self._count_abort(req, req.decoded_before())
         return req.wasted
 
     def update_weights(self, swap_s: float) -> simpy.Event:
@@ -459,10 +455,7 @@ class GenerationEngine:
             ctx = self._remove(req)
             self.preemptions += 1
             if req.aborted:  # aborted this instant, not yet applied: account for it here
-                req.wasted = req.decoded_before() + ctx - req.context
-                self.aborted_requests += 1
-                self.aborted_decoded_tokens += req.wasted
-                self.aborted_prefill_tokens += req.new_tokens
+                self._count_abort(req, req.decoded_before() + ctx - req.context, req.new_tokens)
                 continue
             req.decode_tokens -= ctx - req.context  # ≥ 1: it would have completed otherwise
             req.context = req.new_tokens = ctx
@@ -575,18 +568,24 @@ class GenerationEngine:
                 if self.call_step_s and self.env._now >= self._charged_until:
                     self._calls_handled = True
             else:  # aborted as it decoded its last token: every token was decoded, and is thrown away
-                req.wasted = req.tokens
-                self.aborted_requests += 1
-                self.aborted_decoded_tokens += req.tokens
-                self.aborted_prefill_tokens += req.new_tokens
+                self._count_abort(req, req.tokens, req.new_tokens)
+
+    def _decoded_so_far(self, req: Request) -> int:
+        """Tokens a running request has decoded, this admission's up to the current iteration included."""
+        return req.decoded_before() + self.it - req.admit_iter + 1
+
+    def _count_abort(self, req: Request, decoded: int, prefilled: int = 0) -> None:
+        """Account an abort: ``decoded`` tokens thrown away (the request's ``wasted``), and the tokens
+        ``prefilled`` for its last admission."""
+        req.wasted = decoded
+        self.aborted_requests += 1
+        self.aborted_decoded_tokens += decoded
+        self.aborted_prefill_tokens += prefilled
 
     def _apply_aborts(self) -> None:
         for req in self._aborts:
             if req.running:
-                req.wasted = req.decoded_before() + self.it - req.admit_iter + 1
-                self.aborted_requests += 1
-                self.aborted_decoded_tokens += req.wasted
-                self.aborted_prefill_tokens += req.new_tokens
+                self._count_abort(req, self._decoded_so_far(req), req.new_tokens)
                 self._remove(req)
         self._aborts.clear()
 
