@@ -181,24 +181,35 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network, memory_utilization, domain)
 
 
+def bounding_presets(gpu: "GpuType", fields: tuple[str, ...]) -> list[tuple[str, bool, bool]]:
+    """(preset, ``gpu`` matches or beats it, it matches or beats ``gpu``) in every one of ``fields``, for
+    every preset with a shipped kernel profile that bounds ``gpu`` from either side; a preset with ``gpu``'s
+    exact timing figures is ``gpu`` itself and bounds nothing."""
+    from rollart.calibration.profiles import shipped_profile_path
+    from rollart.plan.presets import GPU_PRESETS
+
+    out = []
+    for preset, sheet in GPU_PRESETS.items():
+        below, above = _at_least(gpu, sheet, fields), _at_most(gpu, sheet, fields)
+        if (below or above) and shipped_profile_path(preset) is not None and not _same_timings(sheet, gpu):
+            out.append((preset, below, above))
+    return out
+
+
 def _preset_bounds(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network: "Link | None",
                    memory_utilization: float, domain: int | None) -> tuple[list[tuple[str, object]], list[object]]:
     """(floors, ceilings): the cost models of every preset with a shipped kernel profile that ``gpu`` matches
     or beats (floors: no step may cost more) or that matches or beats ``gpu`` (ceilings: no step may cost
     less) in each timing figure ``model``'s steps depend on (``BF16_TIMING_FIELDS`` for BF16 weights, else
     ``TIMING_FIELDS``); each priced by its own profile with ``gpu``'s NVLink domain and memory (neither is a
-    kernel's speed), so that it differs from the preset only where the plan lays workers out differently. A
-    preset with ``gpu``'s exact figures is ``gpu`` itself and bounds nothing."""
-    from rollart.calibration.profiles import shipped_profile_path
+    kernel's speed), so that it differs from the preset only where the plan lays workers out differently
+    (:func:`bounding_presets`)."""
     from rollart.plan.presets import GPU_PRESETS
 
     fields = BF16_TIMING_FIELDS if model.weight_dtype == "bf16" else TIMING_FIELDS
     floors, above_it = [], []
-    for preset, sheet in GPU_PRESETS.items():
-        below, above = _at_least(gpu, sheet, fields), _at_most(gpu, sheet, fields)
-        if shipped_profile_path(preset) is None or not (below or above) or _same_timings(sheet, gpu):
-            continue
-        twin = gpu.model_copy(update={f: sheet.get(f) for f in TIMING_FIELDS})
+    for preset, below, above in bounding_presets(gpu, fields):
+        twin = gpu.model_copy(update={f: GPU_PRESETS[preset].get(f) for f in TIMING_FIELDS})
         cost = generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization, domain)
         if below:
             floors.append((preset, cost))
@@ -235,7 +246,7 @@ def custom_generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp
       over the floors.
 
     Without any bound it is the reference's composition as is (a ``KernelProfileGeneration``)."""
-    from rollart.calibration.cost import FlooredGeneration, KernelProfileGeneration
+    from rollart.calibration.cost import BoundedGeneration, KernelProfileGeneration
     from rollart.plan.presets import GPU_PRESETS
 
     fp8 = model.weight_dtype != "bf16"
@@ -253,7 +264,7 @@ def custom_generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp
                                        network, memory_utilization, domain)))
     args = (model, gpu, tp, moved, f"{gpu_name} datasheet", ep, network, memory_utilization, domain)
     if floors or ceilings:
-        return FlooredGeneration(*args, floors=floors, ceilings=ceilings)
+        return BoundedGeneration(*args, floors=floors, ceilings=ceilings)
     return KernelProfileGeneration(*args)
 
 

@@ -404,7 +404,7 @@ class KernelProfileGeneration:
         return line
 
 
-class FlooredGeneration(KernelProfileGeneration):
+class BoundedGeneration(KernelProfileGeneration):
     """A transferred composition held between the presets that bound its datasheet
     (:func:`rollart.calibration.custom_generation_cost`): a prefill or mixed step costs the greatest of its
     own and the ceilings' times, lowered to the least of the floors'; a decode iteration's line takes each

@@ -34,19 +34,18 @@ def gemm_e_max(gpu_name: str | None, gpu: "GpuType") -> tuple[float, str]:
     # no timings of its own: the reference's fractions of peak, its sustained BF16 rate (peak × e_max) held
     # between those of the presets it matches or beats and of those that match or beat it in BF16 FLOP/s and
     # HBM, as custom_generation_cost holds its steps (a sheet just short of a B200 trains no faster than one)
-    from rollart.calibration import BF16_TIMING_FIELDS, _at_least, _at_most
+    from rollart.calibration import BF16_TIMING_FIELDS, bounding_presets
     from rollart.plan.presets import GPU_PRESETS
 
     profile = _load(str(shipped_profile_path(transfer_reference(gpu_name, gpu)).resolve()))
     rate = gpu.tflops_bf16 * float(profile.gemm.params["e_max"])
     low, high = 0.0, math.inf
-    for preset, sheet in GPU_PRESETS.items():
-        if (p := shipped_profile_path(preset)) is None:
-            continue
-        theirs = sheet["tflops_bf16"] * float(_load(str(p.resolve())).gemm.params["e_max"])
-        if _at_least(gpu, sheet, BF16_TIMING_FIELDS):
+    for preset, below, above in bounding_presets(gpu, BF16_TIMING_FIELDS):
+        theirs = GPU_PRESETS[preset]["tflops_bf16"] * float(_load(str(shipped_profile_path(preset).resolve()))
+                                                            .gemm.params["e_max"])
+        if below:
             low = max(low, theirs)
-        if _at_most(gpu, sheet, BF16_TIMING_FIELDS):
+        if above:
             high = min(high, theirs)
     return min(max(rate, low), high) / gpu.tflops_bf16, profile.gpu
 
