@@ -54,9 +54,8 @@ from rollart.plan.presets import canonical_gpu, with_article
 from rollart.plan.schema import GpuType, Link, ModelSpec
 from rollart.sim.costs.gpu import (DecodeLine, RooflineEfficiency, decode_attention_flops, kv_capacity,
                                    kv_heads_per_gpu, prefill_attention_flops)
-from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, busiest_rank_share, dispatch_bytes,
-                                   rank_expert_rows,
-                                   rank_experts_touched, ring_link, straddle_note)
+from rollart.sim.costs.moe import (busiest_rank_sequences, busiest_rank_share, rank_collectives_s, rank_expert_rows,
+                                   rank_experts_touched, straddle_note)
 
 _TOKEN_MEMO = 1 << 14  # entries of KernelProfileGeneration._token_terms' memo (≈ 2.5 MB at most)
 
@@ -274,27 +273,11 @@ class KernelProfileGeneration:
         return max(1.0, self._decode_sms / (max(1.0, batch) * self._kv))
 
     def _allreduce(self, tokens: float, rank_tokens: float | None = None, kernel: str = "low_latency") -> float:
-        """The two all-reduces per layer inside a rank, plus the MoE all-to-alls between ranks, for
-        the busiest rank's ``rank_tokens`` (an even ``tokens / ep`` when not given); ``kernel``: the
-        all-to-all's (:func:`~rollart.sim.costs.moe.all_to_all_s`: "normal" for a step that prefills)."""
-        rank_tokens = tokens / self.ep if rank_tokens is None else rank_tokens
-        comm = all_to_all_s(self.model, tokens, self.ep, self.tp, *self._nvlink, *self._network,
-                            rank_tokens=rank_tokens, domain=self._domain,
-                            dispatch=dispatch_bytes(self.model), kernel=kernel, rdma=self._rdma)
-        if self._rank_tp == 1:
-            return comm
-        n = self._rank_tp
-        nbytes = rank_tokens * self.model.hidden * 2.0
-        moved = 2 * (n - 1) / n * nbytes
-        rate, alpha = ring_link(n, self._nvlink, self._network, self._domain)
-        each = alpha + moved / rate  # NCCL
-        custom = self._ar_custom  # its world sizes only (CUSTOM_ALLREDUCE_WORLD_SIZES), whatever the domain
-        if custom is not None and nbytes < custom[2]:
-            # the engine's peer-to-peer kernel takes the message; its fitted bandwidth (eager-mode timings,
-            # a copy into its buffer included) falls below NCCL's past a few MiB, where an engine picks the
-            # faster path (vLLM's later per-size choice among custom, symmetric-memory and NCCL): so at most NCCL
-            each = min(each, custom[0] + moved / custom[1])
-        return comm + 2 * self.model.layers * each
+        """The two all-reduces per layer inside a rank, plus the MoE all-to-alls between ranks
+        (:func:`~rollart.sim.costs.moe.rank_collectives_s`), with the engine's custom all-reduce kernel
+        where its world size has one."""
+        return rank_collectives_s(self.model, tokens, self.ep, self.tp, self._nvlink, self._network, self._domain,
+                                  self._rdma, kernel, rank_tokens, self._ar_custom)
 
     def _prefill_attention(self, new_tokens: float, attention_pairs: float) -> float:
         """One layer's prefill attention for ``new_tokens`` (a rank's) attending ``attention_pairs``

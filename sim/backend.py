@@ -328,8 +328,6 @@ class SimBackend:
             self._procs[key] = proc
         return proc
 
-    _partial = 0  # the decoded tokens of the request _run_request aborted last (read and reset by _drive)
-
     def _drive(self, gen: Generator[Any, Any, Any], key: Hashable | None) -> SimGen:
         handlers = self._handlers
         note = self.contention.note_effect if self.contention is not None else None
@@ -337,7 +335,6 @@ class SimBackend:
         step_overhead = self._step_overhead
         send: Any = None
         throw: BaseException | None = None
-        partial: int | None = None  # an aborted Generate's decoded tokens (engine.abort's count)
         try:
             while True:
                 try:
@@ -367,21 +364,18 @@ class SimBackend:
                         req = engine.add(traj.id, effect.context_tokens, tokens, False)
                         try:
                             yield req.done
-                        except simpy.Interrupt:
-                            partial = engine.abort(req)
+                        except simpy.Interrupt as intr:
+                            intr.decoded_tokens = engine.abort(req)  # as _run_request does
                             raise
                         send = GenOutcome(tokens=tokens)
                     else:
                         send = yield from handlers[kind](effect)
                 except simpy.Interrupt as intr:
-                    # _run_request's count (PD: of the stage cut), set just before in this same call chain: no
-                    # other process runs between an interrupted request's abort and this handler
-                    handled, self._partial = self._partial, 0
-                    if kind is Generate:
-                        throw = Aborted(str(intr.cause), handled if partial is None else partial)
+                    if kind is Generate:  # the tokens the cut request had decoded (PD: its stage's), 0 between requests
+                        throw = Aborted(str(intr.cause), getattr(intr, "decoded_tokens", 0))
                     else:
                         throw = Aborted(str(intr.cause))
-                    send, partial = None, None
+                    send = None
         finally:
             if key is not None:
                 self._procs.pop(key, None)
@@ -575,8 +569,10 @@ class SimBackend:
         req: Request = engine.add(traj_id, context, tokens, prefilled, remote)
         try:
             yield req.done
-        except simpy.Interrupt:
-            self._partial = engine.abort(req)  # ABORT: the engine drops it at its next step
+        except simpy.Interrupt as intr:
+            # ABORT: the engine drops it at its next step; the count of tokens it had decoded travels with the
+            # interrupt to _drive, which hands it to the core in Aborted
+            intr.decoded_tokens = engine.abort(req)
             raise
 
     def _reward(self, eff: ComputeReward) -> SimGen:

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rollart.plan.schema import GpuType, ModelSpec
-from rollart.sim.costs.moe import (all_to_all_s, busiest_rank_sequences, busiest_rank_share, dispatch_bytes,
-                                   embedding_params,
-                                   expert_weight_bytes, input_embedding_params,
-                                   rank_expert_rows, rank_experts_touched, replicated_params, ring_link,
+from rollart.sim.costs.moe import (busiest_rank_sequences, busiest_rank_share, embedding_params,
+                                   expert_weight_bytes, input_embedding_params, rank_collectives_s,
+                                   rank_expert_rows, rank_experts_touched, replicated_params,
                                    served_weight_bytes, straddle_note, weight_element_bytes, worker_weight_bytes)
 
 
@@ -269,21 +268,9 @@ class RooflineGeneration:
         return self._dense_bytes + self._bytes_per_expert * rank_experts_touched(self.model, max(1.0, tokens), self.ep)
 
     def _allreduce(self, tokens: float, rank_tokens: float | None = None, kernel: str = "low_latency") -> float:
-        """The MoE all-to-alls and the all-reduces inside a rank, for the busiest rank's
-        ``rank_tokens`` (an even ``tokens / ep`` when not given); ``kernel``: the all-to-all's
-        (:func:`~rollart.sim.costs.moe.all_to_all_s`: "normal" for a step that prefills)."""
-        rank_tokens = tokens / self.ep if rank_tokens is None else rank_tokens
-        comm = all_to_all_s(self.model, tokens, self.ep, self.tp, self._nvlink, self.eff.allreduce_latency_s,
-                            *self._network, rank_tokens=rank_tokens, domain=self._domain,
-                            dispatch=dispatch_bytes(self.model), kernel=kernel, rdma=self._rdma)
-        n = self._rank_tp
-        if n == 1:
-            return comm
-        nbytes = rank_tokens * self.model.hidden * 2
-        rate, latency = ring_link(n, (self._nvlink, self.eff.allreduce_latency_s), self._network,
-                                  self._domain)
-        per = latency + 2 * (n - 1) / n * nbytes / rate
-        return comm + 2 * self.model.layers * per
+        """The MoE all-to-alls and the all-reduces inside a rank (:func:`~rollart.sim.costs.moe.rank_collectives_s`)."""
+        return rank_collectives_s(self.model, tokens, self.ep, self.tp, (self._nvlink, self.eff.allreduce_latency_s),
+                                  self._network, self._domain, self._rdma, kernel, rank_tokens)
 
     def _lm_head(self, rows: float) -> float:
         """lm_head FLOPs of the busiest rank for ``rows`` sampling rows (1/ep of them, vocab over tp)."""

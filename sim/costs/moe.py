@@ -329,3 +329,29 @@ def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes
         raise ValueError(f"kernel must be 'low_latency' or 'normal', not {kernel!r}")
 
     return model.moe_layers * (one_way(dispatch) + one_way(2.0))
+
+
+def rank_collectives_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink: tuple[float, float],
+                       network: tuple[float, float], domain: int, rdma: bool, kernel: str = "low_latency",
+                       rank_tokens: float | None = None,
+                       custom: tuple[float, float, float] | None = None) -> float:
+    """A serving step's communication on a worker of ``tp`` GPUs in ``ep`` ranks: the MoE all-to-alls
+    between ranks (:func:`all_to_all_s`, ``kernel`` as there) plus the two all-reduces per layer inside a
+    rank of tp/ep GPUs, for the busiest rank's ``rank_tokens`` (an even ``tokens / ep`` when not given).
+    An all-reduce is a ring over :func:`ring_link` (NCCL: latency + 2(n−1)/n of the BF16 activations at
+    the link's rate). ``custom`` (latency s, bytes/s, largest message) is the engine's peer-to-peer
+    kernel where its world size has one: it takes messages below its largest, and an engine picks the
+    faster path, so it is never priced above NCCL."""
+    rank_tokens = tokens / ep if rank_tokens is None else rank_tokens
+    comm = all_to_all_s(model, tokens, ep, tp, *nvlink, *network, rank_tokens=rank_tokens, domain=domain,
+                        dispatch=dispatch_bytes(model), kernel=kernel, rdma=rdma)
+    n = tp // ep
+    if n == 1:
+        return comm
+    nbytes = rank_tokens * model.hidden * 2.0
+    moved = 2 * (n - 1) / n * nbytes
+    rate, alpha = ring_link(n, nvlink, network, domain)
+    each = alpha + moved / rate
+    if custom is not None and nbytes < custom[2]:
+        each = min(each, custom[0] + moved / custom[1])
+    return comm + 2 * model.layers * each
