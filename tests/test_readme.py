@@ -33,6 +33,8 @@ class Spec:
     rc: int = 0
     env: dict[str, str] = field(default_factory=dict)
     needle: str = ""                    # expected in the output
+    after: str = ""                     # the README command whose files it reads (run first, same folder)
+    covered_by: str = ""                # the test that runs it as printed, with checks of its own (not run again here)
 
 
 # README command (comment removed) → how it is run here
@@ -56,11 +58,14 @@ COMMANDS: dict[str, Spec] = {
     "rollart calibrate show": Spec(needle="measured:"),
     "rollart calibrate show h20 --plot h20.png": Spec(),
     "rollart calibrate profile --engine torch --model Qwen3-tiny --out cpu.csv": Spec(extra=("--repeats", "1"), slow=True),
-    "rollart calibrate fit cpu.csv --gpu cpu-local --out cpu.yaml": Spec(slow=True),
+    "rollart calibrate fit cpu.csv --gpu cpu-local --out cpu.yaml":
+        Spec(slow=True, after="rollart calibrate profile --engine torch --model Qwen3-tiny --out cpu.csv"),
     "python -c \"from rollart.calibration.env_fit import synthetic_trace; synthetic_trace('trace.csv', 'SWE', 2000, 0)\"":
         Spec(),
     "rollart calibrate env trace.csv --task SWE": Spec(),
-    "rollart validate local/validate-sync --out v/": Spec(extra=("--steps", "3", "--sim-seeds", "2"), slow=True),
+    "rollart validate local/validate-sync --out v/":
+        Spec(extra=("--steps", "5"), slow=True,
+             covered_by="tests/test_validate.py::test_validate_end_to_end_within_the_ci_bound"),
     "rollart reproduce --out report/": Spec(extra=("--only", "h800-vs-h20", "--steps", "1", "-q"), slow=True,
                                             env={"ROLLART_REPRODUCE_BATCH": "16"}),
     "rollart sweep paper/qwen3-14b-128gpu --grid algorithm.alpha=0,1,2 --grid algorithm.redundancy=0,0.25 --out sweep/":
@@ -68,9 +73,11 @@ COMMANDS: dict[str, Spec] = {
     "rollart plan paper/qwen3-14b-128gpu --budget-usd-per-hour 454 --out plan.yaml":
         Spec(extra=("--candidates", "4", "--finalists", "1", "--local-rounds", "0", "--polish-rounds", "0",
                     "--steps", "1", "--set", "algorithm.batch_size=32", "-q"), slow=True),
-    "rollart simulate plan.yaml": Spec(extra=("--steps", "1"), slow=True),
+    "rollart simulate plan.yaml": Spec(extra=("--steps", "1"), slow=True,
+                                       after="rollart plan paper/qwen3-14b-128gpu --budget-usd-per-hour 454 --out plan.yaml"),
     "rollart run scenarios/local/digits.yaml --steps 40 --json run.json --trace run.trace.json":
-        Spec(extra=("--steps", "2"), slow=True),
+        Spec(extra=("--steps", "3", "-q"), slow=True,
+             covered_by="tests/test_runtime_run.py::test_cli_run_writes_the_same_contract_and_trace"),
     # one round each: the README command's point is that the benchmarks run and print their ratios
     "python -m pytest tests/test_benchmark.py --benchmark-enable -s -n 0 --dist no":
         Spec(extra=("--benchmark-min-rounds", "1", "--benchmark-max-time", "0", "--benchmark-warmup", "off"),
@@ -103,8 +110,8 @@ def readme_commands() -> list[str]:
     return out
 
 
-def run_command(command: str, spec: Spec, cwd: Path) -> subprocess.CompletedProcess:
-    argv = [*shlex.split(command), *spec.extra]
+def run_command(command: str, spec: Spec, cwd: Path, more: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    argv = [*shlex.split(command), *spec.extra, *more]
     if argv[0] == "rollart":
         argv[0] = str(Path(sys.executable).parent / "rollart")
     elif argv[0] == "python":
@@ -114,8 +121,14 @@ def run_command(command: str, spec: Spec, cwd: Path) -> subprocess.CompletedProc
                           text=True, timeout=1500)
 
 
-def check(command: str, spec: Spec, cwd: Path) -> None:
-    proc = run_command(command, spec, cwd)
+def readme_command(start: str) -> tuple[str, Spec]:
+    """The one README command that begins with ``start``, and how it is run (for a test that covers it)."""
+    (command,) = [c for c in COMMANDS if c.startswith(start)]
+    return command, COMMANDS[command]
+
+
+def check(command: str, spec: Spec, cwd: Path, more: tuple[str, ...] = ()) -> None:
+    proc = run_command(command, spec, cwd, more)
     out = proc.stdout + proc.stderr
     assert proc.returncode == spec.rc, f"{command}: exit {proc.returncode}\n{out[-3000:]}"
     assert "Traceback" not in out, f"{command}:\n{out[-3000:]}"
@@ -165,16 +178,60 @@ def test_fast_readme_command_runs(command: str, tmp_path_factory: pytest.TempPat
     check(command, COMMANDS[command], cwd)
 
 
-@pytest.mark.slow
-def test_slow_readme_commands_run_in_order(tmp_path: Path):
-    """calibrate profile → fit, plan → simulate plan.yaml, validate, reproduce, sweep, run,
-    the benchmark: one folder, README order."""
-    done: set[str] = set()
+def _slow_chains() -> list[list[str]]:
+    """The slow commands in README order, as chains: a command that reads another's files (``Spec.after``)
+    runs after it in the same folder; the chains are independent, so pytest-xdist spreads them."""
+    chains: dict[str, list[str]] = {}
     for command in readme_commands():
         spec = COMMANDS.get(command)
-        if spec is not None and spec.slow and command not in done:
-            done.add(command)
-            check(command, spec, tmp_path)
+        if spec is None or not spec.slow or spec.covered_by or any(command in c for c in chains.values()):
+            continue
+        head = command
+        while COMMANDS[head].after:
+            head = COMMANDS[head].after
+        chains.setdefault(head, []).append(command)
+    return list(chains.values())
+
+
+def test_a_command_runs_after_the_one_whose_files_it_reads():
+    order = readme_commands()
+    for command, spec in COMMANDS.items():
+        if spec.after:
+            assert spec.after in COMMANDS and COMMANDS[spec.after].slow == spec.slow, command
+            assert order.index(spec.after) < order.index(command), command
+    chains = _slow_chains()
+    slow = {c for c in order if c in COMMANDS and COMMANDS[c].slow and not COMMANDS[c].covered_by}
+    assert sum(len(c) for c in chains) == len(slow)
+    assert any(len(c) > 1 for c in chains)
+
+
+def test_a_covered_command_names_a_test_that_runs_it():
+    import importlib
+
+    for command, spec in COMMANDS.items():
+        if spec.covered_by:
+            path, name = spec.covered_by.split("::")
+            module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+            source = Path(path).read_text() if Path(path).is_file() else (ROOT / path).read_text()
+            assert callable(getattr(module, name, None)), spec.covered_by
+            body = source.split(f"def {name}(", 1)[1].split("\ndef ", 1)[0]
+            assert f'readme_command("{command.split()[0]} {command.split()[1]}' in body, (command, spec.covered_by)
+
+
+def _chain_id(chain: list[str]) -> str:
+    """``rollart validate …`` → validate, ``rollart calibrate profile …`` → calibrate-profile, ``python -m pytest …`` → pytest."""
+    words = [w for w in shlex.split(chain[0]) if not w.startswith("-")]
+    return "-".join(words[1:3]) if words[1] == "calibrate" else words[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chain", _slow_chains(), ids=_chain_id)
+def test_slow_readme_commands_run_in_order(chain: list[str], tmp_path: Path):
+    """Each chain of slow commands (calibrate profile → fit, plan → simulate plan.yaml; reproduce, sweep and
+    the benchmark alone): one folder, README order. validate and run are run as printed by the tests that
+    check what they write (``Spec.covered_by``)."""
+    for command in chain:
+        check(command, COMMANDS[command], tmp_path)
 
 
 @pytest.mark.slow

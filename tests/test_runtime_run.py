@@ -6,8 +6,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +20,6 @@ from rollart.runtime.cluster import init_local_ray, resource_name  # noqa: E402
 
 pytestmark = pytest.mark.slow
 DIGITS = Path(__file__).parents[1] / "scenarios" / "local" / "digits.yaml"
-ROLLART = str(Path(sys.executable).parent / "rollart")
 
 
 @pytest.fixture(scope="module")
@@ -136,16 +133,17 @@ def test_resume_continues_versions_and_keeps_the_alpha_window(local_ray, tmp_pat
 
 
 def test_cli_run_writes_the_same_contract_and_trace(tmp_path: Path) -> None:
-    env = dict(os.environ, COLUMNS="120")
-    out = subprocess.run([ROLLART, "run", str(DIGITS), "--steps", "3", "-q", "--json", "r.json", "--trace", "t.json"],
-                         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    from tests.test_readme import readme_command, run_command
+
+    command, spec = readme_command("rollart run scenarios/local/digits.yaml")  # as the README prints it, 3 steps
+    out = run_command(command, spec, tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "trajectories/s" in out.stdout
-    data = json.loads((tmp_path / "r.json").read_text())
+    assert "trajectories/s" in out.stdout and "Traceback" not in out.stdout + out.stderr
+    data = json.loads((tmp_path / "run.json").read_text())
     assert data["backend"] == "runtime" and len(data["steps"]) == 3
     assert {"step_time_s_mean", "trajectories_per_s", "tokens_per_s", "gpu_busy_fraction", "aborted_stale",
             "aborted_redundant", "env_failures"} <= set(data["summary"])
-    names = {e["args"]["name"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in json.loads((tmp_path / "run.trace.json").read_text())["traceEvents"]
              if e.get("name") == "process_name"}
     assert "trainer" in names and any(n.startswith("generation/") for n in names)
     assert any(n.startswith("env managers/") for n in names)

@@ -280,10 +280,12 @@ def test_validate_rejects_a_warmup_that_leaves_nothing() -> None:
 def test_validate_end_to_end_within_the_ci_bound(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     pytest.importorskip("torch")
+    from tests.test_readme import readme_command, run_command
+
+    # the README's command as printed (its --out v/ in this folder), 5 steps, the profile kept here
+    command, spec = readme_command("rollart validate")
     out = tmp_path / "v"
-    proc = subprocess.run([ROLLART, "validate", "local/validate-sync", "--steps", "5", "--out", str(out),
-                           "--profile-dir", str(tmp_path / "profile"), "-q"],
-                          capture_output=True, text=True, timeout=900)
+    proc = run_command(command, spec, tmp_path, ("--profile-dir", str(tmp_path / "profile"), "-q"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "step time, mean" in proc.stdout and "trajectories/s" in proc.stdout
     for name in ("real.json", "sim.json", "real.trace.json", "sim.trace.json", "validation.png", "validation.json"):
