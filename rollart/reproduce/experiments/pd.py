@@ -37,6 +37,11 @@ def _share_key(s: Fraction) -> str:
     return f"pd-{s.numerator}/{s.denominator}"
 
 
+def _key_share(key: str) -> Fraction:
+    """The prefill share a PD layout key names (the inverse of :func:`_share_key`)."""
+    return Fraction(key.removeprefix("pd-"))
+
+
 def _share_label(s: Fraction) -> str:
     return "all" if s == 1 else f"{s.numerator}/{s.denominator}"
 
@@ -72,7 +77,7 @@ def _pd_overrides(layout: str, workers: int) -> tuple[str, ...]:
     if layout == "colocated":
         return (f"placement.generation=[{{pool: h800, workers: {workers}, tp: 1}}, "
                 f"{{pool: h20, workers: {workers}, tp: 1}}]",)
-    p, d = _workers(Fraction(layout.removeprefix("pd-")), workers)
+    p, d = _workers(_key_share(layout), workers)
     groups = [f"{{pool: h800, workers: {p}, tp: 1, role: prefill}}"]
     if d:
         groups.append(f"{{pool: h800, workers: {d}, tp: 1, role: decode}}")
@@ -88,7 +93,7 @@ def _layouts(shares: tuple[Fraction, ...]) -> tuple[tuple[str, str], ...]:
 def _layout_label(layout: str, llabel: str, n: int) -> str:
     if layout == "colocated":
         return llabel
-    p, d = _workers(Fraction(layout.removeprefix("pd-")), n)
+    p, d = _workers(_key_share(layout), n)
     return f"{llabel} ({p} H800 prefill : {f'{d} H800 + ' if d else ''}{n} H20 decode)"
 
 
@@ -175,8 +180,8 @@ def _split_text(ratios: dict[str, float], best: str | None) -> str:
     if best is None:
         return NA
     ties = near_best(ratios, best)
-    return (f"{fx(ratios[best])} ({_share_label(Fraction(best.removeprefix('pd-')))}"
-            + (f"; {', '.join(_share_label(Fraction(k.removeprefix('pd-'))) for k in ties)} within "
+    return (f"{fx(ratios[best])} ({_share_label(_key_share(best))}"
+            + (f"; {', '.join(_share_label(_key_share(k)) for k in ties)} within "
                f"{TIE_MARGIN:.0%}" if ties else "") + ")")
 
 
@@ -310,7 +315,7 @@ def _pd_note(outs: list[Outcome], figs: dict) -> list[str]:
             if best != full and full in pools and finite(pools[full][0]):
                 whole = (f"; with every H800 prefilling, prefill {pools[full][0]:.0%} and decode "
                          f"{pools[full][1]:.0%} busy ({fx(ratios[full])})")
-            out.append(f"{slabel}, {mlabel}: {per}at the best split ({_share_label(Fraction(best.removeprefix('pd-')))} "
+            out.append(f"{slabel}, {mlabel}: {per}at the best split ({_share_label(_key_share(best))} "
                        f"of the H800 prefilling) the prefill GPUs are {pb:.0%} busy and the decode GPUs {db:.0%}, "
                        f"against H800 {bc.get('h800', math.nan):.0%} / H20 {bc.get('h20', math.nan):.0%} colocated"
                        f"{whole}; {hit_p:.0%} of prompt tokens come from the prefix cache ({hit_c:.0%} colocated)"
