@@ -25,9 +25,9 @@ and the shape of the step added)::
   The input embedding is a lookup (no FLOPs) and the LM head runs for the last position of each
   sequence only, as an engine computes it.
 
-Two engines: :class:`TorchProfiler` (a random-init ``transformers`` Qwen3 model, eager, runs on
-CPU) and :class:`VllmProfiler` (vLLM's offline ``LLM`` API with dummy weights, CUDA only).
-torch, transformers and vLLM are imported lazily: the grid, the rows and the CSV helpers work
+Two engines: :class:`TorchProfiler` (a random-init Qwen3 of :mod:`rollart.runtime.qwen3`, eager,
+runs on CPU) and :class:`VllmProfiler` (vLLM's offline ``LLM`` API with dummy weights, CUDA only).
+torch and vLLM are imported lazily: the grid, the rows and the CSV helpers work
 without them (the fitting code reads profiles in a simulator-only install).
 """
 
@@ -230,7 +230,7 @@ def default_grid(spec: ModelSpec, device: str = "cpu", memory_bytes: Optional[in
         return Grid(batch_sizes=(1, 2, 4, 8), kv_lens=(0, 64, 128, 256, 512), prefill_lens=(16, 64, 128, 256))
     if memory_bytes is None:
         memory_bytes = device_memory_bytes(device)
-    # A third of what is left after the weights: DynamicCache grows by concatenation (two copies
+    # A third of what is left after the weights: the KV cache grows by concatenation (two copies
     # live for a moment) and activations need room too.
     kv_room = max(0, int(memory_bytes * 0.9) - spec.weight_bytes) // 3
     max_kv = max(1, kv_room // spec.kv_bytes_per_token)
@@ -241,31 +241,19 @@ def default_grid(spec: ModelSpec, device: str = "cpu", memory_bytes: Optional[in
 # ---------------------------------------------------------------- the model
 
 
-def model_config(spec: ModelSpec, max_positions: int = 32768, attn_implementation: str = "sdpa") -> Any:
-    """A ``transformers.Qwen3Config`` with ``spec``'s geometry (dense models only)."""
-    from transformers import Qwen3Config
+def model_config(spec: ModelSpec, max_positions: int = 32768) -> Any:
+    """The :class:`rollart.runtime.qwen3.Qwen3Config` of ``spec`` (dense models only)."""
+    from rollart.runtime.qwen3 import Qwen3Config
 
-    if spec.moe_experts:
-        raise ValueError(f"model '{spec.name}' is a mixture of experts; the torch profiler builds dense Qwen3 "
-                         "models only (profile MoE models with --engine vllm and their config.json)")
-    return Qwen3Config(
-        vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
-        num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
-        head_dim=spec.head_dim, tie_word_embeddings=bool(spec.tied_embeddings),
-        max_position_embeddings=max(int(max_positions), 1), max_window_layers=spec.layers,
-        use_sliding_window=False, attn_implementation=attn_implementation,
-    )
+    return Qwen3Config.from_spec(spec, max_positions)
 
 
 def build_model(spec: ModelSpec, dtype: Any = "fp32", device: str = "cpu", seed: int = 0,
                 max_positions: int = 32768) -> Any:
-    """A random-init ``Qwen3ForCausalLM`` in eval mode (nothing is downloaded)."""
-    import torch
-    from transformers import Qwen3ForCausalLM
+    """A random-init Qwen3 (:mod:`rollart.runtime.qwen3`) in eval mode (nothing is downloaded)."""
+    from rollart.runtime.qwen3 import build
 
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(model_config(spec, max_positions))
-    return model.to(device=device, dtype=torch_dtype(dtype)).eval()
+    return build(spec, max_positions, seed).to(device=device, dtype=torch_dtype(dtype)).eval()
 
 
 def matmul_params(model: Any) -> int:
@@ -349,7 +337,7 @@ def _median_timed(run: Callable[[], None], reset: Callable[[], None], device: st
 
 
 class TorchProfiler:
-    """Eager ``transformers`` forward passes with a ``DynamicCache``.
+    """Eager forward passes of the torch Qwen3 (:mod:`rollart.runtime.qwen3`) with its ``KVCache``.
 
     For each (batch, kv_len) a prefix cache of ``kv_len`` random tokens is built once, outside
     the timed region (in chunks of at most ``prefix_chunk_tokens`` tokens a forward); each
@@ -370,14 +358,12 @@ class TorchProfiler:
         self.peak_tflops = peak_tflops
         self.prefix_chunk_tokens = prefix_chunk_tokens
         self._model: Any = None
-        self._cache_kw = "cache"
 
     def available(self) -> tuple[bool, str]:
         try:
             import torch
-            import transformers  # noqa: F401
         except ImportError as exc:
-            return False, f"the torch engine needs torch and transformers ({exc.name} is not installed: pip install 'rollart[runtime]')"
+            return False, f"the torch engine needs torch ({exc.name} is not installed: pip install 'rollart[runtime]')"
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             return False, f"no CUDA device (torch {torch.__version__} sees none)"
         if self.spec.moe_experts:
@@ -391,13 +377,14 @@ class TorchProfiler:
         return self.peak_tflops * 1e12
 
     def _forward(self, ids: Any, cache: Any) -> Any:
-        return self._model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        return self._model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
 
     def _prefix_cache(self, batch: int, kv_len: int, gen: Any) -> Any:
         import torch
-        from transformers import DynamicCache
 
-        cache = DynamicCache(config=self._model.config)
+        from rollart.runtime.qwen3 import KVCache
+
+        cache = KVCache()
         chunk = max(1, self.prefix_chunk_tokens // batch)
         for start in range(0, kv_len, chunk):
             n = min(chunk, kv_len - start)
@@ -406,8 +393,6 @@ class TorchProfiler:
         return cache
 
     def profile(self, grid: Grid, progress: Optional[Progress] = None) -> list[Row]:
-        import inspect
-
         import torch
 
         ok, why = self.available()
@@ -417,8 +402,6 @@ class TorchProfiler:
         if self._model is None:
             self._model = build_model(self.spec, self.dtype, self.device, self.seed,
                                       max_positions=max(32768, grid.max_context + 1))
-            params = inspect.signature(self._model.forward).parameters
-            self._cache_kw = "cache" if "cache" in params else "past_key_values"
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
         total, done, rows = len(grid), 0, []
         if progress:
@@ -433,7 +416,7 @@ class TorchProfiler:
                     ids = torch.randint(0, self.spec.vocab, (b, n), generator=gen).to(self.device)
                     seconds = _median_timed(lambda: self._forward(ids, cache), lambda: cache.crop(-n),
                                             self.device, self.warmup, self.repeats)
-                    if cache.get_seq_length() != kv:  # pragma: no cover - a transformers change
+                    if cache.get_seq_length() != kv:  # pragma: no cover - a cropping bug
                         raise RuntimeError(f"cache holds {cache.get_seq_length()} tokens after crop, expected {kv}")
                     rows.append(make_row(self.spec, phase, self.dtype, self.dtype, b, kv, n, seconds, peak))
                     done += 1
@@ -449,6 +432,8 @@ class TorchProfiler:
 
 def hf_config_dict(spec: ModelSpec, max_positions: int) -> dict[str, Any]:
     """A Qwen3 ``config.json`` for ``spec`` (what vLLM loads with ``load_format="dummy"``)."""
+    from rollart.runtime.qwen3 import RMS_NORM_EPS, ROPE_THETA  # the CPU model's values: one model
+
     if spec.moe_experts:
         return {
             "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
@@ -458,7 +443,7 @@ def hf_config_dict(spec: ModelSpec, max_positions: int) -> dict[str, Any]:
             "num_experts": spec.moe_experts, "num_experts_per_tok": spec.moe_active_experts,
             "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
             "tie_word_embeddings": bool(spec.tied_embeddings), "max_position_embeddings": max_positions,
-            "rms_norm_eps": 1e-6, "rope_theta": 1000000, "hidden_act": "silu", "torch_dtype": "bfloat16",
+            "rms_norm_eps": RMS_NORM_EPS, "rope_theta": ROPE_THETA, "hidden_act": "silu", "torch_dtype": "bfloat16",
             "attention_bias": False, "use_sliding_window": False,
         }
     return {
@@ -466,8 +451,8 @@ def hf_config_dict(spec: ModelSpec, max_positions: int) -> dict[str, Any]:
         "vocab_size": spec.vocab, "hidden_size": spec.hidden, "num_hidden_layers": spec.layers,
         "num_attention_heads": spec.heads, "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim,
         "intermediate_size": spec.intermediate, "tie_word_embeddings": bool(spec.tied_embeddings),
-        "max_position_embeddings": max_positions, "max_window_layers": spec.layers, "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000, "hidden_act": "silu", "torch_dtype": "bfloat16", "attention_bias": False,
+        "max_position_embeddings": max_positions, "max_window_layers": spec.layers, "rms_norm_eps": RMS_NORM_EPS,
+        "rope_theta": ROPE_THETA, "hidden_act": "silu", "torch_dtype": "bfloat16", "attention_bias": False,
         "use_sliding_window": False, "sliding_window": None,
     }
 

@@ -1,4 +1,4 @@
-"""A continuous-batching engine over a ``transformers`` causal LM (the CPU path).
+"""A continuous-batching engine over the torch Qwen3 of :mod:`rollart.runtime.qwen3` (the CPU path).
 
 :class:`TorchEngine` holds a random-init Qwen3 built from a :class:`ModelSpec` (the same model
 ``rollart calibrate profile`` measures) and implements :class:`~rollart.runtime.engines.base.Engine`:
@@ -63,7 +63,7 @@ class _Request:
 
 
 class TorchEngine:
-    """Continuous batching on a ``transformers`` model (see the module docstring)."""
+    """Continuous batching on a torch Qwen3 (see the module docstring)."""
 
     name = "torch"
 
@@ -94,7 +94,7 @@ class TorchEngine:
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self._waiting: OrderedDict[str, _Request] = OrderedDict()
         self._rows: list[_Request] = []      # running requests, in batch-row order
-        self._cache: Any = None              # DynamicCache over the rows (left-padded)
+        self._cache: Any = None              # KVCache over the rows (left-padded)
         self._mask: Any = None               # bool [rows, cached length]: True where a row has a token
         self._arrivals = 0
         self.last_step: dict[str, float] = {}
@@ -254,7 +254,8 @@ class TorchEngine:
         """Prefill queued requests while there is room; returns the ones still running and
         their KV (one ``[1, heads, len, dim]`` key/value pair per layer each)."""
         import torch
-        from transformers import DynamicCache
+
+        from rollart.runtime.qwen3 import KVCache
 
         room = self.max_batch - len(self._rows)
         admitted: list[_Request] = []
@@ -273,7 +274,7 @@ class TorchEngine:
         keep, kv = [], []
         for length, reqs in groups.items():
             ids = torch.tensor([r.prompt + r.out for r in reqs], dtype=torch.long, device=self.device)
-            cache = DynamicCache(config=self.model.config)
+            cache = KVCache()
             out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
             self.counters["prefill_forwards"] += 1
             self.counters["prefill_requests"] += len(reqs)
@@ -341,7 +342,8 @@ class TorchEngine:
         """Append prefilled rows to the running batch (left-padding everyone to one length)."""
         import torch
         import torch.nn.functional as F
-        from transformers import DynamicCache
+
+        from rollart.runtime.qwen3 import KVCache
 
         old_len = self._mask.shape[1] if self._mask is not None else 0
         new_lens = [r.context_len - 1 for r in reqs]   # the cache holds all but the last token
@@ -364,7 +366,7 @@ class TorchEngine:
                 ks.append(F.pad(k, (0, 0, length - n, 0)))
                 vs.append(F.pad(v, (0, 0, length - n, 0)))
             layers.append((torch.cat(ks, dim=0), torch.cat(vs, dim=0)))
-        self._cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        self._cache = KVCache.from_layers(layers)
         self._mask = torch.cat(masks, dim=0)
         self._rows = self._rows + list(reqs)
 

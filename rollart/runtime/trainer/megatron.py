@@ -4,7 +4,7 @@ The policy is a megatron-core ``GPTModel`` with Qwen3's geometry (RMSNorm, SwiGL
 per-head q/k RMSNorm, no biases), wrapped in megatron's ``DistributedDataParallel`` and
 driven by ``get_megatron_optimizer`` (Adam with decoupled weight decay, gradient clipping,
 fp32 main weights under bf16). Its initial weights are converted from the same random-init
-Hugging Face model the engines build (``build_model(spec, seed=...)``), so version 0 matches
+model the engines build (Hugging Face names; ``build_model(spec, seed=...)``), so version 0 matches
 them, and :meth:`MegatronTrainer.state_dict` converts back to Hugging Face names (what the
 engines load). The loss is :mod:`rollart.runtime.trainer.grpo`'s, token for token.
 
@@ -185,7 +185,7 @@ def _free_port() -> int:
 
 def build_gpt(spec: ModelSpec, train_dtype: str = "bf16", max_positions: int = 32768) -> tuple[Any, Any, Any]:
     """megatron-core's TransformerConfig and a GPTModel (local layer spec: RMSNorm, SwiGLU, GQA,
-    RoPE with the Hugging Face config's theta, q/k RMSNorm, no biases, no fusions, no Transformer
+    RoPE with the torch Qwen3's theta, q/k RMSNorm, no biases, no fusions, no Transformer
     Engine) for ``spec``, initialised on the CPU, and a function building another like it.
     Needs an initialised model-parallel state, not CUDA."""
     import torch.nn.functional as F
@@ -195,15 +195,13 @@ def build_gpt(spec: ModelSpec, train_dtype: str = "bf16", max_positions: int = 3
 
     from rollart.calibration.profile_engine import model_config, short_dtype, torch_dtype
 
-    hf_cfg = model_config(spec, max_positions)
-    rope = getattr(hf_cfg, "rope_parameters", None) or {}
-    rope_theta = float(rope.get("rope_theta", getattr(hf_cfg, "rope_theta", 10000.0)))
+    cfg = model_config(spec, max_positions)
     params_dtype = torch_dtype(train_dtype)
     config = TransformerConfig(**_kwargs_for(
         TransformerConfig,
         num_layers=spec.layers, hidden_size=spec.hidden, num_attention_heads=spec.heads,
         num_query_groups=spec.kv_heads, kv_channels=spec.head_dim,
-        ffn_hidden_size=spec.intermediate, normalization="RMSNorm", layernorm_epsilon=hf_cfg.rms_norm_eps,
+        ffn_hidden_size=spec.intermediate, normalization="RMSNorm", layernorm_epsilon=cfg.rms_norm_eps,
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
         qk_layernorm=True, hidden_dropout=0.0, attention_dropout=0.0, bf16=short_dtype(train_dtype) == "bf16",
         params_dtype=params_dtype, pipeline_dtype=params_dtype, use_cpu_initialization=True,
@@ -217,7 +215,7 @@ def build_gpt(spec: ModelSpec, train_dtype: str = "bf16", max_positions: int = 3
             GPTModel.__init__, config=config, transformer_layer_spec=layer_spec, vocab_size=spec.vocab,
             max_sequence_length=max_positions, pre_process=True, post_process=True,
             share_embeddings_and_output_weights=bool(spec.tied_embeddings), position_embedding_type="rope",
-            rotary_percent=1.0, rotary_base=rope_theta))
+            rotary_percent=1.0, rotary_base=cfg.rope_theta))
 
     return config, new_gpt(), new_gpt
 
