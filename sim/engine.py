@@ -38,7 +38,7 @@ import math
 from heapq import heappop, heappush
 from collections import OrderedDict, deque
 from operator import attrgetter
-from typing import Any, Callable, Generator
+from typing import Any, Callable
 
 import simpy
 from simpy.events import NORMAL

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Generator
 
 from rollart.core.effects import Abort, BroadcastWeights, PublishWeights, Spawn, TrainStep, UpdateWeights, Wait
-from rollart.core.stats import StepRecord, critical_path_breakdown
 from rollart.core.trajectory import Group, Trajectory
 
 if TYPE_CHECKING:
