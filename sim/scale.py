@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from array import array
 from collections import deque
 from typing import Any, Callable, Sequence
 
@@ -358,6 +359,26 @@ def _duration_upper(groups: Sequence[EnvGroupTail], duration_cdf: Any) -> float:
     return d
 
 
+@dataclasses.dataclass(slots=True)
+class BatchGroup:
+    """One group of an env-groups batch as the subset ran it, kept for the end of the run (one per group of
+    every step, so its members are packed: ~17 bytes each against ~100 as a list of tuples)."""
+
+    task: str
+    size: int
+    lag_s: float                      # as EnvGroupTail.lag_s
+    version: int
+    done_s: float                     # its completion (subset clock)
+    last: int                         # the member that scored last
+    starts: array                     # 'd': each member's start (subset clock), those started before done_s
+    pools: tuple[str | None, ...]     # each member's generation pool
+    held: bytes                       # 1 where the member was held for the weights
+
+    def tail(self, starts: Sequence[float]) -> EnvGroupTail:
+        """Its :class:`EnvGroupTail` with the members started at ``starts``."""
+        return EnvGroupTail(self.task, self.size, self.lag_s, list(zip(starts, self.pools)))
+
+
 @dataclasses.dataclass
 class EnvBatch:
     """An env-groups step's batch, seen in the subset (subset clock), kept compact (no trajectories): per
@@ -366,7 +387,7 @@ class EnvBatch:
 
     step: int
     ready_s: float                                          # its last group's completion
-    groups: list[tuple[EnvGroupTail, int, float, list[bool], int]]
+    groups: list[BatchGroup]
 
 
 PAIR_HISTORY = 10_000  # scored members per (task, pool) the duration line is fitted on, the latest (as
@@ -513,10 +534,10 @@ class TailProbe:
                     (t.generated_tokens, t.finished_at - t.started_at))
             members = [t for t in g.members if t.started_at < g.completed_at]
             last = max(g.scored, key=lambda t: t.finished_at)
-            groups.append((EnvGroupTail(g.task, g.size, max(0.0, g.completed_at - last.finished_at),
-                                        [(t.started_at, self._pool(t)) for t in members]),
-                           g.version, g.completed_at, [t.held_for_weights is not None for t in members],
-                           members.index(last)))
+            groups.append(BatchGroup(g.task, g.size, max(0.0, g.completed_at - last.finished_at), g.version,
+                                     g.completed_at, members.index(last), array("d", (t.started_at for t in members)),
+                                     tuple(self._pool(t) for t in members),
+                                     bytes(t.held_for_weights is not None for t in members)))
         self.env_batches[n] = EnvBatch(n, ready, groups)
 
     def duration_cdf(self, task: str, pool: str | None, d: np.ndarray) -> np.ndarray | None:
@@ -615,9 +636,8 @@ def _env_ready(tail: "TailProbe", eb: EnvBatch, ends: dict[int, tuple[float, flo
 
     # the simulated copy on the corrected clock: each group completes when the subset completed it, moved
     # as the member it waited for (its last scored one) started
-    ready = max(done + moved(v, rec.members[last][0], held[last]) for rec, v, done, held, last in eb.groups)
-    groups = [dataclasses.replace(rec, members=[(s + moved(v, s, h), pool) for (s, pool), h in zip(rec.members, held)])
-              for rec, v, _, held, _ in eb.groups]
+    ready = max(g.done_s + moved(g.version, g.starts[g.last], bool(g.held[g.last])) for g in eb.groups)
+    groups = [g.tail([s + moved(g.version, s, bool(h)) for s, h in zip(g.starts, g.held)]) for g in eb.groups]
     return env_batch_done_s(groups, tail.m, ready, tail.duration_cdf)
 
 
