@@ -79,3 +79,62 @@ def test_a_mixture_of_experts_is_refused_with_the_reason() -> None:
     spec = ModelSpec.model_validate({"preset": "Qwen3-tiny", "moe_experts": 4, "moe_active_experts": 2})
     with pytest.raises(ValueError, match="mixture of experts"):
         qwen3.Qwen3Config.from_spec(spec)
+
+
+def test_a_passed_cache_is_used_and_masks_follow_the_input_device() -> None:
+    """A cache the caller passes is appended to with or without use_cache (as transformers does); the
+    causal mask of several new tokens over a cache is built where the input lives (the meta device
+    stands in for CUDA: a CPU mask there fails)."""
+    spec = ModelSpec.model_validate("Qwen3-tiny")
+    model = qwen3.build(spec, seed=2).eval()
+    ids = torch.randint(0, spec.vocab, (2, 10), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        cache = qwen3.KVCache()
+        model(ids[:, :6], cache=cache, use_cache=True)
+        out = model(ids[:, 6:], cache=cache)
+        assert cache.get_seq_length() == 10
+        assert (out.logits - model(ids).logits[:, 6:]).abs().max() < TOL
+    meta = qwen3.Qwen3ForCausalLM(qwen3.Qwen3Config.from_spec(spec)).to("meta").eval()
+    cache = qwen3.KVCache()
+    tokens = torch.zeros(2, 4, dtype=torch.long, device="meta")
+    meta(tokens, cache=cache, use_cache=True)
+    assert meta(tokens, cache=cache, use_cache=True).logits.shape == (2, 4, spec.vocab)
+
+
+def test_a_mask_of_the_wrong_shape_is_refused() -> None:
+    spec = ModelSpec.model_validate("Qwen3-tiny")
+    model = qwen3.build(spec).eval()
+    cache = qwen3.KVCache()
+    ids = torch.randint(0, spec.vocab, (2, 5), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        model(ids, cache=cache, use_cache=True)
+        with pytest.raises(ValueError, match=r"expected \(batch, cached \+ new\) = \(2, 6\)"):
+            model(ids[:, :1], attention_mask=torch.ones(2, 1, dtype=torch.bool), cache=cache, use_cache=True)
+
+
+def test_rope_frequencies_stay_fp32_in_a_bf16_model() -> None:
+    spec = ModelSpec.model_validate("Qwen3-tiny")
+    rotary = qwen3.build(spec).to(torch.bfloat16).model.rotary_emb
+    exact = 1.0 / (qwen3.ROPE_THETA ** (torch.arange(0, spec.head_dim, 2).double() / spec.head_dim))
+    assert rotary.inv_freq.dtype == torch.float32
+    assert torch.allclose(rotary.inv_freq.double(), exact, rtol=1e-6)
+
+
+def test_grouped_query_attention_copies_heads_only_where_the_fused_kernel_refuses_it() -> None:
+    assert qwen3.native_gqa("cpu", masked=True) and qwen3.native_gqa("cpu", masked=False)
+    assert qwen3.native_gqa("cuda", masked=False)        # flash attention: GQA, no mask
+    assert not qwen3.native_gqa("cuda", masked=True)     # a mask: memory-efficient attention, equal heads
+
+
+def test_the_repeated_heads_path_computes_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What CUDA runs with a mask (key/value heads repeated), run here on CPU against the native path."""
+    spec = ModelSpec.model_validate("Qwen3-tiny")
+    model = qwen3.build(spec, seed=4).eval()
+    ids = torch.randint(0, spec.vocab, (2, 9), generator=torch.Generator().manual_seed(4))
+    att = torch.ones(2, 9, dtype=torch.long)
+    att[1, 6:] = 0
+    with torch.inference_mode():
+        native = model(ids, attention_mask=att).logits
+        monkeypatch.setattr(qwen3, "native_gqa", lambda device_type, masked: False)
+        repeated = model(ids, attention_mask=att).logits
+    assert spec.heads > spec.kv_heads and (native - repeated).abs().max() < TOL

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from rollart.plan.schema import ModelSpec  # noqa: E402
+from rollart.runtime.qwen3 import ROPE_THETA  # noqa: E402
 from rollart.runtime.trainer import grpo  # noqa: E402
 from rollart.runtime.trainer.grpo import GRPOTrainer, UnsafeCheckpoint  # noqa: E402
 
@@ -58,8 +59,9 @@ def test_the_megatron_trainer_refuses_a_malicious_checkpoint_file(tmp_path: Path
     spec = ModelSpec.model_validate("Qwen3-tiny")
     ckpt = tmp_path / "ck" / "step-00000001"
     ckpt.mkdir(parents=True)
-    (ckpt / "meta.json").write_text(json.dumps({"format": mg.CHECKPOINT_FORMAT, "trainer": mg.MegatronTrainer.name,
-                                                "step": 1, "version": 1, "spec": spec.model_dump()}))
+    (ckpt / "meta.json").write_text(json.dumps({"format": grpo.CHECKPOINT_FORMAT, "trainer": mg.MegatronTrainer.name,
+                                                "step": 1, "version": 1, "spec": spec.model_dump(),
+                                                "rope_theta": ROPE_THETA}))
     for f in FILES:
         torch.save({"t": torch.zeros(1)}, ckpt / f)
     marker = tmp_path / "pwned"
@@ -78,3 +80,16 @@ def test_a_plain_checkpoint_still_loads(tmp_path: Path) -> None:
     trainer.save_checkpoint(tmp_path / "ck", step=3, version=3)
     assert trainer.load_checkpoint(tmp_path / "ck") == (3, 3)
     assert grpo._load  # the one loader every file of a torch checkpoint goes through
+
+
+def test_a_checkpoint_with_another_rope_base_is_refused(tmp_path: Path) -> None:
+    """Checkpoints written before the RoPE base was recorded came from a model at theta 10,000; resuming one
+    on this model would silently give every position another meaning."""
+    trainer = GRPOTrainer(ModelSpec.model_validate("Qwen3-tiny"), lr=1e-3, seed=0)
+    path = trainer.save_checkpoint(tmp_path / "ck", step=2, version=2)
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["rope_theta"] == ROPE_THETA
+    del meta["rope_theta"]
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="RoPE theta 10000; this model uses 1e\\+06"):
+        trainer.load_checkpoint(tmp_path / "ck")

@@ -132,17 +132,34 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    """cos/sin of ``position · inv_freq`` for each head dimension (computed in fp32)."""
+    """cos/sin of ``position · inv_freq`` for each head dimension, computed in fp32: the frequencies stay
+    fp32 when the model moves to bf16 (rounding them would shift long positions' angles, ~0.4 % at
+    head_dim 128), as vLLM keeps them."""
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", self._frequencies(None), persistent=False)
+
+    def _frequencies(self, device: Optional[torch.device]) -> torch.Tensor:
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float() / self.head_dim
+        return 1.0 / (self.theta ** exponents)
+
+    def _apply(self, fn, recurse: bool = True):  # .to(), .cuda(), .half(): move, then recompute in fp32
+        super()._apply(fn, recurse)
+        self.inv_freq = self._frequencies(self.inv_freq.device)
+        return self
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq.float().to(positions.device)
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq
         angles = torch.cat([freqs, freqs], dim=-1)           # [batch, tokens, head_dim]
         return angles.cos().to(dtype).unsqueeze(1), angles.sin().to(dtype).unsqueeze(1)
+
+
+def native_gqa(device_type: str, masked: bool) -> bool:
+    """Whether ``scaled_dot_product_attention(enable_gqa=True)`` reaches a fused kernel: on CPU always;
+    on CUDA only without a mask."""
+    return device_type == "cpu" or not masked
 
 
 class Attention(nn.Module):
@@ -167,9 +184,14 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(index, k, v)
         causal = mask is None and t > 1   # a fresh prompt; a lone decode token sees everything cached
-        # enable_gqa: each key/value head serves heads / kv_heads query heads, without copying them
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                             enable_gqa=self.heads != self.kv_heads)
+        group = self.heads // self.kv_heads   # query heads per key/value head
+        # Native grouped-query attention (no copy) where the kernel takes it: always on CPU; on CUDA
+        # only without a mask (flash attention takes no mask, memory-efficient attention no GQA: torch
+        # would fall back to the math kernel and its full score matrix). Otherwise repeat the heads.
+        native = group > 1 and native_gqa(q.device.type, mask is not None)
+        if group > 1 and not native:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=native)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -207,12 +229,15 @@ class Qwen3Model(nn.Module):
         self.rotary_emb = Rotary(cfg.head_dim, cfg.rope_theta)
 
 
-def _attention_mask(attention_mask: Optional[torch.Tensor], past: int, new: int) -> Optional[torch.Tensor]:
+def _attention_mask(attention_mask: Optional[torch.Tensor], batch: int, past: int, new: int,
+                    device: torch.device) -> Optional[torch.Tensor]:
     """A boolean ``[batch, 1, new, past + new]`` mask (True: may attend), or None where the causal
     flag or nothing at all says the same (no padding, and no cache or a single new token)."""
+    if attention_mask is not None and tuple(attention_mask.shape) != (batch, past + new):
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, cached + new) "
+                         f"= ({batch}, {past + new})")
     if attention_mask is None and (past == 0 or new == 1):
         return None
-    device = attention_mask.device if attention_mask is not None else None
     query = torch.arange(past, past + new, device=device).unsqueeze(1)
     allowed = torch.arange(past + new, device=device).unsqueeze(0) <= query     # [new, past + new]
     allowed = allowed.unsqueeze(0).unsqueeze(0)
@@ -249,16 +274,14 @@ class Qwen3ForCausalLM(nn.Module):
                 position_ids: Optional[torch.Tensor] = None, cache: Optional[KVCache] = None,
                 use_cache: bool = False, logits_to_keep: int = 0) -> CausalLMOutput:
         if use_cache and cache is None:
-            cache = KVCache()
-        elif not use_cache:
-            cache = None
+            cache = KVCache()   # a cache the caller passes is always used (and appended to)
         past = cache.get_seq_length() if cache is not None else 0
         b, t = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=input_ids.device).unsqueeze(0).expand(b, t)
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary_emb(position_ids, x.dtype)
-        mask = _attention_mask(attention_mask, past, t)
+        mask = _attention_mask(attention_mask, b, past, t, input_ids.device)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, rope, mask, cache, i)
         x = self.model.norm(x)
@@ -276,4 +299,4 @@ def build(spec: ModelSpec, max_positions: int = 32768, seed: int = 0) -> Qwen3Fo
 
 
 __all__ = ["CausalLMOutput", "INIT_STD", "KVCache", "LayerKV", "Qwen3Config", "Qwen3ForCausalLM", "RMS_NORM_EPS",
-           "ROPE_THETA", "build"]
+           "ROPE_THETA", "build", "native_gqa"]

@@ -316,6 +316,34 @@ def as_spec(spec: ModelSpec | str | Mapping[str, Any]) -> ModelSpec:
     return spec if isinstance(spec, ModelSpec) else ModelSpec.model_validate(spec)
 
 
+def checkpoint_meta(trainer: Any, step: int, version: int) -> dict[str, Any]:
+    """What a checkpoint records beside its tensors (both trainers): enough to refuse a wrong resume."""
+    from rollart.runtime.qwen3 import ROPE_THETA
+
+    return {"format": CHECKPOINT_FORMAT, "trainer": trainer.name, "step": step, "version": version,
+            "seed": trainer.seed, "lr": trainer.lr, "spec": trainer.spec.model_dump(), "rope_theta": ROPE_THETA,
+            "time": time.time()}
+
+
+# Checkpoints written before the RoPE base was recorded came from transformers' default Qwen3 config.
+_UNRECORDED_ROPE_THETA = 10_000.0
+
+
+def check_checkpoint_meta(path: Path, meta: Mapping[str, Any], trainer: Any) -> None:
+    """Raise ValueError when ``meta`` is not a checkpoint ``trainer`` can resume from."""
+    from rollart.runtime.qwen3 import ROPE_THETA
+
+    if meta.get("format") != CHECKPOINT_FORMAT or meta.get("trainer") != trainer.name:
+        raise ValueError(f"{path}: not a {trainer.name} checkpoint of format {CHECKPOINT_FORMAT} "
+                         f"({meta.get('trainer')!r}, format {meta.get('format')!r})")
+    if as_spec(meta["spec"]) != trainer.spec:
+        raise ValueError(f"{path}: checkpoint is for model {meta['spec'].get('name')}, trainer has {trainer.spec.name}")
+    theta = float(meta.get("rope_theta", _UNRECORDED_ROPE_THETA))
+    if theta != ROPE_THETA:
+        raise ValueError(f"{path}: checkpoint was trained with RoPE theta {theta:g}; this model uses {ROPE_THETA:g} "
+                         "(its positions would mean something else: start a new run)")
+
+
 def accumulate_gradients(trainer: Any, samples: Sequence[Sample], adv: Sequence[float],
                          denom: float) -> tuple[float, dict[str, float]]:
     """Forward/backward every micro-batch of ``samples`` on ``trainer.model`` (gradients add up;
@@ -489,20 +517,15 @@ class GRPOTrainer:
             torch.save(self.optimizer.state_dict(), tmp / "optim.pt")
             torch.save(capture_rng(), tmp / "rng.pt")
 
-        meta = {"format": CHECKPOINT_FORMAT, "trainer": self.name, "step": step, "version": version,
-                "seed": self.seed, "lr": self.lr, "spec": self.spec.model_dump(), "time": time.time()}
-        return write_checkpoint_atomic(directory, step, write, meta, self.keep_checkpoints)
+        return write_checkpoint_atomic(directory, step, write, checkpoint_meta(self, step, version),
+                                       self.keep_checkpoints)
 
     def load_checkpoint(self, directory: str | Path) -> tuple[int, int]:
         """Restore the newest checkpoint under ``directory`` (or ``directory`` itself when it is
         one). Everything is read before anything is applied. Returns (step, version)."""
         path = resolve_checkpoint(directory)
         meta = json.loads((path / "meta.json").read_text())
-        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("trainer") != self.name:
-            raise ValueError(f"{path}: not a {self.name} checkpoint of format {CHECKPOINT_FORMAT} "
-                             f"({meta.get('trainer')!r}, format {meta.get('format')!r})")
-        if as_spec(meta["spec"]) != self.spec:
-            raise ValueError(f"{path}: checkpoint is for model {meta['spec'].get('name')}, trainer has {self.spec.name}")
+        check_checkpoint_meta(path, meta, self)
         weights = _load(path / "model.pt")
         optim = _load(path / "optim.pt")
         rng = _load(path / "rng.pt")

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from rollart.plan.schema import ModelSpec
-from rollart.runtime.trainer.grpo import (CHECKPOINT_FORMAT, Sample, accumulate_gradients, as_spec, build_batch, capture_rng,
-                                          compute_advantages, resolve_checkpoint, restore_rng,
-                                          step_metrics, token_logprobs, write_checkpoint_atomic)
+from rollart.runtime.trainer.grpo import (Sample, accumulate_gradients, as_spec, build_batch, capture_rng,
+                                          check_checkpoint_meta, checkpoint_meta, compute_advantages,
+                                          resolve_checkpoint, restore_rng, step_metrics, token_logprobs,
+                                          write_checkpoint_atomic)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -388,9 +389,8 @@ class MegatronTrainer:
             torch.save(to_weights_only({**capture_rng(), "megatron": get_cuda_rng_tracker().get_states()}),
                        tmp / "rng.pt")
 
-        meta = {"format": CHECKPOINT_FORMAT, "trainer": self.name, "step": step, "version": version,
-                "seed": self.seed, "lr": self.lr, "spec": self.spec.model_dump(), "time": time.time()}
-        return write_checkpoint_atomic(directory, step, write, meta, self.keep_checkpoints)
+        return write_checkpoint_atomic(directory, step, write, checkpoint_meta(self, step, version),
+                                       self.keep_checkpoints)
 
     def load_checkpoint(self, directory: str | Path) -> tuple[int, int]:
         import torch
@@ -398,10 +398,7 @@ class MegatronTrainer:
 
         path = resolve_checkpoint(directory)
         meta = json.loads((path / "meta.json").read_text())
-        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("trainer") != self.name:
-            raise ValueError(f"{path}: not a {self.name} checkpoint of format {CHECKPOINT_FORMAT}")
-        if as_spec(meta["spec"]) != self.spec:
-            raise ValueError(f"{path}: checkpoint is for model {meta['spec'].get('name')}, trainer has {self.spec.name}")
+        check_checkpoint_meta(path, meta, self)
         # Weights-only loads: a checkpoint is data, never code. The optimizer's config objects
         # were left out when it was saved and come back from the live optimizer.
         weights = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
