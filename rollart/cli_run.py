@@ -46,6 +46,12 @@ def run(
         _fail(["rollart run needs the runtime extra: pip install -e '.[runtime]'"])
     if resume is not None and not resume.is_dir():
         _fail([f"--resume: no checkpoint directory '{resume}'"])
+    if resume is not None:  # before Ray: a checkpoint this run cannot continue is refused in a second
+        from rollart.runtime.trainer.grpo import GRPOTrainer, as_spec, resume_problem
+
+        problem = resume_problem(resume, GRPOTrainer.name, as_spec(plan.runtime.model or plan.model))
+        if problem:
+            _fail([f"--resume: {problem}"])
     from rollart.runtime.backend import RuntimeBackend
     from rollart.runtime.cluster import ClusterError
 

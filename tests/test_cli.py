@@ -359,3 +359,34 @@ def test_a_judge_too_big_for_its_gpus_is_a_usage_error(tmp_path: Path):
              "intermediate: 28672, vocab: 128256}")
     proc = rollart("simulate", "--quiet", "--steps", "1", "--set", judge, cwd=tmp_path)
     assert_clean_usage_error(proc, "cluster.serverless.tp:", "judge-70b", "0 KV tokens on 1 × H800")
+
+
+# ---------------------------------------------------------------- run --resume
+
+
+def test_run_refuses_a_checkpoint_it_cannot_continue_before_starting_ray(tmp_path: Path) -> None:
+    """--resume reads the checkpoint's meta.json first: a missing checkpoint, another model or another RoPE
+    base is one error line (exit 2) within seconds, not a traceback from the trainer actor after Ray started."""
+    pytest.importorskip("ray")
+    pytest.importorskip("torch")
+    from rollart.plan.schema import ModelSpec
+    from rollart.runtime.trainer.grpo import GRPOTrainer
+
+    plan = "scenarios/local/digits.yaml"
+    root = Path(__file__).resolve().parent.parent
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_clean_usage_error(rollart("run", root / plan, "--resume", empty, cwd=tmp_path), "--resume", "no checkpoint under")
+
+    model = read_yaml(root / plan).get("runtime", {}).get("model") or read_yaml(root / plan).get("model")
+    spec = ModelSpec.model_validate(model)
+    ckpt = GRPOTrainer(spec, lr=1e-3, seed=0).save_checkpoint(tmp_path / "ck", step=1, version=1)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (ckpt / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "rope_theta"}))
+    assert_clean_usage_error(rollart("run", root / plan, "--resume", tmp_path / "ck", cwd=tmp_path),
+                             "--resume", "RoPE theta 10000")
+
+    other = ModelSpec.model_validate({**spec.model_dump(), "name": "another", "layers": spec.layers + 1})
+    (ckpt / "meta.json").write_text(json.dumps({**meta, "spec": other.model_dump()}))
+    assert_clean_usage_error(rollart("run", root / plan, "--resume", tmp_path / "ck", cwd=tmp_path),
+                             "--resume", "checkpoint is for model another")

@@ -329,19 +329,37 @@ def checkpoint_meta(trainer: Any, step: int, version: int) -> dict[str, Any]:
 _UNRECORDED_ROPE_THETA = 10_000.0
 
 
-def check_checkpoint_meta(path: Path, meta: Mapping[str, Any], trainer: Any) -> None:
-    """Raise ValueError when ``meta`` is not a checkpoint ``trainer`` can resume from."""
+def check_checkpoint_meta(path: Path, meta: Mapping[str, Any], trainer: str, spec: ModelSpec) -> None:
+    """Raise ValueError when ``meta`` is not a checkpoint the ``trainer`` (its name) of ``spec`` can resume."""
     from rollart.runtime.qwen3 import ROPE_THETA
 
-    if meta.get("format") != CHECKPOINT_FORMAT or meta.get("trainer") != trainer.name:
-        raise ValueError(f"{path}: not a {trainer.name} checkpoint of format {CHECKPOINT_FORMAT} "
+    if meta.get("format") != CHECKPOINT_FORMAT or meta.get("trainer") != trainer:
+        raise ValueError(f"{path}: not a {trainer} checkpoint of format {CHECKPOINT_FORMAT} "
                          f"({meta.get('trainer')!r}, format {meta.get('format')!r})")
-    if as_spec(meta["spec"]) != trainer.spec:
-        raise ValueError(f"{path}: checkpoint is for model {meta['spec'].get('name')}, trainer has {trainer.spec.name}")
+    try:
+        recorded = as_spec(meta["spec"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{path}: meta.json records no valid model spec") from None
+    if recorded != spec:
+        raise ValueError(f"{path}: checkpoint is for model {recorded.name}, the run's model is {spec.name}")
     theta = float(meta.get("rope_theta", _UNRECORDED_ROPE_THETA))
     if theta != ROPE_THETA:
         raise ValueError(f"{path}: checkpoint was trained with RoPE theta {theta:g}; this model uses {ROPE_THETA:g} "
                          "(its positions would mean something else: start a new run)")
+
+
+def resume_problem(directory: str | Path, trainer: str, spec: ModelSpec) -> str | None:
+    """Why the newest checkpoint under ``directory`` cannot resume ``trainer`` on ``spec`` (None: it can).
+    Reads meta.json only, so a run can refuse before it starts anything."""
+    try:
+        path = resolve_checkpoint(directory)
+        meta = json.loads((path / "meta.json").read_text())
+        if not isinstance(meta, dict):
+            raise ValueError(f"{path}: meta.json is not an object")
+        check_checkpoint_meta(path, meta, trainer, spec)
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        return str(exc)
+    return None
 
 
 def accumulate_gradients(trainer: Any, samples: Sequence[Sample], adv: Sequence[float],
@@ -525,7 +543,7 @@ class GRPOTrainer:
         one). Everything is read before anything is applied. Returns (step, version)."""
         path = resolve_checkpoint(directory)
         meta = json.loads((path / "meta.json").read_text())
-        check_checkpoint_meta(path, meta, self)
+        check_checkpoint_meta(path, meta, self.name, self.spec)
         weights = _load(path / "model.pt")
         optim = _load(path / "optim.pt")
         rng = _load(path / "rng.pt")

@@ -398,7 +398,7 @@ class MegatronTrainer:
 
         path = resolve_checkpoint(directory)
         meta = json.loads((path / "meta.json").read_text())
-        check_checkpoint_meta(path, meta, self)
+        check_checkpoint_meta(path, meta, self.name, self.spec)
         # Weights-only loads: a checkpoint is data, never code. The optimizer's config objects
         # were left out when it was saved and come back from the live optimizer.
         weights = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
