@@ -47,9 +47,9 @@ def run(
     if resume is not None and not resume.is_dir():
         _fail([f"--resume: no checkpoint directory '{resume}'"])
     if resume is not None:  # before Ray: a checkpoint this run cannot continue is refused in a second
-        from rollart.runtime.trainer.grpo import GRPOTrainer, as_spec, resume_problem
+        from rollart.runtime.trainer.grpo import GRPOTrainer, resume_problem
 
-        problem = resume_problem(resume, GRPOTrainer.name, as_spec(plan.runtime.model or plan.model))
+        problem = resume_problem(resume, GRPOTrainer.name, plan.run_model)
         if problem:
             _fail([f"--resume: {problem}"])
     from rollart.runtime.backend import RuntimeBackend

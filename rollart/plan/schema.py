@@ -796,6 +796,11 @@ class Plan(_Strict):
         return [t for t in self.tasks if t.reward == "llm_judge"]
 
     @property
+    def run_model(self) -> ModelSpec:
+        """The model ``rollart run`` runs: ``runtime.model``, else the plan's model."""
+        return self.runtime.model or self.model
+
+    @property
     def longest_context_tokens(self) -> int:
         """The tasks' largest context window: the longest sequence an engine must hold and the trainer train."""
         return max(t.max_context_tokens for t in self.tasks)

@@ -112,7 +112,7 @@ class RuntimeBackend:
         self.plan, self.mode, self.seed = plan, mode, seed
         self.record_engine_steps = record_engine_steps  # each engine step's work and time (rollart validate)
         self.address = address
-        self.model = plan.runtime.model or plan.model
+        self.model = plan.run_model
         self.tracer = tracer or NullTracer()
         self.checkpoint_dir = checkpoint_dir
         self.resume = resume

@@ -49,7 +49,7 @@ def fresh_profile(directory: Path, plan: Plan, max_age_h: float) -> bool:
         return False
     if not isinstance(measured, dict) or measured.get("format") != PROFILE_FORMAT:
         return False
-    model = (plan.runtime.model or plan.model).name.lower()
+    model = plan.run_model.name.lower()
     return (isinstance(e, EngineProfile) and isinstance(t, TrainProfile)
             and e.model.lower() == model and t.model.lower() == model)
 

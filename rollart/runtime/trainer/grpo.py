@@ -348,15 +348,22 @@ def check_checkpoint_meta(path: Path, meta: Mapping[str, Any], trainer: str, spe
                          "(its positions would mean something else: start a new run)")
 
 
+def read_checkpoint_meta(directory: str | Path, trainer: str, spec: ModelSpec) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint under ``directory`` (or ``directory`` itself) and its meta.json, checked
+    (:func:`check_checkpoint_meta`): OSError or ValueError when ``trainer`` cannot resume it on ``spec``."""
+    path = resolve_checkpoint(directory)
+    meta = json.loads((path / "meta.json").read_text())
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: meta.json is not an object")
+    check_checkpoint_meta(path, meta, trainer, spec)
+    return path, meta
+
+
 def resume_problem(directory: str | Path, trainer: str, spec: ModelSpec) -> str | None:
     """Why the newest checkpoint under ``directory`` cannot resume ``trainer`` on ``spec`` (None: it can).
     Reads meta.json only, so a run can refuse before it starts anything."""
     try:
-        path = resolve_checkpoint(directory)
-        meta = json.loads((path / "meta.json").read_text())
-        if not isinstance(meta, dict):
-            raise ValueError(f"{path}: meta.json is not an object")
-        check_checkpoint_meta(path, meta, trainer, spec)
+        read_checkpoint_meta(directory, trainer, spec)
     except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         return str(exc)
     return None
@@ -541,9 +548,7 @@ class GRPOTrainer:
     def load_checkpoint(self, directory: str | Path) -> tuple[int, int]:
         """Restore the newest checkpoint under ``directory`` (or ``directory`` itself when it is
         one). Everything is read before anything is applied. Returns (step, version)."""
-        path = resolve_checkpoint(directory)
-        meta = json.loads((path / "meta.json").read_text())
-        check_checkpoint_meta(path, meta, self.name, self.spec)
+        path, meta = read_checkpoint_meta(directory, self.name, self.spec)
         weights = _load(path / "model.pt")
         optim = _load(path / "optim.pt")
         rng = _load(path / "rng.pt")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import json
 import os
 import socket
 import time
@@ -27,9 +26,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from rollart.plan.schema import ModelSpec
 from rollart.runtime.trainer.grpo import (Sample, accumulate_gradients, as_spec, build_batch, capture_rng,
-                                          check_checkpoint_meta, checkpoint_meta, compute_advantages,
-                                          resolve_checkpoint, restore_rng, step_metrics, token_logprobs,
-                                          write_checkpoint_atomic)
+                                          checkpoint_meta, compute_advantages, read_checkpoint_meta,
+                                          restore_rng, step_metrics, token_logprobs, write_checkpoint_atomic)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -396,9 +394,7 @@ class MegatronTrainer:
         import torch
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-        path = resolve_checkpoint(directory)
-        meta = json.loads((path / "meta.json").read_text())
-        check_checkpoint_meta(path, meta, self.name, self.spec)
+        path, meta = read_checkpoint_meta(directory, self.name, self.spec)
         # Weights-only loads: a checkpoint is data, never code. The optimizer's config objects
         # were left out when it was saved and come back from the live optimizer.
         weights = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
