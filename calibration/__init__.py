@@ -241,9 +241,8 @@ def custom_generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp
       would otherwise keep a reference's larger share of peak). Where the presets themselves disagree (a
       B200 or GB200, on the H800's borrowed launch costs, decodes an FP8 MoE at batch 1 slower than the H20
       it beats in every figure), the floor wins: being no slower than what it beats is the firmer rule.
-    * A decode iteration's line takes each coefficient (fixed time, attention's compute and memory slopes per
-      cached token) the same way: the greatest over the reference and the ceilings, lowered to the least
-      over the floors.
+    * A decode iteration is bounded the same way at every context (its line is the envelope of the
+      reference's, the ceilings' and the floors' lines, :class:`~rollart.sim.costs.gpu.EnvelopeLine`).
 
     Without any bound it is the reference's composition as is (a ``KernelProfileGeneration``)."""
     from rollart.calibration.cost import BoundedGeneration, KernelProfileGeneration

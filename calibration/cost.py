@@ -52,7 +52,7 @@ from rollart.calibration.profiles import (EngineProfile, KernelProfile, TrainPro
 from rollart.calibration.sustained import compute_share
 from rollart.plan.presets import canonical_gpu, with_article
 from rollart.plan.schema import GpuType, Link, ModelSpec
-from rollart.sim.costs.gpu import (DecodeLine, RooflineEfficiency, decode_attention_flops, kv_capacity,
+from rollart.sim.costs.gpu import (DecodeLine, EnvelopeLine, RooflineEfficiency, decode_attention_flops, kv_capacity,
                                    kv_heads_per_gpu, prefill_attention_flops)
 from rollart.sim.costs.moe import (busiest_rank_sequences, busiest_rank_share, rank_collectives_s, rank_expert_rows,
                                    rank_experts_touched, straddle_note)
@@ -390,16 +390,15 @@ class KernelProfileGeneration:
 class BoundedGeneration(KernelProfileGeneration):
     """A transferred composition held between the presets that bound its datasheet
     (:func:`rollart.calibration.custom_generation_cost`): a prefill or mixed step costs the greatest of its
-    own and the ceilings' times, lowered to the least of the floors'; a decode iteration's line takes each
-    coefficient (fixed time, compute and memory per cached token) the same way, so it is at most every
-    floor's line at every context and, where the presets agree, at least every ceiling's (where two lines
-    cross, a little beyond)."""
+    own and the ceilings' times, lowered to the least of the floors'; so does a decode iteration at every
+    context (:class:`~rollart.sim.costs.gpu.EnvelopeLine`): at most every floor's, and at least every
+    ceiling's where that does not break a floor."""
 
     def __init__(self, *args, floors: list[tuple[str, object]], ceilings: list[object] = ()) -> None:  # noqa: ANN002
         super().__init__(*args)
         self._floors = [cost for _, cost in floors]
         self._ceilings = list(ceilings)
-        self._bounded_lines: dict[int, DecodeLine] = {}
+        self._bounded_lines: dict[int, EnvelopeLine] = {}
         if floors:
             self.source += ("; each step at most its price on the measured "
                             + ", ".join(name for name, _ in floors) + " (every timing figure matched or beaten)")
@@ -421,16 +420,12 @@ class BoundedGeneration(KernelProfileGeneration):
                              lambda c: c.mixed_step_time(new_tokens, attention_pairs, decode_batch, decode_context,
                                                          sequences))
 
-    def decode_line(self, batch: int) -> DecodeLine:
+    def decode_line(self, batch: int) -> EnvelopeLine:
         line = self._bounded_lines.get(batch)
         if line is None:
             high = [super().decode_line(batch), *(c.decode_line(batch) for c in self._ceilings)]
-            low = [f.decode_line(batch) for f in self._floors]
-
-            def coef(name: str) -> float:
-                return min([max(getattr(x, name) for x in high), *(getattr(x, name) for x in low)])
-            line = self._bounded_lines[batch] = DecodeLine(a=coef("a"), c0=coef("c0"), c1=coef("c1"),
-                                                           m0=coef("m0"), m1=coef("m1"))
+            line = self._bounded_lines[batch] = EnvelopeLine.between(high, [f.decode_line(batch)
+                                                                             for f in self._floors])
         return line
 
 

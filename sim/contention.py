@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable
 
-from rollart.sim.costs.gpu import DecodeLine
+from rollart.sim.costs.gpu import DecodeLine, EnvelopeLine
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollart.sim.engine import GenerationEngine
@@ -36,7 +36,7 @@ class ScaledGeneration:
     def __init__(self, cost: Any):
         self.inner = cost
         self._factor = 1.0
-        self._lines: dict[int, DecodeLine] = {}  # per batch, at the current factor
+        self._lines: dict[int, DecodeLine | EnvelopeLine] = {}  # per batch, at the current factor
 
     def __getattr__(self, name: str) -> Any:  # kv_capacity_tokens, source, request_overhead_s…
         return getattr(self.inner, name)
@@ -52,11 +52,10 @@ class ScaledGeneration:
             self._factor = value
             self._lines.clear()
 
-    def decode_line(self, batch: int) -> DecodeLine:
+    def decode_line(self, batch: int) -> DecodeLine | EnvelopeLine:
         line = self._lines.get(batch)
         if line is None:
-            b, f = self.inner.decode_line(batch), self._factor
-            line = self._lines[batch] = DecodeLine(a=b.a * f, c0=b.c0 * f, c1=b.c1 * f, m0=b.m0 * f, m1=b.m1 * f)
+            line = self._lines[batch] = self.inner.decode_line(batch).scaled(self._factor)
         return line
 
     def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float:

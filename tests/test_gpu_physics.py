@@ -866,3 +866,22 @@ def test_the_engine_tells_its_cost_model_how_many_prompts_a_step_prefills() -> N
         engine.add(i, 500, 5)
     env.run()
     assert seen and seen[0] == 3
+
+
+@pytest.mark.parametrize("model", [*MODELS, "Qwen3-30B-A3B"])
+@pytest.mark.parametrize("gpu", [*GPUS, "H200", "A100", "B200"])
+@pytest.mark.parametrize("profile", [None, "datasheet"])
+def test_a_prefill_joining_a_decode_step_never_makes_it_faster(model: str, gpu: str, profile: str | None) -> None:
+    # A mixed step does the decode step's work and more. The datasheet roofline used to price the whole
+    # mixed step at prefill's share of peak (0.55) and decode at 0.45, so one prompt token joining a
+    # compute-bound decode (Qwen3-32B on an H20, 256 sequences of 2K) cut the step from 266 to 220 ms.
+    # (A MoE on ep > 1 is left out: its decode runs DeepEP's low-latency all-to-all and a mixed step the
+    # normal one, which moves fewer copies at large batches, as an engine in DeepEP's auto mode does.)
+    cost = _cost(model, gpu, 1, profile)
+    for batch, ctx in ((1, 512), (64, 2048), (256, 2048)):
+        if batch * ctx > cost.kv_capacity_tokens:
+            continue
+        decode = cost.decode_line(batch).total(batch * ctx, batch, 1)
+        for new in (1, 16, 512):
+            mixed = cost.mixed_step_time(new, new * new / 2, batch, batch * ctx, 1)
+            assert mixed >= decode * (1 - 1e-12), (batch, ctx, new)

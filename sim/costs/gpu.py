@@ -76,6 +76,20 @@ class DecodeLine:
             s += n * v0 + v1 * (lo + hi - 1) * n / 2
         return s
 
+    def linear_pieces(self) -> list[tuple[float, float]]:
+        """(alpha, beta) of its compute and its memory regime: ``alpha + beta·x`` seconds an iteration."""
+        return [(self.a + self.c0, self.c1), (self.a + self.m0, self.m1)]
+
+    def at(self, x: float) -> tuple[float, float, float]:
+        """(seconds, alpha, beta) of one iteration at total context ``x``: the regime that holds there."""
+        (c0, c1), (m0, m1) = self.linear_pieces()
+        alpha, beta = (c0, c1) if c0 + c1 * x >= m0 + m1 * x else (m0, m1)
+        return alpha + beta * x, alpha, beta
+
+    def scaled(self, factor: float) -> "DecodeLine":
+        return DecodeLine(a=self.a * factor, c0=self.c0 * factor, c1=self.c1 * factor, m0=self.m0 * factor,
+                          m1=self.m1 * factor)
+
     def iterations_within(self, x0: float, batch: int, limit: int, elapsed: float) -> int:
         """Smallest k ≤ limit with total(k) ≥ elapsed (the iteration in progress completes).
 
@@ -97,6 +111,85 @@ class DecodeLine:
                 j = (-b + math.sqrt(b * b + 2 * v1 * rem)) / v1
             else:
                 j = rem / b if b > 0 else 0.0
+            k = min(hi, max(lo, lo + math.ceil(j - 1e-9)))
+            while k > 0 and self.total(x0, batch, k - 1) >= elapsed:
+                k -= 1
+            while k < limit and self.total(x0, batch, k) < elapsed:
+                k += 1
+            return k
+        return limit
+
+
+@dataclass(frozen=True)
+class EnvelopeLine:
+    """Per-iteration decode time ``min(max_j H_j(x), min_i F_i(x))`` for :class:`DecodeLine` lines ``H``
+    (the time may not fall below any) and ``F`` (it may not rise above any): a line held between others
+    at every context, not a line made of their coefficients (which can lie below all of them). It is
+    piecewise linear in ``x``, so it is kept as ``segments``: from each ``x_start`` on, ``alpha + beta·x``
+    (:meth:`between`); :meth:`total` and :meth:`iterations_within` sum or solve it piece by piece, as
+    :class:`DecodeLine` does."""
+
+    segments: tuple[tuple[float, float, float], ...]  # (x_start, alpha, beta), x_start ascending from 0
+
+    @staticmethod
+    def between(high: list[DecodeLine | EnvelopeLine], low: list[DecodeLine | EnvelopeLine]) -> EnvelopeLine:
+        pieces = [p for line in high + low for p in line.linear_pieces()]
+        cuts = sorted({0.0, *(x for i, (a0, a1) in enumerate(pieces) for b0, b1 in pieces[i + 1:] if a1 != b1
+                              and (x := (b0 - a0) / (a1 - b1)) > 0)})
+        segments: list[tuple[float, float, float]] = []
+        for i, x_start in enumerate(cuts):  # no two pieces cross inside a cut: one of them is the time there
+            x = (x_start + cuts[i + 1]) / 2 if i + 1 < len(cuts) else x_start + 1.0
+            value = max((line.at(x) for line in high), default=None)
+            for floor in (line.at(x) for line in low):
+                if value is None or floor[0] < value[0]:
+                    value = floor
+            _, alpha, beta = value
+            if not segments or (segments[-1][1], segments[-1][2]) != (alpha, beta):
+                segments.append((x_start, alpha, beta))
+        return EnvelopeLine(tuple(segments))
+
+    def linear_pieces(self) -> list[tuple[float, float]]:
+        return [(alpha, beta) for _, alpha, beta in self.segments]
+
+    def at(self, x: float) -> tuple[float, float, float]:
+        """(seconds, alpha, beta) of one iteration at total context ``x``: the piece that holds there."""
+        _, alpha, beta = next(seg for seg in reversed(self.segments) if seg[0] <= x)
+        return alpha + beta * x, alpha, beta
+
+    def scaled(self, factor: float) -> "EnvelopeLine":
+        return EnvelopeLine(tuple((x, alpha * factor, beta * factor) for x, alpha, beta in self.segments))
+
+    def _pieces(self, x0: float, batch: int, k_hi: int) -> list[tuple[int, int, float, float]]:
+        """(first, end, v0, v1): iterations first … end−1 cost v0 + v1·k each (k from 0)."""
+        out = []
+        for i, (x_start, alpha, beta) in enumerate(self.segments):
+            lo = 0 if i == 0 else max(0, min(k_hi, math.ceil((x_start - x0) / batch)))
+            hi = k_hi if i + 1 == len(self.segments) else \
+                max(0, min(k_hi, math.ceil((self.segments[i + 1][0] - x0) / batch)))
+            if hi > lo:
+                out.append((lo, hi, alpha + beta * x0, beta * batch))
+        return out
+
+    def total(self, x0: float, batch: int, iterations: int) -> float:
+        """Seconds for ``iterations`` consecutive decode iterations starting at context ``x0``."""
+        if iterations <= 0:
+            return 0.0
+        return sum((hi - lo) * v0 + v1 * (lo + hi - 1) * (hi - lo) / 2 for lo, hi, v0, v1
+                   in self._pieces(x0, batch, iterations))
+
+    def iterations_within(self, x0: float, batch: int, limit: int, elapsed: float) -> int:
+        """Smallest k ≤ limit with total(k) ≥ elapsed, as :meth:`DecodeLine.iterations_within`."""
+        if elapsed <= 0:
+            return 0
+        done = 0.0
+        for lo, hi, v0, v1 in self._pieces(x0, batch, limit):
+            n = hi - lo
+            piece = n * v0 + v1 * (lo + hi - 1) * n / 2
+            if done + piece < elapsed:
+                done += piece
+                continue
+            rem, b = elapsed - done, v0 + v1 * lo - v1 / 2
+            j = (-b + math.sqrt(b * b + 2 * v1 * rem)) / v1 if v1 > 0 else (rem / b if b > 0 else 0.0)
             k = min(hi, max(lo, lo + math.ceil(j - 1e-9)))
             while k > 0 and self.total(x0, batch, k - 1) >= elapsed:
                 k -= 1
@@ -164,7 +257,7 @@ class GenerationCost(Protocol):
 
     def prefill_time(self, new_tokens: int, attention_pairs: float, sequences: int = 0) -> float: ...
 
-    def decode_line(self, batch: int) -> DecodeLine: ...
+    def decode_line(self, batch: int) -> DecodeLine | EnvelopeLine: ...
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
                         decode_context: float, sequences: int = 0) -> float:
@@ -183,6 +276,8 @@ class RooflineGeneration:
         with F = 2·P_lin·N + 2·V·h + 4·L·H·d·A  (A = Σ new·(cached + new/2) attention pairs)
     decode(B, X)  = o + max((2·P_lin·B + 2·V·h·B + 4·L·H·d·X) / (tp·peak·e_c),
                             (W(B) + kv·X) / (tp·bw·e_bw)) + 2·L·allreduce(B·h·2 B)
+    mixed         = o + max(F_new / (tp·peak·e_p) + F_dec / (tp·peak·e_c), (W(N + B) + kv·X) / (tp·bw·e_bw)) + …
+        (the new tokens' FLOPs at prefill's share of peak, the B decoding rows' at decode's)
 
     P_lin is the active parameters less the embeddings: the input embedding is a row lookup and
     the lm_head (V·h) runs only for the rows that sample a token (one per prefill step, as the
@@ -294,9 +389,15 @@ class RooflineGeneration:
         tokens = new_tokens + decode_batch
         context = decode_context * busiest_rank_share(decode_batch, self.ep)
         pairs = attention_pairs * busiest_rank_share(sequences, self.ep)
-        flops = self._flops(tokens) + self._lm_head(decode_batch) \
-            + self._attn_flops_per_pair * (pairs + context * self._decode_attn_ratio)
-        compute = flops / (self._peak * self.eff.prefill_compute)
+        # the decoding rows' work at decode's share of peak, the new tokens' at prefill's: one share for
+        # both would make a compute-bound decode step faster for a prefill token joining it
+        # (the lm_head samples the decoding rows, or the prompt's last row when none decode)
+        linear, lm_head = self._flops(tokens), self._lm_head(decode_batch)
+        decode_linear = linear * decode_batch / tokens
+        prefill_flops = linear - decode_linear + self._attn_flops_per_pair * pairs + (0.0 if decode_batch else lm_head)
+        decode_flops = decode_linear + (lm_head if decode_batch else 0.0) + self._attn_flops_per_cached * context
+        compute = prefill_flops / (self._peak * self.eff.prefill_compute) \
+            + decode_flops / (self._peak * self.eff.decode_compute)
         memory = (self._weights(tokens) + self._kv_bytes_per_token * context) \
             / (self._bw * self.eff.decode_bandwidth)
         rank_tokens = new_tokens * busiest_rank_share(sequences, self.ep) / self.ep \
