@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from rollart.plan.schema import GpuType, ModelSpec
 from rollart.sim.costs.moe import (busiest_rank_sequences, busiest_rank_share, embedding_params,
@@ -97,27 +97,8 @@ class DecodeLine:
         :meth:`total` so rounding never makes it wrong."""
         if elapsed <= 0:
             return 0
-        done = 0.0
-        for lo, hi, v0, v1 in self._pieces(x0, batch, limit):
-            n = hi - lo
-            piece = n * (self.a + v0) + v1 * (lo + hi - 1) * n / 2
-            if done + piece < elapsed:
-                done += piece
-                continue
-            # Σ_{k=lo}^{lo+j-1} (a + v0 + v1·k) = j·(a + v0 + v1·lo) + v1·j(j−1)/2 ≥ elapsed − done
-            rem = elapsed - done
-            b = self.a + v0 + v1 * lo - v1 / 2
-            if v1 > 0:
-                j = (-b + math.sqrt(b * b + 2 * v1 * rem)) / v1
-            else:
-                j = rem / b if b > 0 else 0.0
-            k = min(hi, max(lo, lo + math.ceil(j - 1e-9)))
-            while k > 0 and self.total(x0, batch, k - 1) >= elapsed:
-                k -= 1
-            while k < limit and self.total(x0, batch, k) < elapsed:
-                k += 1
-            return k
-        return limit
+        pieces = [(lo, hi, self.a + v0, v1) for lo, hi, v0, v1 in self._pieces(x0, batch, limit)]
+        return _first_iteration_reaching(pieces, lambda k: self.total(x0, batch, k), limit, elapsed)
 
 
 @dataclass(frozen=True)
@@ -179,24 +160,34 @@ class EnvelopeLine:
 
     def iterations_within(self, x0: float, batch: int, limit: int, elapsed: float) -> int:
         """Smallest k ≤ limit with total(k) ≥ elapsed, as :meth:`DecodeLine.iterations_within`."""
-        if elapsed <= 0:
-            return 0
-        done = 0.0
-        for lo, hi, v0, v1 in self._pieces(x0, batch, limit):
-            n = hi - lo
-            piece = n * v0 + v1 * (lo + hi - 1) * n / 2
-            if done + piece < elapsed:
-                done += piece
-                continue
-            rem, b = elapsed - done, v0 + v1 * lo - v1 / 2
-            j = (-b + math.sqrt(b * b + 2 * v1 * rem)) / v1 if v1 > 0 else (rem / b if b > 0 else 0.0)
-            k = min(hi, max(lo, lo + math.ceil(j - 1e-9)))
-            while k > 0 and self.total(x0, batch, k - 1) >= elapsed:
-                k -= 1
-            while k < limit and self.total(x0, batch, k) < elapsed:
-                k += 1
-            return k
-        return limit
+        return _first_iteration_reaching(self._pieces(x0, batch, limit), lambda k: self.total(x0, batch, k),
+                                         limit, elapsed)
+
+
+def _first_iteration_reaching(pieces: list[tuple[int, int, float, float]], total: Callable[[int], float],
+                              limit: int, elapsed: float) -> int:
+    """Smallest k ≤ ``limit`` whose first k iterations take at least ``elapsed`` seconds, where iterations
+    lo … hi−1 of each piece (lo, hi, v0, v1) cost v0 + v1·k. Solved per piece with the quadratic formula
+    (Σ_{k=lo}^{lo+j−1} (v0 + v1·k) = j·(v0 + v1·lo) + v1·j(j−1)/2), then nudged by ±1 against ``total``
+    (seconds of the first k iterations) so rounding never makes it wrong."""
+    if elapsed <= 0:
+        return 0
+    done = 0.0
+    for lo, hi, v0, v1 in pieces:
+        n = hi - lo
+        piece = n * v0 + v1 * (lo + hi - 1) * n / 2
+        if done + piece < elapsed:
+            done += piece
+            continue
+        rem, b = elapsed - done, v0 + v1 * lo - v1 / 2
+        j = (-b + math.sqrt(b * b + 2 * v1 * rem)) / v1 if v1 > 0 else (rem / b if b > 0 else 0.0)
+        k = min(hi, max(lo, lo + math.ceil(j - 1e-9)))
+        while k > 0 and total(k - 1) >= elapsed:
+            k -= 1
+        while k < limit and total(k) < elapsed:
+            k += 1
+        return k
+    return limit
 
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
