@@ -132,12 +132,13 @@ def plan_rates(summary: dict[str, Any]) -> tuple[float, float | None, bool]:
 SHARE_SHORTFALL = 0.05
 
 
-def task_share_summary(plan: Any, steps: list[StepRecord], stats: Any) -> dict[str, Any]:
+def task_share_summary(plan: Any, steps: list[StepRecord], stats: Any, mode: Any = None) -> dict[str, Any]:
     """Each task's planned share (the scenario's ``share``s, normalised) beside its share of the
     trajectories trained, and a warning per task that fell short: by more than 5 percentage points,
     or with nothing trained, as long as the shortfall is at least one group's trajectories (a short
     run's batches hold whole groups). The warning names the task's env failures and timeouts
-    (``stats``: :class:`~rollart.core.stats.RunStats`) and the fix."""
+    (``stats``: :class:`~rollart.core.stats.RunStats`) and the fix (``mode``: the run's
+    :class:`~rollart.core.modes.ModeConfig`, for the env-group cause)."""
     total_share = sum(t.share for t in plan.tasks)
     counts: Counter[str] = Counter()
     for s in steps:
@@ -163,9 +164,28 @@ def task_share_summary(plan: Any, steps: list[StepRecord], stats: Any) -> dict[s
             causes.append(f"{timeouts:,} of its env calls timed out (tasks.{t.name}.env.timeout_s={t.env.timeout_s:g})")
         why = ("; ".join(causes) + "; fix the env or remove the task from tasks") if causes else \
             ("no env failures: its groups finished after the other tasks' had filled the batches (slower "
-             "episodes, or evicted as stale); the other tasks were trained in its place")
+             "episodes, or evicted as stale); the other tasks were trained in its place"
+             + _surplus_env_groups(plan, mode))
         warnings.append(f"{t.name}: {_pct(trained)} trained of {_pct(planned)} planned: {why}")
     return {"task_shares": shares, "warnings": warnings}
+
+
+def _surplus_env_groups(plan: Any, mode: Any) -> str:
+    """Why a slow task loses its share when the env managers form more env groups than a batch has
+    groups, in a mode that expires stale episodes (ROLL's queues): '' where that is not the case."""
+    from rollart.plan.schema import env_managers_of, members_per_group
+
+    if mode is None or not mode.env_groups or mode.batch_level_launch or not mode.evict_stale:
+        return ""
+    a, groups = plan.algorithm, plan.groups_per_batch
+    members = members_per_group(a.group_size, mode.redundancy)
+    managers = env_managers_of(a.env_managers, groups, a.group_size, mode.redundancy)
+    if managers // members <= groups:
+        return ""
+    return (f"; algorithm.env_managers={managers} forms {managers // members} env groups for batches of {groups} "
+            f"groups: each rolls out its own episodes (ROLL's queues), a batch takes the first to finish and the "
+            f"rest expire once α passes them, which costs the slower tasks; {groups * members} (one batch's "
+            "members) keeps every task in its share")
 
 
 def waste_summary(stats: Any) -> dict[str, Any]:

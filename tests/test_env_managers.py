@@ -77,3 +77,36 @@ def test_a_baseline_says_which_rollart_settings_it_does_not_use() -> None:
     for mode in ("areal", "rollart"):
         notes = run_sim(plan, mode).to_result().summary["unused_settings"]
         assert not any(n.startswith("algorithm.alpha") for n in notes), (mode, notes)
+
+
+@pytest.mark.parametrize("batches", [1.25, 3])
+def test_areal_admission_stays_its_global_window_with_more_env_groups_than_a_batch(batches: float) -> None:
+    """AReaL caps submissions at (α + version + 1) × batch, its only staleness bound (it evicts
+    nothing). With more env groups than a batch has groups, each env group's own quota (ROLL's, one
+    group a step) admitted env groups ÷ batch groups batches a version: the backlog grew every step and
+    so did staleness (default scenario, 256 env managers: 4.15 versions mean after 10 steps against
+    0.90 at 64, and 2.4× the throughput, trained on ever older rollouts)."""
+    plan = small_plan([*BASE, "algorithm.steps=8", "algorithm.alpha=1"])
+    out = run_sim(small_plan([*BASE, "algorithm.steps=8", "algorithm.alpha=1",
+                              f"algorithm.env_managers={int(batches * plan.algorithm.batch_size)}"]), "areal")
+    assert out.error is None
+    ctl = out.backend.ctl
+    assert ctl.scheduler.env_groups > plan.groups_per_batch
+    assert ctl.buffer.pending_high_water <= 2 * plan.groups_per_batch  # (1 + α) batches
+    late = [s.mean_staleness for s in ctl.stats.steps[2:]]
+    assert max(late) <= 1.5, late  # α = 1: a straggler may be trained a little late, not ever later
+
+
+def test_a_task_mix_shortfall_names_env_groups_beyond_a_batch_in_rollart_only() -> None:
+    """ROLLART keeps ROLL's per-queue quotas (the surplus episodes expire), so with more env groups than
+    a batch's groups a slow task loses its share: the warning names the setting and the count that fixes it."""
+    from rollart.report import _surplus_env_groups
+
+    plan = small_plan([*BASE, "algorithm.redundancy=0.25"])
+    wide = small_plan([*BASE, "algorithm.redundancy=0.25", f"algorithm.env_managers={plan.groups_per_batch * 10 + 20}"])
+    note = _surplus_env_groups(wide, mode_config(wide, "rollart"))
+    assert f"algorithm.env_managers={plan.groups_per_batch * 10 + 20} forms {plan.groups_per_batch + 2} env groups" in note
+    assert f"{plan.groups_per_batch * 10} (one batch's members)" in note
+    assert _surplus_env_groups(plan, mode_config(plan, "rollart")) == ""
+    assert _surplus_env_groups(wide, mode_config(wide, "areal")) == ""  # one global window there
+    assert _surplus_env_groups(wide, mode_config(wide, "sync")) == ""   # batch-level launch

@@ -63,10 +63,11 @@ def test_run_invariants(p: dict) -> None:
             assert ctl.trajectories[i].start_version >= n - alpha or not ctl.mode.evict_stale
     if not ctl.mode.evict_stale:  # nothing is dropped for age
         assert counts["aborted_stale"] == 0 and not any(g.evicted for g in ctl.groups)
-    # Pending work is bounded by O(α·E): (1 + α) batches, or with env groups (1 + α)·q groups of
-    # each (q per batch, more env groups than a batch's groups each hold their own)
+    # Pending work is bounded by O(α·E): (1 + α) batches, or with env groups in a mode that expires
+    # stale groups (ROLL's queues) (1 + α)·q groups of each (q per batch: env groups that do not divide
+    # a batch or outnumber its groups each hold their own); AReaL-style's window is the batch's
     sched = ctl.scheduler
-    bg = plan.groups_per_batch if not sched.env_groups else sched.env_groups * sched.per_batch
+    bg = sched.env_groups * sched.per_batch if sched.env_groups and ctl.mode.evict_stale else plan.groups_per_batch
     assert ctl.buffer.pending_high_water <= (1 + alpha) * bg
     assert out.running_high_water <= (1 + alpha) * bg * sched.members_per_group
     if sched.env_groups:  # and each env group's trajectories run on its own env managers

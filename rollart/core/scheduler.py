@@ -34,7 +34,10 @@ class RolloutScheduler:
       a new group once its env group holds fewer than (1 + α)·q groups and its consumed + pending
       groups are fewer than (proxy_version + 1 + α)·q, q = ⌈groups per batch ÷ env groups⌉ (ROLL's
       GroupQueue creates q episodes a step, α steps' worth ahead at the start, and expires those
-      more than α steps old); the buffer takes each env group's oldest finished one.
+      more than α steps old), and, in a mode that evicts nothing (AReaL-style, whose admission is its
+      only staleness bound), the whole window above is open (env groups × q exceeds a batch when
+      they do not divide it or outnumber its groups); the buffer takes each env group's oldest
+      finished one.
     """
 
     def __init__(self, tasks: list[TaskSpec], mode: "ModeConfig", groups_per_batch: int, group_size: int,
@@ -127,11 +130,17 @@ class RolloutScheduler:
             self._hold(ctl, slot)
             return started
         limit, ahead = (ctl.proxy.version + 1 + alpha) * self.per_batch, (1 + alpha) * self.per_batch
+        # Where nothing evicts stale groups (AReaL-style), the whole scheduler's window too: env groups
+        # × q exceeds a batch when they do not divide it or outnumber its groups, and their quotas alone
+        # would admit groups that no batch takes in time, trained ever staler. ROLL's queues keep their
+        # own quotas and expire what no batch took within α (evict_stale), so ROLLART keeps them.
+        window = self.admission_limit(ctl.proxy.version) if not self.mode.evict_stale else None
         while free > 0:
             pending = buffer.slot_pending(slot)
             if pending >= ahead:
                 break
-            if buffer.slot_consumed.get(slot, 0) + pending >= limit:
+            if (buffer.slot_consumed.get(slot, 0) + pending >= limit
+                    or (window is not None and buffer.consumed_groups + buffer.pending_groups >= window)):
                 if ctl.proxy.version < ctl.version:  # newer weights would open the window
                     self._hold(ctl, slot)
                 break

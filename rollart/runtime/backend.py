@@ -739,7 +739,7 @@ class RuntimeOutcome:
         n[tr.pool] = n.get(tr.pool, 0) + tr.gpus
         effects = b.driver.effects_handled if hasattr(b, "driver") else 0
         summary: dict[str, Any] = summary_from_steps(steps, b.mode.alpha)
-        summary.update(task_share_summary(b.plan, steps, ctl.stats))
+        summary.update(task_share_summary(b.plan, steps, ctl.stats, b.mode))
         summary.update(waste_summary(ctl.stats))
         summary.update({
             "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
