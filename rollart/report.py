@@ -252,6 +252,9 @@ def summary_table(result: RunResult) -> Table:
         table.add_row("steady state", steady_text(sm["steady"], result.steps))
     busy = " · ".join(f"{pool} {x:.0%}" for pool, x in sm.get("gpu_busy_fraction", {}).items())
     table.add_row("GPU busy", busy or "-")
+    spill = routing_text(sm)
+    if spill:
+        table.add_row("routing", spill)
     if sm.get("reward_gpu_busy_fraction") is not None:
         table.add_row("reward GPUs busy", f"{sm['reward_gpu_busy_fraction']:.1%}")
     if sm.get("serverless_gpu_seconds"):
@@ -303,6 +306,30 @@ def summary_table(result: RunResult) -> Table:
     if mixed:
         table.add_row("note", mixed)
     return table
+
+
+# the share of generation requests run off their preferred pool from which the summary says so
+SPILL_NOTE_SHARE = 0.05
+
+
+def routing_text(sm: dict[str, Any]) -> str | None:
+    """A line when hardware-affinity routing ran at least :data:`SPILL_NOTE_SHARE` of the requests off their
+    preferred pool. The proxy spills a request only when every worker of that pool is saturated (its
+    sequence slots or its KV cache full), so the map gives that pool more work than its workers hold at
+    once: its requests run in the largest batches it allows while the other pools take the overflow,
+    and the run's answer is the map's as much as the hardware's."""
+    spilled = sm.get("routed_fallback") or 0
+    total = spilled + (sm.get("routed_preferred") or 0)
+    if not total or spilled / total < SPILL_NOTE_SHARE:
+        return None
+    pools = sm.get("routed_fallback_from") or {}
+    pool = max(sorted(pools), key=lambda p: pools[p]) if pools else None
+    busy = sm.get("gpu_busy_fraction", {}).get(pool) if pool else None
+    where = f"{pool}{f' ({busy:.0%} busy)' if busy is not None else ''}" if pool else "their preferred pool"
+    return (f"{spilled:,.0f} requests ({spilled / total:.0%}) ran off {where}, the pool placement.hw_affinity "
+            f"prefers for them: it spills only when all its workers are full (sequence slots or KV cache), so the "
+            f"map gives {pool or 'it'} more than its workers hold at once; compare least-loaded routing "
+            "(--set 'placement.hw_affinity={}') or bind a task to another pool")
 
 
 def steady_text(steady: dict[str, Any], steps: list[StepRecord]) -> str:

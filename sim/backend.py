@@ -810,6 +810,8 @@ class SimOutcome:
                                     if (done := b.pull_s.get(pool)) and done[1] else {})}
                           for pool, w in b.cpu_wait.items()},
             "routed_fallback": ctl.proxy.routed_fallback,
+            "routed_preferred": ctl.proxy.routed_preferred,
+            "routed_fallback_from": dict(ctl.proxy.fallback_from),
             "steps_done": len(steps),
             "simulated_s": self.elapsed_s,
             "effects": b.effects_handled,

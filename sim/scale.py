@@ -576,7 +576,7 @@ class TailProbe:
             self._taken.difference_update(g.id for g, _ in self._done.pop(v))
 
 
-_EXTENSIVE = ("aborted_stale", "aborted_redundant", "env_failures", "env_call_errors", "routed_fallback",
+_EXTENSIVE = ("aborted_stale", "aborted_redundant", "env_failures", "env_call_errors", "routed_fallback", "routed_preferred",
               "kv_preemptions", "serverless_gpu_seconds", "serverless_cold_starts", "serverless_serving_s", "serverless_instance_s",
               "tokens_per_s")
 
@@ -681,6 +681,8 @@ def scale_result(result: Any, full_plan: Plan, m: int, simulated_plan: Plan, tai
     for key in _EXTENSIVE:
         if summary.get(key) is not None:
             summary[key] = summary[key] * m
+    if summary.get("routed_fallback_from"):
+        summary["routed_fallback_from"] = {pool: n * m for pool, n in summary["routed_fallback_from"].items()}
     elapsed = summary.get("simulated_s") or 0.0
     if added_s and elapsed:
         summary["tokens_per_s"] = summary["tokens_per_s"] * elapsed / (elapsed + added_s)  # a rate over the longer run

@@ -41,7 +41,7 @@ def test_falls_back_to_other_pool_when_preferred_saturated() -> None:
     proxy = LLMProxy(ws, AFF)
     ws[0].load = 1
     assert proxy.route("FrozenLake").pool == "h20"
-    assert proxy.routed_fallback == 1
+    assert proxy.routed_fallback == 1 and proxy.fallback_from == {"h800": 1}
 
 
 def test_everything_saturated_queues_on_preferred_pool() -> None:

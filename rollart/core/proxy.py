@@ -122,6 +122,7 @@ class LLMProxy:
         self.resumed = Signal("proxy.resumed")
         self.routed_preferred = 0
         self.routed_fallback = 0
+        self.fallback_from: dict[str, int] = {}  # preferred pool -> requests it spilled (saturated)
         self._by_role: dict[str, list[WorkerInfo]] = {}
         self._by_pool_role: dict[tuple[str, str], list[WorkerInfo]] = {}
         for w in workers:
@@ -172,6 +173,7 @@ class LLMProxy:
                       if (w := index.least_loaded((p, role))) is not None]
             if others:
                 self.routed_fallback += 1
+                self.fallback_from[pool] = self.fallback_from.get(pool, 0) + 1
                 return min(others, key=lambda w: (w.load, w.id))
         self.routed_preferred += 1
         preferred = candidates if pool is None else self._by_pool_role.get((pool, role), [])

@@ -763,6 +763,8 @@ class RuntimeOutcome:
             "weight_sync": weight_sync_summary(b.plan, b.mode),
             "unused_settings": unused_settings(b.plan, b.mode) + simulator_only_settings(b.plan),
             "routed_fallback": ctl.proxy.routed_fallback,
+            "routed_preferred": ctl.proxy.routed_preferred,
+            "routed_fallback_from": dict(ctl.proxy.fallback_from),
             "resource_fallbacks": b.resources.fallbacks if hasattr(b, "resources") else 0,
             "steps_done": len(steps),
             "wall_s": self.elapsed_s,
