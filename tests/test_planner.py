@@ -301,6 +301,8 @@ def test_plan_command_writes_a_plan_that_simulate_reproduces(tmp_path):
     (["--budget-gpus", "8", "--redundancies", "nan"], "--redundancies: nan outside 0–16"),
     (["--budget-gpus", "8", "--redundancies", "99"], "--redundancies: 99.0 outside 0–16"),
     (["--budget-usd-per-hour", "inf"], "--budget-usd-per-hour: inf is not a finite amount"),
+    # a review found this blamed the context length ("allow a larger --tp") where 3 does not divide the heads
+    (["--budget-gpus", "16", "--tp", "3"], "--tp: Qwen3-8B's 32 attention heads do not split evenly over 3 GPUs"),
 ])
 def test_plan_usage_errors_exit_2_with_one_line(args, needle, tmp_path):
     res = CliRunner().invoke(_app(), ["plan", str(default_scenario()), "--out", str(tmp_path / "p.yaml"), *args],
@@ -357,3 +359,17 @@ def test_default_tp_degrees_span_each_pools_nvlink_domain():
     assert space.gen_tp["h800"] == [1, 2, 4, 8]
     # Qwen3-8B has 32 query heads: tp 64 cannot split them
     assert space.gen_tp["h20"] == [1, 2, 4, 8, 16, 32]
+
+
+def test_gpus_already_owned_price_zero_and_cap_at_their_count():
+    """A pool priced 0 (GPUs the buyer owns) under a US$ budget: the space no longer divides by its price
+    (a review's ZeroDivisionError traceback) and holds its count, not as many free GPUs as the search
+    likes (2,272 H20 before the cap)."""
+    _, plan = _base(["prices.gpu_usd_per_hour.H20=0"])
+    space = Space.from_plan(plan, Budget(usd_per_hour=50.0), tps=[1, 2], alphas=[1], redundancies=[0.0])
+    owned = plan.cluster.gpu_pools["h20"].count
+    assert space.owned == {"h20": owned} and max(space.gen_gpus["h20"]) <= owned
+    rng = random.Random(0)
+    drawn = [c for c in (space.random(rng) for _ in range(40)) if c is not None]
+    assert drawn and all(space.fits(c) and c.gpus_by_pool().get("h20", 0) <= owned for c in drawn)
+    assert any(c.gpus_by_pool().get("h20", 0) == owned for c in drawn)  # the free GPUs are used

@@ -162,6 +162,8 @@ class Space:
     baseline: Candidate | None = None
     # per pool and tp, the expert-parallel degrees > 1 a MoE model can use there (empty: ep 1 only)
     gen_ep: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    # pools priced 0 under a US$ budget (GPUs already owned): the most of them a plan may use, their count
+    owned: dict[str, int] = field(default_factory=dict)
 
     def eps(self, pool: str, tp: int) -> list[int]:
         """Expert-parallel options for a worker of ``tp`` GPUs in ``pool``: 1, plus ``gen_ep``'s."""
@@ -174,7 +176,7 @@ class Space:
                   alphas: list[int] = (0, 1, 2), redundancies: list[float] = (0.0, 0.25, 0.5),
                   reward_gpus: list[int] | None = None, search_affinity: bool = True) -> "Space":
         """The space a budget allows on the scenario's GPU pools (their GPU types; counts are
-        free), in multiples of ``step`` GPUs (default: 8 — a node — for budgets of 64 GPUs or
+        free, but a pool priced 0 under a US$ budget, GPUs already owned, holds its count), in multiples of ``step`` GPUs (default: 8 — a node — for budgets of 64 GPUs or
         more, else 4, 2 or 1). ``tps``: the generation tensor-parallel degrees to try; default the
         powers of two within each pool's NVLink domain (1, 2, 4, 8 on an HGX board; up to 64 on an
         NVL72 rack, where a wider worker stays on NVLink)."""
@@ -205,7 +207,8 @@ class Space:
             if budget.gpus is not None:
                 caps.append(budget.gpus)
             if budget.usd_per_hour is not None:
-                caps.append(int(max(0.0, budget.usd_per_hour - cpu_hourly) // price[pool]) if price[pool] else 10**6)
+                caps.append(int(max(0.0, budget.usd_per_hour - cpu_hourly) // price[pool]) if price[pool]
+                            else c.gpu_pools[pool].count)  # free: the GPUs owned, not as many as the search likes
             return min(caps)
 
         def trainer_max() -> int:
@@ -217,6 +220,8 @@ class Space:
             if budget.usd_per_hour is not None and price[tr.pool]:
                 cheapest = min(price[p] for p in pools if price[p])
                 caps.append(int(max(0.0, budget.usd_per_hour - cpu_hourly - step * cheapest) // price[tr.pool]))
+            elif budget.usd_per_hour is not None:
+                caps.append(c.gpu_pools[tr.pool].count)
             return min(caps) if caps else 10**6
 
         biggest = max(max_gpus(p) for p in pools)
@@ -272,6 +277,11 @@ class Space:
             cap = int(in_flight * max(ok)) if ok else 0
             gen_gpus[p] = list(range(0, min(max_gpus(p), cap) + 1, step)) if ok else [0]
         if not any(len(v) > 1 for v in gen_gpus.values()):
+            heads = plan.model.heads
+            if tps is not None and all(heads % tp for tp in tps):  # a head is not split across GPUs
+                divisors = ", ".join(str(d) for d in _powers_of_two(64) if heads % d == 0)
+                raise PlanError([f"--tp: {plan.model.name}'s {heads} attention heads do not split evenly over "
+                                 f"{', '.join(map(str, sorted(set(tps))))} GPUs; use one of {divisors}"])
             tried = ", ".join(map(str, tps)) if tps is not None else "up to each pool's NVLink domain"
             raise PlanError([f"placement.generation: no GPU pool can serve {plan.model.name} at tp "
                              f"{tried} with a {longest}-token context; allow a larger --tp"])
@@ -296,7 +306,8 @@ class Space:
         space = cls(pools=pools, gpu_price=price, cpu_usd_per_hour=cpu_hourly, trainer_pool=tr.pool,
                     trainer_gpus=trainer_gpus, gen_gpus=gen_gpus, gen_tp=gen_tp, tags=tags,
                     alphas=sorted(set(alphas)), redundancies=sorted(set(redundancies)), rewards=rewards,
-                    budget=budget, heuristic_affinity=_task_kinds(plan), compute_rank=rank, gen_ep=gen_ep)
+                    budget=budget, heuristic_affinity=_task_kinds(plan), compute_rank=rank, gen_ep=gen_ep,
+                    owned={p: c.gpu_pools[p].count for p in pools if budget.usd_per_hour is not None and price[p] == 0})
         if not search_affinity:
             space.affinity_maps = []  # filled per candidate by the heuristic map only
         space.baseline = space.candidate_from_plan(plan)
@@ -334,6 +345,8 @@ class Space:
 
     def fits(self, c: Candidate) -> bool:
         if self.budget.gpus is not None and c.total_gpus > self.budget.gpus:
+            return False
+        if self.owned and any(n > self.owned.get(pool, n) for pool, n in c.gpus_by_pool().items()):
             return False
         if self.budget.usd_per_hour is not None:
             fixed = self.fixed_usd_per_hour(c)
@@ -399,6 +412,12 @@ class Space:
         """How many candidates, counting at most ``limit + 1``."""
         return sum(1 for _ in itertools.islice(self.enumerate(), limit + 1))
 
+    def _affordable(self, usd_per_hour: float, pool: str) -> float:
+        """GPUs of ``pool`` that ``usd_per_hour`` pays for: unbounded where its price is 0 (GPUs already
+        owned, which the pool's count caps: ``owned``, ``gen_gpus``)."""
+        price = self.gpu_price[pool]
+        return usd_per_hour / price if price else math.inf
+
     def _fill(self, rng: random.Random, tg: int, reward: tuple[str, str | None, int], weights: dict[str, float],
               fraction: float) -> tuple[tuple[str, int, int], ...] | None:
         """Split what the budget leaves after the trainer and reward among generation pools."""
@@ -414,10 +433,10 @@ class Space:
                 share = (self.budget.gpus - base.total_gpus) * fraction * weights[p] / total_w
             else:
                 left = self.budget.usd_per_hour - (self.fixed_usd_per_hour(base) or 0.0)
-                share = left * fraction * weights[p] / total_w / self.gpu_price[p]
+                share = self._affordable(left * fraction * weights[p] / total_w, p)
             if self.budget.gpus is not None and self.budget.usd_per_hour is not None:
                 left = self.budget.usd_per_hour - (self.fixed_usd_per_hour(base) or 0.0)
-                share = min(share, left * fraction * weights[p] / total_w / self.gpu_price[p])
+                share = min(share, self._affordable(left * fraction * weights[p] / total_w, p))
             options = [n for n in self.gen_gpus[p] if n <= share and n % tp == 0]
             gen[p] = (max(options) if options else 0, tp)
         # Round-off leftovers: keep adding a step to a random pool while the budget allows.
