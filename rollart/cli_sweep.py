@@ -220,6 +220,8 @@ def plan(
     out: Path = typer.Option(Path("plan.yaml"), "--out", help="where to write the winning plan"),
     candidates: int = typer.Option(48, "--candidates", min=1, help="candidates in the first (shortest) rung"),
     finalists: int = typer.Option(4, "--finalists", min=1, help="plans simulated at full length"),
+    confirm_seeds: int = typer.Option(2, "--confirm-seeds", min=0,
+                                      help="further seeds the finalists run at; they rank by the mean (0: one seed)"),
     min_steps: int = typer.Option(2, "--min-steps", min=1, help="training steps simulated in the first rung (step 0 alone is the start-up transient)"),
     local_rounds: int = typer.Option(1, "--local-rounds", min=0, help="neighbour-search rounds in the first rung"),
     polish_rounds: int = typer.Option(4, "--polish-rounds", min=0, help="most hill-climbing rounds from the winner at "
@@ -250,7 +252,7 @@ def plan(
 
     Successive halving on short simulations, then full simulations of the finalists and of the
     winner's neighbours. `rollart simulate PLAN.yaml` reproduces the winner's figures."""
-    from rollart.planner import Budget, Space, plan_data, search, top_table, why_lines, write_plan
+    from rollart.planner import Budget, Space, plan_data, search, spread_line, top_table, why_lines, write_plan
     from rollart.planner.search import OBJECTIVES
     from rollart.report import plan_rates
     from rollart.sim.costs.price import require_prices
@@ -299,7 +301,7 @@ def plan(
 
         result = search(space, base, pool, objective=objective, candidates=candidates, finalists=finalists,
                         min_steps=min_steps, local_rounds=local_rounds, polish_rounds=polish_rounds,
-                        seed=search_seed, on_rung=on_rung,
+                        seed=search_seed, confirm_seeds=confirm_seeds, on_rung=on_rung,
                         on_done=lambda: bar.advance(task))
     wall = time.perf_counter() - t0
     rungs = ", ".join(f"{n}×{s}" for s, n in result.rungs)
@@ -317,6 +319,7 @@ def plan(
     best = result.best
     sm = best.summary
     tps, c1k, steady = plan_rates(sm)
+    spread = spread_line(result)
     name = f"{base_plan.name}-plan"
     approx = " --scale-approx" if (best.record.get("scale_factor") or 1) > 1 else ""
     written = write_plan(plan_data(best, base, name), out, [
@@ -326,7 +329,10 @@ def plan(
         f"{(sm['steady'] if steady else sm)['step_time_s_mean']:.1f} s mean"
         + (f", ${sm['cost_usd_per_hour']:,.2f}/h, ${c1k:,.2f} per 1k trajectories"
            if sm.get("cost_usd_per_hour") is not None and c1k is not None else ""),
+        *([spread] if spread else []),
         f"reproduce: rollart simulate {out}{approx}",
     ])
-    console.print(f"[dim]wrote {written} · rollart simulate {written}{approx} reproduces these figures[/]",
-                  highlight=False)
+    if spread:
+        console.print(f"#1 {spread}", highlight=False)
+    console.print(f"[dim]wrote {written} · rollart simulate {written}{approx} reproduces these figures"
+                  + (" (--seed k: each seed's)" if spread else "") + "[/]", highlight=False)

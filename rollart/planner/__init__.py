@@ -1,12 +1,14 @@
 """The placement planner: within a budget (GPUs or US$/hour), search GPU counts per pool, the
 hardware-affinity map, generation tp, α, redundancy and reward placement for the best plan —
-successive halving on short simulations, then full simulations of the finalists — and write
+successive halving on short simulations, then full simulations of the finalists, the best of them
+re-run at further seeds and ranked by the mean — and write
 the winner as a plan file ``rollart simulate`` accepts unchanged."""
 
-from rollart.planner.report import bottleneck, plan_data, reason, top_table, why_lines, write_plan
-from rollart.planner.search import (OBJECTIVES, Evaluation, PlanSearch, grid_optimum, grid_ranked, rung_steps, score,
-                                    search)
+from rollart.planner.report import bottleneck, plan_data, reason, spread_line, top_table, why_lines, write_plan
+from rollart.planner.search import (OBJECTIVES, Evaluation, PlanSearch, SeedSpread, grid_optimum, grid_ranked,
+                                    rung_steps, score, search, seed_mean)
 from rollart.planner.space import Budget, Candidate, Space
 
 __all__ = ["OBJECTIVES", "Budget", "Candidate", "Evaluation", "PlanSearch", "Space", "bottleneck", "grid_optimum",
-           "grid_ranked", "plan_data", "reason", "rung_steps", "score", "search", "top_table", "why_lines", "write_plan"]
+           "grid_ranked", "plan_data", "reason", "rung_steps", "score", "search", "seed_mean", "SeedSpread", "spread_line",
+           "top_table", "why_lines", "write_plan"]

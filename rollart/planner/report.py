@@ -13,7 +13,7 @@ from rich import box
 from rich.table import Table
 
 from rollart.core.stats import BREAKDOWN_KEYS
-from rollart.planner.search import Evaluation, PlanSearch
+from rollart.planner.search import Evaluation, PlanSearch, SeedSpread
 from rollart.report import plan_figures, plan_rates
 
 NAMES = {"generation": "generation", "env_queue": "waiting for env cores", "env_reset": "env reset", "env_step": "env", "reward": "reward",
@@ -44,14 +44,20 @@ def changes(a: Evaluation, b: Evaluation) -> list[str]:
     return out
 
 
-def reason(a: Evaluation, b: Evaluation, b_name: str) -> str:
-    """Why ``a`` beats (or trails) ``b``: throughput and cost, the step-time components that
-    moved most along the critical path, and what ``a`` chose differently."""
+def reason(a: Evaluation, b: Evaluation, b_name: str, spreads: dict[Any, SeedSpread] | None = None) -> str:
+    """Why ``a`` beats (or trails) ``b``: throughput and cost (their means over the seeds where both ran
+    at several, ``spreads``: what they rank by), the step-time components that moved most along the
+    critical path, and what ``a`` chose differently."""
     sa, sb = _steady(a), _steady(b)
     (ta, ca, _), (tb, cb, _) = plan_rates(a.summary), plan_rates(b.summary)
+    pa, pb = (spreads or {}).get(a.candidate), (spreads or {}).get(b.candidate)
+    if pa is not None and pb is not None:
+        (ta, ca), (tb, cb) = (pa.mean_throughput, pa.mean_cost_per_1k), (pb.mean_throughput, pb.mean_cost_per_1k)
     parts = [f"vs {b_name}: {_pct(ta / tb - 1)} traj/s" if tb else f"vs {b_name}"]
     if ca is not None and cb:
         parts[0] += f", {_pct(ca / cb - 1)} $/1k traj"
+    if pa is not None and pb is not None:
+        parts[0] += " (seed means)"
     ba, bb = _bd(a), _bd(b)
     deltas = sorted(((ba.get(k, 0.0) - bb.get(k, 0.0), k) for k in BREAKDOWN_KEYS), key=lambda d: -abs(d[0]))
     moved = [f"{NAMES[k]} {d:+.0f} s" for d, k in deltas[:2] if abs(d) >= 0.5]
@@ -78,23 +84,46 @@ def _money(x: Any, fmt: str) -> str:
 
 
 def top_table(result: PlanSearch, top: int = 5) -> Table:
-    """The best plans (full-length simulations): throughput, cost, GPUs and the placement."""
+    """The best plans (full-length simulations): throughput, cost, GPUs and the placement; with the
+    finalists re-run at further seeds, their mean throughput over the seeds (what they rank by)."""
     steady = all(plan_rates(ev.summary)[2] for ev in result.ranked[:top])
     over = "past the cold first step" if steady else "over the whole run"
+    seeds = next(iter(result.spreads.values())).seeds if result.spreads else ()
     table = Table(title=f"top plans · objective {result.objective} · budget {result.budget.describe()} "
-                        f"(full-length simulations; rates {over})", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("#", "traj/s", "$/h", "$/1k traj", "GPUs", "plan"):
+                        f"(full-length simulations; rates {over}"
+                        + (f"; traj/s at seed {seeds[0]}, mean over seeds {_seeds(seeds)}" if seeds else "") + ")",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("#", "traj/s", *(("mean",) if seeds else ()), "$/h", "$/1k traj", "GPUs", "plan"):
         table.add_column(col, justify="left" if col == "plan" else "right", overflow="fold",
                          no_wrap=col != "plan")
     for i, ev in enumerate(result.ranked[:top]):
         sm = ev.summary
         mark = " (the scenario's)" if result.baseline is not None and ev.candidate == result.baseline.candidate else ""
         tps, c1k, _ = plan_rates(sm)
-        table.add_row(str(i + 1), f"{tps:.3f}", _money(sm.get("cost_usd_per_hour"), "{:,.0f}"),
+        spread = result.spreads.get(ev.candidate)
+        mean = (f"{spread.mean_throughput:.3f}" if spread else "-",) if seeds else ()
+        table.add_row(str(i + 1), f"{tps:.3f}", *mean, _money(sm.get("cost_usd_per_hour"), "{:,.0f}"),
                       _money(c1k, "{:,.2f}"), str(ev.candidate.total_gpus),
                       ev.candidate.label() + mark)
     return table
+
+
+def _seeds(seeds: tuple[int, ...]) -> str:
+    return f"{seeds[0]}–{seeds[-1]}" if seeds == tuple(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 2 \
+        else ", ".join(map(str, seeds))
+
+
+def spread_line(result: PlanSearch) -> str | None:
+    """The winner over the seeds it ran at: its mean, range and cost; None with one seed."""
+    best = result.best
+    spread = result.spreads.get(best.candidate) if best is not None else None
+    if spread is None:
+        return None
+    c1k = spread.mean_cost_per_1k
+    return (f"over seeds {_seeds(spread.seeds)}: {spread.mean_throughput:.4f} trajectories/s mean "
+            f"({min(spread.throughputs):.4f}–{max(spread.throughputs):.4f})"
+            + (f", ${c1k:,.2f} per 1k trajectories" if c1k is not None else "")
+            + "; the finalists rank by this mean, a single seed's figure spreads with its draws")
 
 
 def why_lines(result: PlanSearch, top: int = 5) -> list[str]:
@@ -104,7 +133,7 @@ def why_lines(result: PlanSearch, top: int = 5) -> list[str]:
     out = []
     for i, ev in enumerate(rows):
         if i + 1 < len(rows):
-            out.append(f"#{i + 1} {reason(ev, rows[i + 1], f'#{i + 2}')}")
+            out.append(f"#{i + 1} {reason(ev, rows[i + 1], f'#{i + 2}', result.spreads)}")
         elif i > 0:  # the winner's bottleneck follows below
             out.append(f"#{i + 1} {bottleneck(ev)}")
     if rows:

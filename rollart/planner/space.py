@@ -491,9 +491,11 @@ class Space:
                 eps[pool] = rng.choice(options)
         return _ep_pairs(self.pools, eps)
 
-    def structured(self) -> list[Candidate]:
+    def structured(self, fractions: tuple[float, ...] = (1.0,), widest: bool = False) -> list[Candidate]:
         """Hand-made starting points: the scenario's placement (if within budget), and for a few
-        trainer sizes the budget split evenly / all-in-one-pool with the heuristic affinity."""
+        trainer sizes the budget (each of ``fractions`` of what the trainer leaves) split evenly /
+        all-in-one-pool with the heuristic affinity, at the narrowest tp that divides a pool's GPUs
+        and, with ``widest``, also the widest (fewer, faster engines: how few GPUs serve cheaply)."""
         out: list[Candidate] = []
         if self.baseline is not None and self.valid(self.baseline) and self.fits(self.baseline):
             out.append(self.baseline)
@@ -505,21 +507,24 @@ class Space:
         picks = sorted({self.trainer_gpus[len(self.trainer_gpus) * k // 4] for k in (1, 2, 3)})
         for tg in picks:
             splits = [{p: 1.0 for p in self.pools}] + [{p: float(p == q) for p in self.pools} for q in self.pools]
-            for weights in splits:
-                gen = self._fill(rng, tg, reward, weights, 1.0)
-                if not gen:
-                    continue
-                gen = tuple((p, n, min(t for t in self.gen_tp[p] if n % t == 0)) for p, n, _ in gen)
-                c = Candidate(self.trainer_pool, tg, gen, self.heuristic_map([g[0] for g in gen]), alpha, red, reward)
-                if self.valid(c) and self.fits(c) and c not in out:
-                    out.append(c)
+            for fraction in fractions:
+                for weights in splits:
+                    filled = self._fill(rng, tg, reward, weights, fraction)
+                    if not filled:
+                        continue
+                    for pick in (min, max) if widest else (min,):
+                        gen = tuple((p, n, pick(t for t in self.gen_tp[p] if n % t == 0)) for p, n, _ in filled)
+                        c = Candidate(self.trainer_pool, tg, gen, self.heuristic_map([g[0] for g in gen]), alpha,
+                                      red, reward)
+                        if self.valid(c) and self.fits(c) and c not in out:
+                            out.append(c)
         return out
 
     def neighbours(self, c: Candidate) -> list[Candidate]:
         """Candidates one move away: trainer ± a step (generation giving or taking it), a step of
         generation GPUs moved between pools, added or removed, a pool's tp up/down, one tag's
         affinity flipped, α / redundancy to the next option, another reward placement (its GPUs
-        taken from a generation pool, or added)."""
+        taken from a generation pool or added; the GPUs it frees given to one, or left)."""
         out: list[Candidate] = []
         gen = {p: (n, tp) for p, n, tp in c.gen}
 
@@ -602,6 +607,11 @@ class Space:
                 fewer = [m for m in self.gen_gpus[p] if m <= n - extra and (m == 0 or m % tp == 0)]
                 if extra > 0 and fewer:
                     out.append(with_gen({**gen, p: (max(fewer), tp)}, reward=r))
+                # and give them back: judges moving to the serverless platform (or fewer of them) free
+                # GPUs that generation takes in the same move (else two moves, which the climb rarely makes)
+                more = [m for m in self.gen_gpus[p] if n < m <= n - extra and m % tp == 0]
+                if extra < 0 and more:
+                    out.append(with_gen({**gen, p: (max(more), tp)}, reward=r))
         seen, keep = set(), []
         for n in out:
             if n != c and n not in seen and self.valid(n) and self.fits(n):
