@@ -200,22 +200,25 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
                   if space.valid(e.candidate) and (s := score(e, objective, space.budget)) is not None]
         return [e for _, e in sorted(scored, key=lambda se: (se[0], se[1].candidate.label()))]
 
+    seed_caches: dict[int, dict[tuple[Candidate, int], Evaluation]] = {}  # the finalists' runs at further seeds
+
     with pool:
-        def evaluate(cands: list[Candidate], steps: int, what: str) -> list[Evaluation]:
-            todo = [c for c in dict.fromkeys(cands) if (c, steps) not in cache]
+        def evaluate(cands: list[Candidate], steps: int, what: str, seed: int | None = None) -> list[Evaluation]:
+            store = cache if seed is None else seed_caches.setdefault(seed, {})  # None: the scenario's seed
+            todo = [c for c in dict.fromkeys(cands) if (c, steps) not in store]
             if on_rung:
                 on_rung(f"{what}: {len(todo)} × {steps} step{'s' if steps > 1 else ''}", len(todo))
-            jobs = [(str(i), c.apply(base, steps), [], None, None) for i, c in enumerate(todo)]
+            jobs = [(str(i), c.apply(base, steps), [], seed, None) for i, c in enumerate(todo)]
             for key, rec in pool.imap_unordered(jobs):
                 c = todo[int(key)]
-                cache[(c, steps)] = Evaluation(c, steps, rec)
+                store[(c, steps)] = Evaluation(c, steps, rec)
                 stats["sims"] += 1
                 stats["steps"] += steps
                 if on_done:
                     on_done()
             if todo:
                 rung_log.append((steps, len(todo)))
-            return [cache[(c, steps)] for c in dict.fromkeys(cands)]
+            return [store[(c, steps)] for c in dict.fromkeys(cands)]
 
         exhaustive = space.count(candidates) <= candidates
         if exhaustive:
@@ -273,14 +276,13 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
         finals = [cache[(c, full)] for c in dict.fromkeys(pop) if (c, full) in cache and space.valid(c)]
         ranked = rank(finals)
         spreads: dict[Candidate, SeedSpread] = {}
-        seed_runs: dict[tuple[Candidate, int], Evaluation] = {}
+        seed0 = int(base["algorithm"].get("seed", 0))
         for again in range(2 if confirm_seeds > 0 else 0):
             if len(ranked) < 2:
                 break
             lucky = ranked[0]
-            ranked, spreads = _confirm(ranked, finalists, confirm_seeds, int(base["algorithm"].get("seed", 0)),
-                                       full, base, pool, objective, space.budget, stats, rung_log, seed_runs,
-                                       on_rung, on_done)
+            ranked, spreads = _confirm(ranked, finalists, [seed0 + k for k in range(confirm_seeds + 1)], objective,
+                                       space.budget, lambda cands, s: evaluate(cands, full, f"seed {s}", seed=s))
             # the best mean is not the best single draw the climb started from: climb one move from it too
             nbrs = [n for n in space.neighbours(ranked[0].candidate) if (n, full) not in cache]
             if again or ranked[0] is lucky or not nbrs:
@@ -297,32 +299,17 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
                       infeasible=[e for e in finals if e not in ranked], spreads=spreads)
 
 
-def _confirm(ranked: list[Evaluation], finalists: int, extra: int, seed0: int, full: int, base: dict[str, Any],
-             pool: RayPool | SerialPool, objective: str, budget: Budget, stats: dict[str, int],
-             rung_log: list[tuple[int, int]], seed_runs: dict[tuple[Candidate, int], Evaluation],
-             on_rung: Callable[[str, int], None] | None,
-             on_done: Callable[[], None] | None) -> tuple[list[Evaluation], dict[Candidate, SeedSpread]]:
-    """Re-run the ``finalists`` best at ``extra`` further seeds and order them by their mean over every
-    seed (:func:`seed_mean`), the rest of ``ranked`` after them. A search ranks a few hundred single-seed
-    runs, whose throughput spreads ±15 % from seed to seed on the default scenario: the best of them is
-    the luckiest draw as much as the best plan (a review: the plan printed 2.77 trajectories/s, 2.45 over
-    six seeds and over 30 steps). A finalist that fails at some seed follows the ones that did not."""
+def _confirm(ranked: list[Evaluation], finalists: int, seeds: list[int], objective: str, budget: Budget,
+             run_at: Callable[[list[Candidate], int], list[Evaluation]]) -> tuple[list[Evaluation], dict[Candidate, SeedSpread]]:
+    """Re-run the ``finalists`` best (``ranked``: their runs at ``seeds[0]``) at the other ``seeds``
+    (``run_at``) and order them by their mean over every seed (:func:`seed_mean`), the rest of ``ranked``
+    after them. A search ranks a few hundred single-seed runs, whose throughput spreads ±15 % from seed
+    to seed on the default scenario: the best of them is the luckiest draw as much as the best plan (a
+    review: the plan printed 2.77 trajectories/s, 2.45 over six seeds and over 30 steps). A finalist
+    that fails at some seed follows the ones that did not."""
     head = ranked[:finalists]
-    seeds = [seed0 + k for k in range(1, extra + 1)]
-    jobs = [(f"{i}:{s}", e.candidate.apply(base, full), [], s, None) for i, e in enumerate(head) for s in seeds
-            if (e.candidate, s) not in seed_runs]  # ``seed_runs``: what an earlier call ran, kept across calls
-    if on_rung:
-        on_rung(f"the {len(head)} best at {extra} more seed{'s' if extra > 1 else ''}", len(jobs))
-    for key, rec in pool.imap_unordered(jobs):
-        i, s = map(int, key.split(":"))
-        seed_runs[(head[i].candidate, s)] = Evaluation(head[i].candidate, full, rec)
-        stats["sims"] += 1
-        stats["steps"] += full
-        if on_done:
-            on_done()
-    if jobs:
-        rung_log.append((full, len(jobs)))
-    by_seed = [[e, *(seed_runs[(e.candidate, s)] for s in seeds)] for e in head]
+    runs = [run_at([e.candidate for e in head], s) for s in seeds[1:]]
+    by_seed = [[e, *(at[i] for at in runs)] for i, e in enumerate(head)]
     means = [seed_mean(evs) for evs in by_seed]
     order = {id(m): n for n, m in enumerate(rank_evaluations(means, objective, budget))}
     kept = sorted(range(len(head)), key=lambda i: order.get(id(means[i]), len(head) + i))
@@ -330,7 +317,7 @@ def _confirm(ranked: list[Evaluation], finalists: int, extra: int, seed0: int, f
     for i in kept:
         if id(means[i]) in order:
             rates = [plan_rates(e.summary) for e in by_seed[i]]
-            spreads[head[i].candidate] = SeedSpread((seed0, *seeds), tuple(t for t, _, _ in rates),
+            spreads[head[i].candidate] = SeedSpread(tuple(seeds), tuple(t for t, _, _ in rates),
                                                     tuple(c for _, c, _ in rates))
     return [head[i] for i in kept] + ranked[finalists:], spreads
 
