@@ -18,7 +18,7 @@ from rollart.cli_calibrate import calibrate_app
 from rollart.core.modes import mode_config
 from rollart.plan import MODES, Plan, PlanError, load_plan
 from rollart.plan.loader import did_you_mean
-from rollart.report import RunResult, compare_table, print_result
+from rollart.report import RunResult, compare_table, print_result, routing_text
 from rollart.scenarios_catalog import default_scenario, resolve_existing, shipped
 
 def _flags_without_type() -> None:
@@ -230,6 +230,9 @@ def compare(
     for r in results:
         for warning in r.summary.get("warnings") or ():
             console.print(f"[bold yellow]{r.mode} task mix:[/] {escape(warning)}")
+        spill = routing_text(r.summary)  # a mode that routes by affinity may be comparing the map, not the mode
+        if spill:
+            console.print(f"[bold yellow]{r.mode} routing:[/] {escape(spill)}")
         if r.error:
             console.print(f"[bold red]{r.mode} stopped early:[/] {r.error}")
     if json_path:

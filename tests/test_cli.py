@@ -203,6 +203,17 @@ def test_compare_two_modes(tmp_path: Path):
     assert tps[1] > tps[0]  # the async design beats the synchronous baseline
 
 
+def test_compare_says_when_a_modes_affinity_map_overloads_a_pool(tmp_path: Path):
+    """h800-vs-h20 prefers its 2 H800 for every task: ROLLART routes by that map and spills only when they
+    are full, the baselines route least-loaded; the comparison says so rather than let the map pass for
+    the mode (a review read ROLLART losing to AReaL-style there as the design losing)."""
+    proc = rollart("compare", "h800-vs-h20", "--modes", "rollart,areal", "--steps", "1", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "rollart routing:" in out and "ran off h800" in out and "placement.hw_affinity={}" in out
+    assert "areal routing:" not in out
+
+
 def test_compare_exits_1_when_a_mode_stopped_early_and_keeps_the_results(tmp_path: Path):
     # a sim-time budget too short for 3 steps: every mode stops early, as simulate does it exits 1
     proc = rollart("compare", "default", "--modes", "sync,rollart", "--steps", "3", "--quiet",
