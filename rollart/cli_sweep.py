@@ -209,7 +209,7 @@ def _csv(text: str, kind: type, option: str, lo: float, hi: float) -> list[Any]:
 
 def plan(
     scenario: str = typer.Argument(..., help="scenario YAML or shipped name (its GPU types, task mix, model)"),
-    budget_usd_per_hour: Optional[float] = typer.Option(None, "--budget-usd-per-hour", min=0,
+    budget_usd_per_hour: Optional[float] = typer.Option(None, "--budget-usd-per-hour",
                                                         help="at most this US$/h (placed GPUs + env cores + "
                                                              "serverless, priced by the plan's prices)"),
     budget_gpus: Optional[int] = typer.Option(None, "--budget-gpus", min=1,
@@ -263,6 +263,8 @@ def plan(
         _fail(["--budget-usd-per-hour / --budget-gpus: give exactly one budget"])
     if budget_usd_per_hour is not None and not math.isfinite(budget_usd_per_hour):
         _fail([f"--budget-usd-per-hour: {budget_usd_per_hour} is not a finite amount"])
+    if budget_usd_per_hour is not None and budget_usd_per_hour < 0:
+        _fail([f"--budget-usd-per-hour: {budget_usd_per_hour:g} is below 0"])
     if objective not in OBJECTIVES:
         _fail([f"--objective: unknown objective '{objective}'; objectives are: {', '.join(OBJECTIVES)}"])
     use_ray = address is not None

@@ -303,6 +303,8 @@ def test_plan_command_writes_a_plan_that_simulate_reproduces(tmp_path):
     (["--budget-gpus", "8", "--redundancies", "nan"], "--redundancies: nan outside 0–16"),
     (["--budget-gpus", "8", "--redundancies", "99"], "--redundancies: 99.0 outside 0–16"),
     (["--budget-usd-per-hour", "inf"], "--budget-usd-per-hour: inf is not a finite amount"),
+    (["--budget-usd-per-hour", "nan"], "--budget-usd-per-hour: nan is not a finite amount"),  # was typer's "≥ 0" box
+    (["--budget-usd-per-hour", "-1"], "--budget-usd-per-hour: -1 is below 0"),
     # a review found this blamed the context length ("allow a larger --tp") where 3 does not divide the heads
     (["--budget-gpus", "16", "--tp", "3"], "--tp: Qwen3-8B's 32 attention heads do not split evenly over 3 GPUs"),
 ])
