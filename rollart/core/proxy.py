@@ -121,7 +121,6 @@ class LLMProxy:
         self.suspended = False
         self.resumed = Signal("proxy.resumed")
         self.routed_preferred = 0
-        self.routed_fallback = 0
         self.fallback_from: dict[str, int] = {}  # preferred pool -> requests it spilled (saturated)
         self._by_role: dict[str, list[WorkerInfo]] = {}
         self._by_pool_role: dict[tuple[str, str], list[WorkerInfo]] = {}
@@ -133,6 +132,11 @@ class LLMProxy:
         self._pools_of_role: dict[str, list[str]] = {}
         for pool, role in self._by_pool_role:
             self._pools_of_role.setdefault(role, []).append(pool)
+
+    @property
+    def routed_fallback(self) -> int:
+        """Requests routed off their preferred pool (it was saturated), from every pool."""
+        return sum(self.fallback_from.values())
 
     def pool_of(self, worker_id: int | None) -> str | None:
         """The pool a worker belongs to (None: no such worker)."""
@@ -172,7 +176,6 @@ class LLMProxy:
             others = [w for p in self._pools_of_role.get(role, ()) if p != pool
                       if (w := index.least_loaded((p, role))) is not None]
             if others:
-                self.routed_fallback += 1
                 self.fallback_from[pool] = self.fallback_from.get(pool, 0) + 1
                 return min(others, key=lambda w: (w.load, w.id))
         self.routed_preferred += 1

@@ -259,10 +259,14 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
             keep = max(finalists, math.ceil(len(ranked) / eta))
             pop = [e.candidate for e in ranked[:keep]]
 
+        def full_runs() -> list[Evaluation]:
+            """The full-length runs of the plans in ``pop`` that the user's options allow."""
+            return [cache[(c, full)] for c in dict.fromkeys(pop) if (c, full) in cache and space.valid(c)]
+
         # Polish: hill-climb from the winner at full length (low-fidelity ranks are noisy; a
         # one-move neighbour of the winner is the likeliest thing they got wrong).
         for _ in range(polish_rounds):
-            ranked = rank([cache[(c, full)] for c in dict.fromkeys(pop) if (c, full) in cache])
+            ranked = rank(full_runs())
             if not ranked:
                 break
             nbrs = [n for n in space.neighbours(ranked[0].candidate) if (n, full) not in cache]
@@ -270,10 +274,10 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
                 break
             evaluate(nbrs, full, "full simulation of the winner's neighbours")
             pop = list(dict.fromkeys(pop + nbrs))
-            if rank([cache[(c, full)] for c in pop])[0] is ranked[0]:
+            if rank(full_runs())[0] is ranked[0]:
                 break
 
-        finals = [cache[(c, full)] for c in dict.fromkeys(pop) if (c, full) in cache and space.valid(c)]
+        finals = full_runs()
         ranked = rank(finals)
         spreads: dict[Candidate, SeedSpread] = {}
         seed0 = int(base["algorithm"].get("seed", 0))
@@ -289,7 +293,7 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
                 break
             evaluate(nbrs, full, "full simulation of the best mean's neighbours")
             pop = list(dict.fromkeys(pop + nbrs))
-            finals = [cache[(c, full)] for c in dict.fromkeys(pop) if (c, full) in cache and space.valid(c)]
+            finals = full_runs()
             ranked = rank(finals)
 
     baseline = cache.get((space.baseline, full)) if space.baseline is not None else None

@@ -176,8 +176,8 @@ class Space:
                   alphas: list[int] = (0, 1, 2), redundancies: list[float] = (0.0, 0.25, 0.5),
                   reward_gpus: list[int] | None = None, search_affinity: bool = True) -> "Space":
         """The space a budget allows on the scenario's GPU pools (their GPU types; counts are
-        free, but a pool priced 0 under a US$ budget, GPUs already owned, holds its count), in multiples of ``step`` GPUs (default: 8 — a node — for budgets of 64 GPUs or
-        more, else 4, 2 or 1). ``tps``: the generation tensor-parallel degrees to try; default the
+        free, but a pool priced 0 under a US$ budget, GPUs already owned, holds its count), in
+        multiples of ``step`` GPUs (default: 8 — a node — for budgets of 64 GPUs or more, else 4, 2 or 1). ``tps``: the generation tensor-parallel degrees to try; default the
         powers of two within each pool's NVLink domain (1, 2, 4, 8 on an HGX board; up to 64 on an
         NVL72 rack, where a wider worker stays on NVLink)."""
         from rollart.calibration import generation_cost
@@ -201,14 +201,16 @@ class Space:
                        f"'{c.gpu_pools[p].gpu}' (pool '{p}'); a US$ budget needs one" for p in pools if price[p] is None]
             if missing:
                 raise PlanError(missing)
+        # pools priced 0 under a US$ budget: the GPUs owned, not as many as the search likes
+        owned = {p: c.gpu_pools[p].count for p in pools if budget.usd_per_hour is not None and price[p] == 0}
 
         def max_gpus(pool: str) -> int:
             caps = []
             if budget.gpus is not None:
                 caps.append(budget.gpus)
             if budget.usd_per_hour is not None:
-                caps.append(int(max(0.0, budget.usd_per_hour - cpu_hourly) // price[pool]) if price[pool]
-                            else c.gpu_pools[pool].count)  # free: the GPUs owned, not as many as the search likes
+                caps.append(owned[pool] if pool in owned else int(max(0.0, budget.usd_per_hour - cpu_hourly)
+                                                                     // price[pool]))
             return min(caps)
 
         def trainer_max() -> int:
@@ -217,11 +219,11 @@ class Space:
             caps = []
             if budget.gpus is not None:
                 caps.append(budget.gpus - step)
-            if budget.usd_per_hour is not None and price[tr.pool]:
+            if tr.pool in owned:
+                caps.append(owned[tr.pool])
+            elif budget.usd_per_hour is not None:
                 cheapest = min(price[p] for p in pools if price[p])
                 caps.append(int(max(0.0, budget.usd_per_hour - cpu_hourly - step * cheapest) // price[tr.pool]))
-            elif budget.usd_per_hour is not None:
-                caps.append(c.gpu_pools[tr.pool].count)
             return min(caps) if caps else 10**6
 
         biggest = max(max_gpus(p) for p in pools)
@@ -307,7 +309,7 @@ class Space:
                     trainer_gpus=trainer_gpus, gen_gpus=gen_gpus, gen_tp=gen_tp, tags=tags,
                     alphas=sorted(set(alphas)), redundancies=sorted(set(redundancies)), rewards=rewards,
                     budget=budget, heuristic_affinity=_task_kinds(plan), compute_rank=rank, gen_ep=gen_ep,
-                    owned={p: c.gpu_pools[p].count for p in pools if budget.usd_per_hour is not None and price[p] == 0})
+                    owned=owned)
         if not search_affinity:
             space.affinity_maps = []  # filled per candidate by the heuristic map only
         space.baseline = space.candidate_from_plan(plan)
