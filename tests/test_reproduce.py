@@ -468,6 +468,32 @@ def test_means_over_seeds_tie_within_twice_the_standard_error_of_their_differenc
     assert leader_text(["b", "a"], str.upper, m, [1, 3]) == f"tie within {100 * m:.1f} % (means of 1–3 seeds): B, A"
 
 
+def test_variants_run_at_the_same_seeds_are_compared_seed_by_seed():
+    """A seed draws every trajectory's workload from its own stream in each variant, so a swing common to
+    all variants (seed 0 fast everywhere) cancels: the margin is 2·s_d/√n of the per-seed log-ratios,
+    floored at TIE_MARGIN/√n; a failed seed falls back to the unpaired rule."""
+    from rollart.reproduce.checks import TIE_MARGIN, leaders, paired_margin, same_seeds, seed_margin, tie_rule
+
+    # the hw-affinity figures of the session-54 reproduce: the mix leads all-H800 by 3.1-4.0 % at every seed
+    swing = {"mix": {0: 3.319, 1: 3.175, 2: 3.182}, "h800": {0: 3.217, 1: 3.052, 2: 3.086}}
+    unpaired = seed_margin({k: list(v.values()) for k, v in swing.items()})
+    assert same_seeds(swing) and paired_margin(swing) == pytest.approx(TIE_MARGIN / math.sqrt(3))
+    means = {k: sum(v.values()) / 3 for k, v in swing.items()}
+    assert leaders(means, unpaired) == ["mix", "h800"] and leaders(means, paired_margin(swing)) == ["mix"]
+    # a lead that changes sign between seeds stays a tie
+    flip = {"a": {0: 1.00, 1: 1.10, 2: 1.05}, "b": {0: 1.08, 1: 1.00, 2: 1.04}}
+    d = [math.log(1.00 / 1.08), math.log(1.10 / 1.00), math.log(1.05 / 1.04)]
+    mean = sum(d) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
+    assert paired_margin(flip) == pytest.approx(2 * sd / math.sqrt(3))
+    assert leaders({k: sum(v.values()) / 3 for k, v in flip.items()}, paired_margin(flip)) == ["a", "b"]
+    # a failed seed: the keys no longer share their seeds, so the unpaired rule
+    lost = {"a": {0: 0.98, 1: 1.00, 2: 1.02}, "b": {0: 1.96, 1: math.nan, 2: math.nan}}
+    assert not same_seeds(lost)
+    assert paired_margin(lost) == seed_margin({k: list(v.values()) for k, v in lost.items()})
+    assert "seed by seed" in tie_rule(True) and "seed by seed" not in tie_rule(False)
+
+
 def test_a_seeded_variants_seed_0_is_its_scenarios_own_seed():
     """seeded() adds no override at seed 0 (so the run is shared with unseeded variants of the same
     plan): that is seed 0 only while the scenario's own seed is 0."""
@@ -644,7 +670,7 @@ def test_h800_vs_h20_a_task_split_between_the_gpus_by_batch_agrees_with_neither(
 
 def test_scaling_reads_speed_ups_over_the_seeds_and_ties_within_their_spread():
     """Each mode's speed-up is the ratio of its mean throughputs over the seeds; two modes whose
-    speed-ups lie within twice the standard error of a difference (from the per-seed speed-ups) tie."""
+    speed-ups lie within twice the standard error of their difference, read seed by seed, tie."""
     from rollart.reproduce.experiments import SCALING
     from rollart.reproduce.experiments.common import SEEDS
 

@@ -4,6 +4,7 @@ value or range; a qualitative statement (a direction, an ordering) agrees or not
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -61,9 +62,10 @@ def leaders(values: dict[str, float], margin: float = TIE_MARGIN) -> list[str]:
 
 
 def leader_text(keys: list[str], label: Callable[[str], str], margin: float = TIE_MARGIN,
-                seeds: list[int] | None = None) -> str:
+                seeds: list[int] | None = None, paired: bool = False) -> str:
     """How :func:`leaders` reads in a table: the winner's label, or the tie's labels; ``seeds``: how
-    many seeds each value is the mean of (:func:`seed_counts`), None for one seed each."""
+    many seeds each value is the mean of (:func:`seed_counts`), None for one seed each; ``paired``:
+    the margin compared the values seed by seed (:func:`paired_margin`)."""
     if len(keys) <= 1:
         return label(keys[0]) if keys else NA
     if not seeds:
@@ -71,7 +73,7 @@ def leader_text(keys: list[str], label: Callable[[str], str], margin: float = TI
     else:
         lo, hi = min(seeds), max(seeds)
         over = f"mean of {lo} seeds" if lo == hi else f"means of {lo}–{hi} seeds"
-        within = f"{100 * margin:.1f} % ({over})"
+        within = f"{100 * margin:.1f} % ({over}{', compared seed by seed' if paired else ''})"
     return f"tie within {within}: " + ", ".join(label(k) for k in keys)
 
 
@@ -101,6 +103,45 @@ def seed_margin(per_seed: dict[str, list[float]]) -> float:
     s = math.sqrt(dev2 / dof)
     pair = 1 / n1 + 1 / n2
     return max(2 * s * math.sqrt(pair), TIE_MARGIN * math.sqrt(pair / 2))
+
+
+def same_seeds(per_seed: dict[str, dict[int, float]]) -> bool:
+    """Whether every key gave a finite value at the same two or more seeds (what :func:`paired_margin` pairs)."""
+    sets = {frozenset(s for s, v in vs.items() if finite(v)) for vs in per_seed.values()}
+    return len(per_seed) >= 2 and len(sets) == 1 and len(next(iter(sets))) >= 2
+
+
+def paired_margin(per_seed: dict[str, dict[int, float]]) -> float:
+    """The tie margin for means over the same seeds, compared seed by seed. A seed draws each
+    trajectory's workload (task, turns, response lengths, env latencies and failures) from that
+    trajectory's own random stream (``sim/costs/env.py``), the same in every variant, so the seed-to-seed
+    swing common to all variants cancels in a difference (common random numbers). Margin 2·s_d/√n: s_d
+    the standard deviation of the per-seed log-ratio ln(a_s/b_s), pooled over every pair of keys; n the
+    seeds. At least :data:`TIE_MARGIN`/√n (the one-seed margin scaled, as :func:`seed_margin`). When
+    the keys do not share the same two or more seeds (a seed failed), :func:`seed_margin`'s unpaired rule."""
+    if not same_seeds(per_seed):
+        return seed_margin({k: list(vs.values()) for k, vs in per_seed.items()})
+    runs = {k: {s: v for s, v in vs.items() if finite(v)} for k, vs in per_seed.items()}
+    seeds = sorted(next(iter(runs.values())))
+    if any(v <= 0 for vs in runs.values() for v in vs.values()):
+        return seed_margin({k: list(vs.values()) for k, vs in per_seed.items()})
+    dev2 = dof = 0.0
+    for a, b in itertools.combinations(sorted(runs), 2):
+        d = [math.log(runs[a][s] / runs[b][s]) for s in seeds]
+        mean = sum(d) / len(d)
+        dev2 += sum((x - mean) ** 2 for x in d)
+        dof += len(d) - 1
+    n = len(seeds)
+    return max(2 * math.sqrt(dev2 / dof) / math.sqrt(n), TIE_MARGIN / math.sqrt(n))
+
+
+def tie_rule(paired: bool) -> str:
+    """How the report says which margin made a tie (:func:`paired_margin` or :func:`seed_margin`)."""
+    if paired:
+        return ("twice the standard error of their difference read seed by seed (a seed draws each trajectory's "
+                "workload from the same random stream in every variant, so the swing common to all variants "
+                f"cancels), at least {100 * TIE_MARGIN:.0f} % ÷ √seeds.")
+    return "twice the standard error of a difference of two means, from the seed-to-seed spread pooled over the variants."
 
 
 def verdict(c: Check) -> str:

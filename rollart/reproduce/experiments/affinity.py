@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from rollart.reproduce import plots
-from rollart.reproduce.checks import direction, leader_text, leaders, seed_counts, seed_margin
+from rollart.reproduce.checks import (direction, leader_text, leaders, paired_margin, same_seeds, seed_counts,
+                                      tie_rule)
 from rollart.reproduce.experiments.common import (BOUND_RULE, EXP, SEEDS, STEADY_NOTE, _failures, _find, _same_trainer,
                                                   _seed_runs, _side, _train_s, finite_mean, mean_throughput,
                                                   seed_throughputs, seeded)
@@ -33,8 +34,8 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
             continue
         runs = list(by_run.values())
         by_seed = seed_throughputs(outs, config=key)
-        per_seed[key] = list(by_seed.values())
-        t = head[key] = finite_mean(per_seed[key])
+        per_seed[key] = by_seed
+        t = head[key] = finite_mean(by_seed.values())
         spread = " · ".join(fr(by_seed.get(s)) for s in SEEDS)  # a missing or failed seed: "—"
         fallback = [o.summary["routed_fallback"] for o in runs if o.ok and "routed_fallback" in o.summary]
         shown = next((o for o in runs if o.ok), runs[0])  # GPU busy of one run: the first seed that gave it
@@ -44,10 +45,11 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
     table = MdTable(["rollout hardware (same cost)", "step s", "train share of step", "traj/s",
                      f"traj/s at seeds {', '.join(map(str, SEEDS))}", "× all-H800", "GPU busy",
                      "requests routed off their preferred pool (all seeds)"], rows)
-    margin = seed_margin(per_seed)
+    margin, paired = paired_margin(per_seed), same_seeds(per_seed)
     top = leaders(head, margin)
     label = dict((k, lbl) for k, lbl, _ in AFF_VARIANTS)
-    fastest = leader_text(top, lambda k: label.get(k, NA), margin, seed_counts(per_seed))
+    fastest = leader_text(top, lambda k: label.get(k, NA), margin,
+                          seed_counts({k: list(v.values()) for k, v in per_seed.items()}), paired)
     comparison = MdTable(["quantity", "simulated", "paper"], [
         ["fastest cost-matched rollout hardware", fastest,
          "the affinity-routed H800 + H20 mix (qualitative, no number in our notes)"],
@@ -60,8 +62,8 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
              "1 H800 = 3 H20, the paper's 2 × H800 ≈ 6 × H20 pairing. Throughput over the steady-state steps. "
              + STEADY_NOTE,
              f"Each variant runs at seeds {', '.join(map(str, SEEDS))} (env latencies, response lengths, failures); the "
-             f"figures are their means. Variants within {100 * margin:.1f} % of the fastest tie: twice the standard "
-             "error of a difference of two means, from the seed-to-seed spread pooled over the variants."] \
+             f"figures are their means. Variants within {100 * margin:.1f} % of the fastest tie: "
+             + tie_rule(paired)] \
         + _affinity_bound_note(outs) + _failures(outs)
     known = [k for k, t in head.items() if math.isfinite(t)]
     checks = [direction("fastest cost-matched rollout hardware (64 H800 + 24 H20 mix)", fastest,

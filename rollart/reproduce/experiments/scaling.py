@@ -6,7 +6,8 @@ import math
 from typing import Any
 
 from rollart.reproduce import plots
-from rollart.reproduce.checks import direction, leader_text, leaders, seed_counts, seed_margin
+from rollart.reproduce.checks import (direction, leader_text, leaders, paired_margin, same_seeds, seed_counts,
+                                      tie_rule)
 from rollart.reproduce.experiments.common import (EXP, MODES, MODE_LABEL, SEEDS, STEADY_NOTE, _bound_note, _failures,
                                                   _find, _seed_runs, _side, _train_s, conversations_per_worker,
                                                   env_managers, finite_mean, mean_throughput, seeded)
@@ -75,8 +76,12 @@ def _pair(outs: list[Outcome], mode: str, split64: Any = "half", split128: Any =
     a, b = _seed_runs(outs, mode=mode, gpus=64, split=split64), _seed_runs(outs, mode=mode, gpus=128, split=split128)
     ta, tb = mean_throughput(outs, mode=mode, gpus=64, split=split64), mean_throughput(outs, mode=mode, gpus=128,
                                                                                          split=split128)
-    per_seed = [ratio(throughput(b[s]), throughput(a[s])) for s in SEEDS if s in a and s in b]
+    per_seed = {s: ratio(throughput(b[s]), throughput(a[s])) for s in SEEDS if s in a and s in b}
     return {"64": ta, "128": tb, "speedup": ratio(tb, ta), "speedups": per_seed, "runs": (a, b)}
+
+
+def _counts(per_seed: dict[str, dict[int, float]]) -> list[int]:
+    return seed_counts({k: list(v.values()) for k, v in per_seed.items()})
 
 
 def _analyse_scaling(all_outs: list[Outcome]) -> Section:
@@ -92,16 +97,16 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
             cells += [fs(finite_mean(step_s(o) for o in runs.values())),
                       fp(finite_mean(train_share(o) for o in runs.values())), fr(t), busy(shown) if shown else NA]
         up = pair["speedup"]
-        rows.append([MODE_LABEL[m], *cells, fx(up), " · ".join(fx(x) for x in pair["speedups"]) or NA,
+        rows.append([MODE_LABEL[m], *cells, fx(up), " · ".join(fx(x) for x in pair["speedups"].values()) or NA,
                      fp(up / 2 if math.isfinite(up) else math.nan)])
     table = MdTable(["mode", "64 H800 step s", "64 H800 train share of step", "64 H800 traj/s", "64 H800 GPU busy (seed 0)",
                      "128 H800 step s", "128 H800 train share of step", "128 H800 traj/s", "128 H800 GPU busy (seed 0)",
                      "speed-up (ideal 2×)", f"speed-up at seeds {', '.join(map(str, SEEDS))}", "scaling efficiency"],
                     rows)
-    margin = seed_margin(per_seed)
+    margin, paired = paired_margin(per_seed), same_seeds(per_seed)
     top = leaders({m: head[m]["speedup"] for m in MODES}, margin)
     scales_best = leader_text(top, lambda m: f"{MODE_LABEL[m]} ({fx(head[m]['speedup'])})", margin,
-                              seed_counts(per_seed))
+                              _counts(per_seed), paired)
     comparison = MdTable(["quantity", "simulated", "paper"], [
         ["mode that scales best from 64 to 128 H800", scales_best,
          "ROLLART scaled better than the baselines (qualitative)"],
@@ -112,10 +117,10 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
     best_table, splits = _best_splits(all_outs)
     if splits:
         split_seeds = {m: splits[m]["speedups"] for m in splits}
-        split_margin = seed_margin(split_seeds)
+        split_margin = paired_margin(split_seeds)
         winners = leaders({m: splits[m]["speedup"] for m in splits}, split_margin)
         at_best = leader_text(winners, lambda m: f"{MODE_LABEL[m]} ({fx(splits[m]['speedup'])})", split_margin,
-                              seed_counts(split_seeds))
+                              _counts(split_seeds), same_seeds(split_seeds))
         checks.append(direction("… each continuous mode at its best train/rollout split", at_best, "ROLLART",
                                 winners == ["rollart"]))
         comparison.rows.append([f"mode that scales best, {' and '.join(MODE_LABEL[m] for m in splits)} each at its "
@@ -124,9 +129,8 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
     probe_table, probe_note = _rollart_probes(all_outs)
     notes = ["Throughput over the steady-state steps. Batch size stays 512 at both sizes. " + STEADY_NOTE,
              f"The mode comparison and the splits run at seeds {', '.join(map(str, SEEDS))}: throughputs are their means, "
-             "a speed-up the ratio of the means; modes whose speed-ups lie within twice the standard error of a "
-             "difference (from the seeds' spread of the speed-up) tie. GPU busy is seed 0's; the one-knob probes run "
-             "at seed 0."] \
+             "a speed-up the ratio of the means; modes whose speed-ups lie within the margin tie: " + tie_rule(paired)
+             + " GPU busy is seed 0's; the one-knob probes run at seed 0."] \
         + _scaling_bound_note(outs) + probe_note + _failures(all_outs)
     extra = [(t, tbl) for t, tbl in (("Each continuous mode at its best train/rollout split", best_table),
                                       ("What bounds ROLLART's rollout at 128 H800 (one knob each)", probe_table))
@@ -155,7 +159,7 @@ def _best_splits(outs: list[Outcome]) -> tuple[MdTable | None, dict[str, dict[st
         best[m] = {"64": (train[64], pair["64"]), "128": (train[128], pair["128"]), "speedup": pair["speedup"],
                    "speedups": pair["speedups"]}
         rows.append([MODE_LABEL[m], f"{train[64]} train", fr(pair["64"]), f"{train[128]} train", fr(pair["128"]),
-                     fx(pair["speedup"]), " · ".join(fx(x) for x in pair["speedups"]) or NA])
+                     fx(pair["speedup"]), " · ".join(fx(x) for x in pair["speedups"].values()) or NA])
     if not rows:
         return None, best
     shares = ", ".join(f"{s_:.3g}" for s_ in sorted((0.5, *SPLIT_SHARES)))
