@@ -97,7 +97,7 @@ def test_uneven_stages_give_the_first_the_extra_layers_and_the_busiest_sets_the_
     comm = wide._stage_comm_s(n * s, n)
     assert comm[0] / 8 == pytest.approx(comm[4] / 7) and wide._comm_s(n * s, n) == comm[0]
     per_stage = [wide.dp * 5 * f / wide._peak + c for f, c in zip(wide.stage_flops(n * s, n * s * s), comm)]
-    assert wide._rank_s(0.0, n * s, n, n * s * s) == pytest.approx(max(per_stage) / (1 - 4 / (n + 4)))
+    assert wide._rank_s(0.0, n * s, n, n * s * s, s) == pytest.approx(max(per_stage) / (1 - 4 / (n + 4)))
     assert max(per_stage) == per_stage[4]
     # activations: the first stage keeps 5 micro-batches × 8 layers of inputs (40 > 36 layers)
     layer_input = 32768 * QWEN8.hidden * 2 / 1
@@ -287,3 +287,35 @@ def test_the_mfu_transfer_reads_the_pools_gpu_type_by_name() -> None:
     t.measured_on_gpu()  # resolved as the plan's checks resolve it
     assert train_cost(QWEN8, custom, t, "H20").mfu == pytest.approx(effective_mfu(t, custom, "H20")[0])
     assert "H800 ÷ H800" not in train_cost(QWEN8, H800, t, "H800").source
+
+
+def test_the_longest_micro_batch_crosses_every_stage() -> None:
+    """A pipeline of pp identical stages in line takes Σ tᵢ + (pp − 1) · max tᵢ over its micro-batches (a
+    proportionate flow shop, whatever their order): the longest micro-batch must cross every stage. With
+    the mean in place of the max (the bubble formula) one 30K sequence among short ones priced the batch
+    below that sequence alone (helper-72: Qwen3-8B tp 2 · pp 4 on 256 GPUs, 17.7 s alone, 8.8 s in its batch)."""
+    c = TrainCost(QWEN8, H800, _trainer(gpus=8, tp=2, pp=4))  # dp 1: one rank takes every sequence
+    alone = {s: _compute_s(c, [s]) for s in (2048, 30720)}
+    assert alone[30720] == pytest.approx(4 * c._stage_s(c._flops(30720), 30720, 1, 30720 ** 2))
+    mixed = [30720] + [2048] * 15
+    t = {s: c._stage_s(c._flops(s), s, 1, s * s) for s in (2048, 30720)}
+    stage = c._stage_s(sum(c._flops(s) for s in mixed), sum(mixed), 16, sum(s * s for s in mixed))
+    assert stage == pytest.approx(t[30720] + 15 * t[2048])  # no tp comm given: stage time is additive
+    assert _compute_s(c, mixed) == pytest.approx(stage + 3 * t[30720])
+    assert _compute_s(c, mixed) > alone[30720]  # a batch never costs less than its longest sequence alone
+    assert _compute_s(c, mixed) > stage / (1 - c.bubble(16))  # more than the mean-based bubble said
+    # equal micro-batches: the bubble formula, unchanged
+    assert _compute_s(c, [8192] * 16) == pytest.approx(c._stage_s(16 * c._flops(8192), 16 * 8192, 16, 16 * 8192 ** 2)
+                                                      / (1 - c.bubble(16)))
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_a_batch_never_trains_faster_than_its_longest_sequence_alone(pp: int) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    for gpus in (8 * pp, 64 * pp):
+        c = TrainCost(QWEN8, H800, _trainer(gpus=gpus, tp=2, pp=pp), allreduce=(1e-5, 1e11, "NVLink"))
+        for _ in range(20):
+            lens = [int(x) for x in np.clip(rng.lognormal(8.5, 0.9, size=int(rng.integers(2, 200))), 64, 32768)]
+            assert c.step_time(lens) >= c.step_time([max(lens)]) * (1 - 1e-9)

@@ -62,8 +62,12 @@ def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None 
 
 
 class TrainCost:
-    """step = max_r [dp · pp · max_k (10·P'_k·T_r + 5·2·L_k·H·d·Σ_r s²) / (gpus · peak · MFU) + comm_r]
-                 / (1 − bubble_r) + dp_sync + optimizer
+    """step = max_r [S_r + (pp − 1) · max_i t_r,i] + dp_sync + optimizer,
+    S_r = dp · pp · max_k (10·P'_k·T_r + 5·2·L_k·H·d·Σ_r s²) / (gpus · peak · MFU) + comm_r
+
+    S_r is the busiest stage's time over rank r's micro-batches, t_r,i its time for micro-batch i (the
+    same terms over that micro-batch's tokens): the pipeline fills and drains for (pp − 1) micro-batch
+    times, the longest's bounding them (with equal ones S_r / (1 − bubble_r), bubble_r = (pp − 1) / (m_r + pp − 1)).
 
     P'_k the parameters of pipeline stage k whose matmuls every token runs: its L_k layers' active
     parameters, and on the last stage the lm_head (vocab × hidden, a GEMM, present even with tied
@@ -80,8 +84,9 @@ class TrainCost:
     sequences than ranks leaves ranks idle instead of shrinking the step. A micro-batch holds whole
     sequences, by default one (``placement.trainer.micro_batches`` unset, as ROLL trains agentic
     sequences): rank r runs m_r = its sequences micro-batches; with ``micro_batches`` set, each holds
-    ceil(sequences / micro_batches) and m_r = ceil(sequences / that). Its pipeline bubble is
-    (pp − 1) / (m_r + pp − 1). The optimizer step streams fp32 Adam state (16 bytes per parameter,
+    ceil(sequences / micro_batches) and m_r = ceil(sequences / that). Its pipeline fills and drains
+    for (pp − 1) × its longest micro-batch (:meth:`_rank_s`; with equal micro-batches the bubble
+    (pp − 1) / (m_r + pp − 1) of the whole). The optimizer step streams fp32 Adam state (16 bytes per parameter,
     read and written) at HBM bandwidth, sharded over the GPUs. MFU: :func:`effective_mfu`.
 
     comm_r is the communication a GPU of rank r waits for, each pass (forward, backward, recompute,
@@ -189,17 +194,18 @@ class TrainCost:
     def _flops(self, s: int) -> float:
         return self._linear_per_token * s + self._attention_per_sq * s * s
 
-    def _ranks(self, seq_lens: list[int]) -> list[tuple[float, int, int, int]]:
-        """(FLOPs, tokens, sequences, Σ s²) of each data-parallel rank with work, sequences dealt longest
-        first to the least-loaded rank (longest-processing-time packing: the busiest rank exceeds an
-        even share by less than its last sequence's work); one sequence a rank when there are no more
-        than ranks."""
+    def _ranks(self, seq_lens: list[int]) -> list[tuple[float, int, int, int, int]]:
+        """(FLOPs, tokens, sequences, Σ s², longest s) of each data-parallel rank with work, sequences
+        dealt longest first to the least-loaded rank (longest-processing-time packing: the busiest rank
+        exceeds an even share by less than its last sequence's work); one sequence a rank when there
+        are no more than ranks."""
         if len(seq_lens) <= self.dp:
-            return [(self._flops(s), s, 1, s * s) for s in seq_lens]
-        ranks = [(0.0, 0, 0, 0)] * self.dp
+            return [(self._flops(s), s, 1, s * s, s) for s in seq_lens]
+        ranks = [(0.0, 0, 0, 0, 0)] * self.dp
         for s in sorted(seq_lens, reverse=True):
-            flops, tokens, seqs, squares = ranks[0]
-            heapq.heapreplace(ranks, (flops + self._flops(s), tokens + s, seqs + 1, squares + s * s))
+            flops, tokens, seqs, squares, longest = ranks[0]
+            heapq.heapreplace(ranks, (flops + self._flops(s), tokens + s, seqs + 1, squares + s * s,
+                                      max(longest, s)))
         return ranks
 
     def busiest_rank_flops(self, seq_lens: list[int]) -> float:
@@ -249,17 +255,36 @@ class TrainCost:
         """The busiest stage's communication (pp 1: the rank's)."""
         return max(self._stage_comm_s(tokens, micro_batches))
 
-    def _rank_s(self, flops: float, tokens: int, seqs: int, squares: int) -> float:
-        """One rank's time at its busiest stage's pace (compute and communication together), stretched by
-        its pipeline bubble."""
-        m = self.micro_batches(seqs)
-        comm = self._stage_comm_s(tokens, m)
+    def _stage_s(self, flops: float, tokens: int, micro_batches: int, squares: int) -> float:
+        """Seconds the busiest pipeline stage of a rank computes and communicates for ``tokens`` tokens in
+        ``micro_batches`` micro-batches (pp 1: the rank's whole work)."""
+        comm = self._stage_comm_s(tokens, micro_batches)
         if self.trainer.pp == 1:
-            stage = self.dp * flops / self._peak + comm[0]
-        else:
-            stage = max(self.dp * self.trainer.pp * f / self._peak + c
-                        for f, c in zip(self.stage_flops(tokens, squares), comm))
-        return stage / (1 - self.bubble(m))
+            return self.dp * flops / self._peak + comm[0]
+        return max(self.dp * self.trainer.pp * f / self._peak + c
+                   for f, c in zip(self.stage_flops(tokens, squares), comm))
+
+    def _longest_micro_batch_s(self, tokens: int, seqs: int, squares: int, longest: int) -> float:
+        """The busiest stage's seconds for the rank's longest micro-batch: the one holding its longest
+        sequence, with the rest of its :meth:`sequences_per_micro_batch` at the mean of the others."""
+        k = self.sequences_per_micro_batch(seqs)
+        others = max(0, min(k, seqs) - 1)
+        rest = max(1, seqs - 1)
+        mb_tokens = longest + others * (tokens - longest) / rest
+        mb_squares = longest * longest + others * (squares - longest * longest) / rest
+        return self._stage_s(self._flops(longest), round(mb_tokens), 1, round(mb_squares))
+
+    def _rank_s(self, flops: float, tokens: int, seqs: int, squares: int, longest: int) -> float:
+        """One rank's time at its busiest stage's pace (compute and communication together) plus its pipeline's
+        fill and drain: Σ tᵢ + (pp − 1) · max tᵢ over its micro-batches (the makespan of pp identical
+        stages in line, whatever their order; with equal micro-batches Σ t / (1 − bubble)). The longest
+        micro-batch must cross every stage: with lengths this uneven the mean would undercount it."""
+        m = self.micro_batches(seqs)
+        stage = self._stage_s(flops, tokens, m, squares)
+        if self.trainer.pp == 1:
+            return stage
+        longest_s = max(stage / m, self._longest_micro_batch_s(tokens, seqs, squares, longest))
+        return stage + (self.trainer.pp - 1) * longest_s
 
     def step_time(self, seq_lens: list[int]) -> float:
         m, t = self.model, self.trainer
