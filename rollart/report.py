@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rollart.core.stats import BREAKDOWN_KEYS, StepRecord, steady_state, warmup_steps
+from rollart.core.stats import BREAKDOWN_KEYS, SE_MIN_PAIRS, StepRecord, steady_state, warmup_steps
 from rollart.files import write_text_atomic
 
 SHORT = {"generation": "gen", "env_queue": "cpu", "env_reset": "reset", "env_step": "env", "reward": "reward", "train": "train",
@@ -340,9 +340,15 @@ def steady_text(steady: dict[str, Any], steps: list[StepRecord]) -> str:
                 "throughput above is mostly the cold first step)")
     last = steps[-1].step if steps else steady["from_step"]
     c1k = steady.get("cost_per_1k_trajectories_usd")
-    return (f"{steady['trajectories_per_s']:.3f} trajectories/s"
+    se = steady.get("trajectories_per_s_se")
+    spread = f" ± {2 * se:.3f}" if se else ""
+    tokens = steady.get("trained_tokens_per_s")
+    return (f"{steady['trajectories_per_s']:.3f}{spread} trajectories/s"
+            + (f" · {tokens:,.0f} trained tokens/s" if tokens else "")
             + (f" · ${c1k:,.2f} per 1k trajectories" if c1k is not None else "")
-            + f" (steps {steady['from_step']}–{last}, past the cold first step)")
+            + f" (steps {steady['from_step']}–{last}, past the cold first step; "
+            + ("± twice the standard error over pairs of those steps)" if spread else
+               f"run --steps {steady['from_step'] + 2 * SE_MIN_PAIRS} or more for its error bar)"))
 
 
 def mixed_cost_models(calibration: dict[str, str]) -> str | None:
@@ -374,11 +380,11 @@ def compare_table(results: list[RunResult]) -> Table:
     steady = all(plan_figures(r.summary)[1] for r in results)
     figs = [r.summary["steady"] if steady else r.summary for r in results]  # one basis for every mode
     base = figs[0]["trajectories_per_s"] or 1.0
-    what = ("traj/s and step s past the cold first step; busy and aborts over the whole run" if steady
-            else "whole run")
+    what = ("traj/s, trained tok/s and step s past the cold first step; busy and aborted (stale / redundant) "
+            "over the whole run" if steady else "whole run; tok/s: trained tokens; aborted: stale / redundant")
     table = Table(title=f"{results[0].scenario}: throughput normalised to {results[0].mode} ({what})",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("mode", "step s", "traj/s", f"× {results[0].mode}", "GPU busy", "stale", "redundant"):
+    for col in ("mode", "step s", "traj/s", f"× {results[0].mode}", "tok/s", "GPU busy", "aborted"):
         table.add_column(col, justify="left" if col in ("mode", "GPU busy") else "right", no_wrap=col != "GPU busy",
                          min_width=len(col))
     d = decimals_for([f["step_time_s_mean"] for f in figs])
@@ -386,6 +392,6 @@ def compare_table(results: list[RunResult]) -> Table:
         sm = r.summary
         busy = " ".join(f"{p}:{x:.0%}" for p, x in sm.get("gpu_busy_fraction", {}).items())
         table.add_row(r.mode, f"{f['step_time_s_mean']:.{d}f}", f"{f['trajectories_per_s']:.3f}",
-                      f"{f['trajectories_per_s'] / base:.2f}", busy, str(sm["aborted_stale"]),
-                      str(sm["aborted_redundant"]))
+                      f"{f['trajectories_per_s'] / base:.2f}", f"{f.get('trained_tokens_per_s', 0.0):,.0f}", busy,
+                      f"{sm['aborted_stale']} / {sm['aborted_redundant']}")
     return table

@@ -4,6 +4,7 @@ what plans are ranked by (``rollart simulate``'s summary, ``sweep``'s table and 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given
@@ -136,8 +137,33 @@ def test_simulate_prints_the_steady_state_or_the_steps_it_needs(tmp_path):
     assert res.exit_code == 0, res.output
     steady = json.loads((tmp_path / "r.json").read_text())["summary"]["steady"]
     text = " ".join(res.output.split())  # the summary wraps at the terminal's width
-    assert f"steady state {steady['trajectories_per_s']:.3f} trajectories/s" in text and "(steps 1–5," in text
+    assert (f"steady state {steady['trajectories_per_s']:.3f} ± {2 * steady['trajectories_per_s_se']:.3f} "
+            "trajectories/s" in text and "(steps 1–5," in text)
+    assert f"{steady['trained_tokens_per_s']:,.0f} trained tokens/s" in text
+    res = runner.invoke(app, ["simulate", "--steps", "3"], env={"COLUMNS": "200"})  # steps 1-2: one pair
+    text = " ".join(res.output.split())
+    assert "run --steps 5 or more for its error bar" in text and " ± " not in text
     res = runner.invoke(app, ["simulate", "--steps", "2"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
     assert "steady state not reached" in text and "run --steps 3 or more" in text
+
+
+def test_the_rate_error_bar_is_the_batch_means_standard_error_over_pairs_of_steps():
+    """R = Σn/Σt over pairs of consecutive steps; se = √(k/(k−1)·Σ(n_b − R·t_b)²)/Σt_b. Steps that alternate
+    long, short, long, short have no spread between pairs; one slow pair does."""
+    from rollart.core.stats import StepRecord, rate_standard_error
+
+    def steps(times: list[float]) -> list[StepRecord]:
+        out, t = [], 0.0
+        for i, dt in enumerate(times):
+            out.append(StepRecord(i, t, t + dt, {}, 64, 0, 0.0))
+            t += dt
+        return out
+
+    assert rate_standard_error(steps([80, 20, 80, 20, 80, 20])) == pytest.approx(0.0)
+    assert rate_standard_error(steps([80, 20, 80])) is None  # one pair: no spread to measure
+    pairs = [(128, 100.0), (128, 100.0), (128, 200.0)]
+    R = 384 / 400
+    se = math.sqrt(3 / 2 * sum((n - R * t) ** 2 for n, t in pairs)) / 400
+    assert rate_standard_error(steps([50, 50, 50, 50, 100, 100])) == pytest.approx(se)
