@@ -285,6 +285,22 @@ def test_throughput_ratios_are_ratios_of_the_means_over_the_seeds():
     assert "ROLLART ÷ AReaL-style seed by seed: 8B 1.25× · 1.00× · 1.00×" in note
 
 
+def test_throughput_also_reads_the_mode_ratios_in_trained_tokens():
+    """Redundant rollout trains each step's shorter trajectories: a lead in trajectories can hide a smaller
+    one in tokens, so the comparison carries both (means over the seeds, as the trajectory ratios)."""
+    from rollart.reproduce.experiments import THROUGHPUT
+    from rollart.reproduce.experiments.common import SEEDS
+
+    tokens = {"sync": 80_000, "areal": 40_000, "rollart": 30_000}  # rollart: same step time, shorter trajectories
+    steps = {"sync": 200, "areal": 40, "rollart": 40}
+    outs = [_fake({"model": "Qwen3-8B", "mode": m, "seed": s_}, [10, 10], step=steps[m], tokens=tokens[m])
+            for m in steps for s_ in SEEDS]
+    section = THROUGHPUT.analyse(outs)
+    row = next(r for r in section.comparison.rows if r[0].startswith("… the same two ratios in trained tokens/s"))
+    assert row[1].startswith("8B 0.75× · ") and "· 8B 1.88×" in row[1]  # 30k/40 ÷ 40k/40; 30k/40 ÷ 80k/200
+    assert section.headline["trained_tokens_per_s"]["Qwen3-8B"]["rollart"] == pytest.approx(30_000 / 40)
+
+
 def test_throughput_says_when_both_rollart_and_areal_are_trainer_bound():
     """Both trainer-bound: the note says ROLLART ÷ AReaL is then their train steps' ratio, read from the runs."""
     from rollart.reproduce.experiments import THROUGHPUT

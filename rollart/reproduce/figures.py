@@ -41,6 +41,16 @@ def throughput(o: Outcome) -> float:
     return sum(r.trajectories for r in recs) / span if span > 0 else math.nan
 
 
+def token_throughput(o: Outcome) -> float:
+    """Trained tokens per second over the same steps as :func:`throughput`: redundant rollout trains the
+    shorter trajectories of each step, so a mode's lead in trajectories can exceed its lead in work."""
+    recs = steady(o)
+    if not recs:
+        return math.nan
+    span = recs[-1].end_s - recs[0].start_s
+    return sum(r.tokens for r in recs) / span if span > 0 else math.nan
+
+
 def rollout_s(r: StepRecord) -> float:
     """A step's time minus what the trainer did itself (train step, exposed weight sync)."""
     return r.time_s - r.breakdown_s.get("train", 0.0) - r.breakdown_s.get("weight_sync", 0.0)
