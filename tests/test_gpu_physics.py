@@ -242,10 +242,29 @@ def test_fp8_kv_cache_holds_twice_the_tokens_and_reads_them_at_the_fp8_kernel_ra
     assert 1.1 < bf16.decode_line(64).m1 / fp8.decode_line(64).m1 < 2.0
 
 
-def test_fp8_kv_decode_attention_fit_matches_the_measured_h20_rows() -> None:
-    p = load_profile(shipped_profile_path("h20")).attn_decode_fp8_kv
-    assert p is not None and p.derived is None and p.heldout_rows > 0 and p.mape_heldout < 0.15
-    assert load_profile(shipped_profile_path("h800")).attn_decode_fp8_kv.derived  # no H800 rows: says so
+def test_fp8_kv_decode_attention_is_the_bf16_kernel_at_the_side_by_side_byte_rate() -> None:
+    """FP8 KV reads 1 byte an element through the same kernel: its launch cost is the BF16 fit's and its
+    byte rate the BF16 one × the FP8 ÷ BF16 ratio fitted side by side on the one geometry H20 measured
+    both ways (32-8-128). Fitted alone, H20's FP8 rows took that file's 10 µs launch cost against the
+    BF16 fit's ~21 µs from every geometry, an FP8 speed-up at batch 1 the data does not show (measured
+    9.97 vs 9.95 µs) and that no other GPU got (helper-73: H20 beat H200 by 9 % at tp 8, batch 1)."""
+    from calibration.build import _fp8_kv_ratio
+
+    ratio, mape, _ = _fp8_kv_ratio()
+    assert 0.6 < ratio < 0.8 and mape < 0.10
+    for gpu in ("h20", "h800", "h100", "h200", "a100", "b200", "gb200"):
+        p = load_profile(shipped_profile_path(gpu))
+        assert p.attn_decode_fp8_kv.params["t0"] == p.attn_decode.params["t0"], gpu
+        assert p.attn_decode_fp8_kv.params["e_bw"] == pytest.approx(p.attn_decode.params["e_bw"] * ratio, rel=1e-5)
+        assert "side by side" in p.attn_decode_fp8_kv.derived
+    # what that bought: at batch 1 an FP8 KV cache changes H20's step no more than H200's (it was 5-8 % on H20
+    # alone), so it no longer moves H20 past a GPU that is better on every datasheet figure
+    def b1(gpu: str, **kv: str) -> float:
+        m = _spec("Qwen3-30B-A3B", **kv)
+        return generation_cost(m, gpu, GpuType(**GPU_PRESETS[gpu]), 8).decode_line(1).total(4096, 1, 1)
+
+    gain = {g: b1(g) / b1(g, kv_dtype="fp8") for g in ("H20", "H200")}
+    assert 1.0 <= gain["H20"] <= gain["H200"] * 1.01
 
 
 def test_dtype_fields_are_validated() -> None:
