@@ -118,6 +118,17 @@ def test_a_starved_task_stops_the_run_keeping_its_steps() -> None:
     assert result.summary["warnings"] and result.summary["steps_done"] == 3
 
 
+def test_a_task_starved_by_timeouts_names_the_timeout_first() -> None:
+    """Every env call outlasting its timeout, not the failure rate, is what stopped the run: the message says
+    how many calls timed out and names timeout_s before failure_prob (helper-74: it named failure_prob=0.01 first)."""
+    plan: Plan = small_plan(["algorithm.batch_size=64", "algorithm.steps=6", "tasks.FrozenLake.env.timeout_s=0.01",
+                             "tasks.FrozenLake.env.failure_prob=0.01"])
+    result = run_sim(plan, "rollart").to_result()
+    assert result.error is not None and result.error.startswith("tasks.FrozenLake: no trajectory trained")
+    causes = result.error[result.error.index("none completed"):]
+    assert "env calls timed out: tasks.FrozenLake.env.timeout_s=0.01, tasks.FrozenLake.env.failure_prob=0.01" in causes
+
+
 def test_a_task_that_fails_often_but_completes_groups_runs_on() -> None:
     plan = small_plan(["algorithm.batch_size=64", "algorithm.steps=4", "tasks.FrozenLake.env.failure_prob=0.05"])
     result = run_sim(plan, "rollart").to_result()

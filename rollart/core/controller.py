@@ -132,8 +132,8 @@ class Controller:
         self._watched_tasks = {t.name: t.share / total for t in plan.tasks
                                if t.share / total >= 0.10 and t.share / total * plan.groups_per_batch >= 1}
         self._starved_streak = dict.fromkeys(self._watched_tasks, 0)
-        self._task_snapshots: deque[tuple[dict[str, int], dict[str, int], dict[str, int]]] = deque(
-            [({}, {}, {})], maxlen=STARVED_STEPS + 1)
+        # per task, at each step: groups completed, groups abandoned, trajectories failed, env calls timed out
+        self._task_snapshots: deque[tuple[dict[str, int], ...]] = deque([({}, {}, {}, {})], maxlen=STARVED_STEPS + 1)
 
     def admission_awaits_weights(self) -> None:
         """The scheduler held a new rollout back because the workers serve too old a version."""
@@ -292,20 +292,24 @@ class Controller:
         (a task that is only slow completes groups, and is left to the report's share warning)."""
         stats = self.stats
         self._task_snapshots.append((dict(stats.groups_completed_by_task), dict(stats.groups_abandoned_by_task),
-                                     dict(stats.env_failures_by_task)))
+                                     dict(stats.env_failures_by_task), dict(stats.env_timeouts_by_task)))
         for name, planned in self._watched_tasks.items():
             streak = self._starved_streak[name] = 0 if trained.get(name) else self._starved_streak[name] + 1
             if streak < STARVED_STEPS or len(self._task_snapshots) <= STARVED_STEPS:
                 continue
-            completed0, abandoned0, failed0 = self._task_snapshots[-1 - STARVED_STEPS]
+            completed0, abandoned0, failed0, timeouts0 = self._task_snapshots[-1 - STARVED_STEPS]
             completed = stats.groups_completed_by_task.get(name, 0) - completed0.get(name, 0)
             abandoned = stats.groups_abandoned_by_task.get(name, 0) - abandoned0.get(name, 0)
             if completed or not abandoned:
                 continue
             failed = stats.env_failures_by_task.get(name, 0) - failed0.get(name, 0)
+            timeouts = stats.env_timeouts_by_task.get(name, 0) - timeouts0.get(name, 0)
             env = self.plan.task(name).env
-            knobs = (f"tasks.{name}.env.failure_prob={env.failure_prob:g}, " if env.failure_prob else "") + \
-                f"tasks.{name}.env.timeout_s={env.timeout_s:g}"
+            timeout = f"tasks.{name}.env.timeout_s={env.timeout_s:g}"
+            failure = [f"tasks.{name}.env.failure_prob={env.failure_prob:g}"] if env.failure_prob else []
+            # the cause the run saw first: calls that timed out name the timeout before the failure rate
+            knobs = ", ".join([f"{timeouts:,} env calls timed out: {timeout}", *failure] if timeouts
+                              else [*failure, timeout])
             since = f" (steps {n - STARVED_STEPS + 1}–{n})" if streak > STARVED_STEPS else ""
             raise RunAborted(f"tasks.{name}: no trajectory trained in steps {n - streak + 1}–{n} (planned "
                              f"{planned:.0%} of each batch): {abandoned} of its groups abandoned, {failed:,} of its "
