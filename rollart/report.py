@@ -341,7 +341,7 @@ def steady_text(steady: dict[str, Any], steps: list[StepRecord]) -> str:
     last = steps[-1].step if steps else steady["from_step"]
     c1k = steady.get("cost_per_1k_trajectories_usd")
     se = steady.get("trajectories_per_s_se")
-    spread = f" ± {2 * se:.3f}" if se else ""
+    spread = f" ± {2 * se:.3f}" if se is not None else ""
     tokens = steady.get("trained_tokens_per_s")
     return (f"{steady['trajectories_per_s']:.3f}{spread} trajectories/s"
             + (f" · {tokens:,.0f} trained tokens/s" if tokens else "")

@@ -297,7 +297,7 @@ def test_throughput_also_reads_the_mode_ratios_in_trained_tokens():
             for m in steps for s_ in SEEDS]
     section = THROUGHPUT.analyse(outs)
     row = next(r for r in section.comparison.rows if r[0].startswith("… the same two ratios in trained tokens/s"))
-    assert row[1].startswith("8B 0.75× · ") and "· 8B 1.88×" in row[1]  # 30k/40 ÷ 40k/40; 30k/40 ÷ 80k/200
+    assert row[1].startswith("÷ AReaL: 8B 0.75× · ") and "; ÷ Sync: 8B 1.88×" in row[1]  # 30k/40 ÷ 40k/40; ÷ 80k/200
     assert section.headline["trained_tokens_per_s"]["Qwen3-8B"]["rollart"] == pytest.approx(30_000 / 40)
 
 
@@ -487,26 +487,30 @@ def test_means_over_seeds_tie_within_twice_the_standard_error_of_their_differenc
 def test_variants_run_at_the_same_seeds_are_compared_seed_by_seed():
     """A seed draws every trajectory's workload from its own stream in each variant, so a swing common to
     all variants (seed 0 fast everywhere) cancels: the margin is 2·s_d/√n of the per-seed log-ratios,
-    floored at TIE_MARGIN/√n; a failed seed falls back to the unpaired rule."""
-    from rollart.reproduce.checks import TIE_MARGIN, leaders, paired_margin, same_seeds, seed_margin, tie_rule
+    floored at TIE_MARGIN/√n; a failed seed falls back to the unpaired rule, a variant that failed at
+    every seed is left out (as leaders() leaves it out)."""
+    from rollart.reproduce.checks import TIE_MARGIN, leaders, paired_margin, seed_margin, tie_rule
 
     # the hw-affinity figures of the session-54 reproduce: the mix leads all-H800 by 3.1-4.0 % at every seed
     swing = {"mix": {0: 3.319, 1: 3.175, 2: 3.182}, "h800": {0: 3.217, 1: 3.052, 2: 3.086}}
     unpaired = seed_margin({k: list(v.values()) for k, v in swing.items()})
-    assert same_seeds(swing) and paired_margin(swing) == pytest.approx(TIE_MARGIN / math.sqrt(3))
+    assert paired_margin(swing) == (pytest.approx(TIE_MARGIN / math.sqrt(3)), True)
     means = {k: sum(v.values()) / 3 for k, v in swing.items()}
-    assert leaders(means, unpaired) == ["mix", "h800"] and leaders(means, paired_margin(swing)) == ["mix"]
+    assert leaders(means, unpaired) == ["mix", "h800"] and leaders(means, paired_margin(swing)[0]) == ["mix"]
+    # a variant that failed at every seed does not switch the others to the unpaired rule
+    dead = {**swing, "h20": {0: math.nan, 1: math.nan, 2: math.nan}}
+    assert paired_margin(dead) == paired_margin(swing)
     # a lead that changes sign between seeds stays a tie
     flip = {"a": {0: 1.00, 1: 1.10, 2: 1.05}, "b": {0: 1.08, 1: 1.00, 2: 1.04}}
     d = [math.log(1.00 / 1.08), math.log(1.10 / 1.00), math.log(1.05 / 1.04)]
     mean = sum(d) / 3
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
-    assert paired_margin(flip) == pytest.approx(2 * sd / math.sqrt(3))
-    assert leaders({k: sum(v.values()) / 3 for k, v in flip.items()}, paired_margin(flip)) == ["a", "b"]
-    # a failed seed: the keys no longer share their seeds, so the unpaired rule
+    assert paired_margin(flip) == (pytest.approx(2 * sd / math.sqrt(3)), True)
+    assert leaders({k: sum(v.values()) / 3 for k, v in flip.items()}, paired_margin(flip)[0]) == ["a", "b"]
+    # a failed seed (or a non-positive value): the keys no longer pair, so the unpaired rule, said as such
     lost = {"a": {0: 0.98, 1: 1.00, 2: 1.02}, "b": {0: 1.96, 1: math.nan, 2: math.nan}}
-    assert not same_seeds(lost)
-    assert paired_margin(lost) == seed_margin({k: list(v.values()) for k, v in lost.items()})
+    assert paired_margin(lost) == (seed_margin({k: list(v.values()) for k, v in lost.items()}), False)
+    assert paired_margin({"a": {0: 1.0, 1: 0.0}, "b": {0: 1.0, 1: 1.0}})[1] is False
     assert "seed by seed" in tie_rule(True) and "seed by seed" not in tie_rule(False)
 
 
@@ -701,7 +705,8 @@ def test_scaling_reads_speed_ups_over_the_seeds_and_ties_within_their_spread():
     assert _column(section, "speed-up at seeds 0, 1, 2", "ROLLART") == "1.47× · 1.56× · 1.43×"
     assert _column(section, "64 H800 traj/s", "ROLLART") == "0.160"  # 8 trajectories a 50 s step, each seed
     scales, = [c for c in section.checks if c.figure.startswith("mode that scales best")]
-    assert scales.agrees is False and scales.simulated.startswith("tie within ") and "(mean of 3 seeds)" in scales.simulated
+    assert scales.agrees is False and scales.simulated.startswith("tie within ")
+    assert "(mean of 3 seeds, compared seed by seed)" in scales.simulated  # the modes that ran pair, seed by seed
 
 
 def test_scaling_reads_each_continuous_mode_at_its_best_split():

@@ -133,16 +133,16 @@ def test_simulate_prints_the_steady_state_or_the_steps_it_needs(tmp_path):
     from rollart.cli import app
 
     runner = CliRunner()
-    res = runner.invoke(app, ["simulate", "--steps", "6", "--json", str(tmp_path / "r.json")], env={"COLUMNS": "200"})
+    res = runner.invoke(app, ["simulate", "--steps", "9", "--json", str(tmp_path / "r.json")], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     steady = json.loads((tmp_path / "r.json").read_text())["summary"]["steady"]
     text = " ".join(res.output.split())  # the summary wraps at the terminal's width
     assert (f"steady state {steady['trajectories_per_s']:.3f} ± {2 * steady['trajectories_per_s_se']:.3f} "
-            "trajectories/s" in text and "(steps 1–5," in text)
+            "trajectories/s" in text and "(steps 1–8," in text)
     assert f"{steady['trained_tokens_per_s']:,.0f} trained tokens/s" in text
-    res = runner.invoke(app, ["simulate", "--steps", "3"], env={"COLUMNS": "200"})  # steps 1-2: one pair
+    res = runner.invoke(app, ["simulate", "--steps", "6"], env={"COLUMNS": "200"})  # steps 1-5: two pairs, too few
     text = " ".join(res.output.split())
-    assert "run --steps 5 or more for its error bar" in text and " ± " not in text
+    assert "(steps 1–5," in text and "run --steps 9 or more for its error bar" in text and " ± " not in text
     res = runner.invoke(app, ["simulate", "--steps", "2"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
@@ -161,9 +161,11 @@ def test_the_rate_error_bar_is_the_batch_means_standard_error_over_pairs_of_step
             t += dt
         return out
 
-    assert rate_standard_error(steps([80, 20, 80, 20, 80, 20])) == pytest.approx(0.0)
-    assert rate_standard_error(steps([80, 20, 80])) is None  # one pair: no spread to measure
-    pairs = [(128, 100.0), (128, 100.0), (128, 200.0)]
-    R = 384 / 400
-    se = math.sqrt(3 / 2 * sum((n - R * t) ** 2 for n, t in pairs)) / 400
-    assert rate_standard_error(steps([50, 50, 50, 50, 100, 100])) == pytest.approx(se)
+    assert rate_standard_error(steps([80, 20] * 4)) == pytest.approx(0.0)
+    assert rate_standard_error(steps([80, 20] * 3 + [80])) is None  # three pairs: too few to bound
+    pairs = [(128, 100.0), (128, 100.0), (128, 100.0), (128, 200.0)]
+    R = 512 / 500
+    se = math.sqrt(4 / 3 * sum((n - R * t) ** 2 for n, t in pairs)) / 500
+    assert rate_standard_error(steps([50] * 6 + [100, 100])) == pytest.approx(se)
+    # an odd last step joins the last pair instead of being dropped: a slow one widens the bar
+    assert rate_standard_error(steps([50] * 8 + [500])) > 0.1

@@ -126,7 +126,8 @@ def test_a_task_starved_by_timeouts_names_the_timeout_first() -> None:
     result = run_sim(plan, "rollart").to_result()
     assert result.error is not None and result.error.startswith("tasks.FrozenLake: no trajectory trained")
     causes = result.error[result.error.index("none completed"):]
-    assert "env calls timed out: tasks.FrozenLake.env.timeout_s=0.01, tasks.FrozenLake.env.failure_prob=0.01" in causes
+    assert "env calls timed out at tasks.FrozenLake.env.timeout_s=0.01; also tasks.FrozenLake.env.failure_prob=0.01" \
+        in causes
 
 
 def test_a_task_that_fails_often_but_completes_groups_runs_on() -> None:

@@ -307,9 +307,9 @@ class Controller:
             env = self.plan.task(name).env
             timeout = f"tasks.{name}.env.timeout_s={env.timeout_s:g}"
             failure = [f"tasks.{name}.env.failure_prob={env.failure_prob:g}"] if env.failure_prob else []
-            # the cause the run saw first: calls that timed out name the timeout before the failure rate
-            knobs = ", ".join([f"{timeouts:,} env calls timed out: {timeout}", *failure] if timeouts
-                              else [*failure, timeout])
+            # the cause the run saw most: timed-out calls as many as half the failed trajectories name the timeout first
+            knobs = (f"{timeouts:,} env calls timed out at {timeout}" + "".join(f"; also {f}" for f in failure)
+                     if 2 * timeouts >= failed > 0 else ", ".join([*failure, timeout]))
             since = f" (steps {n - STARVED_STEPS + 1}–{n})" if streak > STARVED_STEPS else ""
             raise RunAborted(f"tasks.{name}: no trajectory trained in steps {n - streak + 1}–{n} (planned "
                              f"{planned:.0%} of each batch): {abandoned} of its groups abandoned, {failed:,} of its "

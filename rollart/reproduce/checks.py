@@ -77,9 +77,11 @@ def leader_text(keys: list[str], label: Callable[[str], str], margin: float = TI
     return f"tie within {within}: " + ", ".join(label(k) for k in keys)
 
 
-def seed_counts(per_seed: dict[str, list[float]]) -> list[int]:
-    """How many finite values (seeds that gave the figure) each key has, fewest first; keys with none left out."""
-    return sorted(n for vs in per_seed.values() if (n := sum(1 for v in vs if finite(v))))
+def seed_counts(per_seed: dict[str, list[float]] | dict[str, dict[int, float]]) -> list[int]:
+    """How many finite values (seeds that gave the figure) each key has, fewest first; keys with none left out.
+    A key's values: a list, or a dict by seed."""
+    return sorted(n for vs in per_seed.values()
+                  if (n := sum(1 for v in (vs.values() if isinstance(vs, dict) else vs) if finite(v))))
 
 
 def seed_margin(per_seed: dict[str, list[float]]) -> float:
@@ -105,26 +107,31 @@ def seed_margin(per_seed: dict[str, list[float]]) -> float:
     return max(2 * s * math.sqrt(pair), TIE_MARGIN * math.sqrt(pair / 2))
 
 
-def same_seeds(per_seed: dict[str, dict[int, float]]) -> bool:
-    """Whether every key gave a finite value at the same two or more seeds (what :func:`paired_margin` pairs)."""
-    sets = {frozenset(s for s, v in vs.items() if finite(v)) for vs in per_seed.values()}
-    return len(per_seed) >= 2 and len(sets) == 1 and len(next(iter(sets))) >= 2
-
-
-def paired_margin(per_seed: dict[str, dict[int, float]]) -> float:
-    """The tie margin for means over the same seeds, compared seed by seed. A seed draws each
-    trajectory's workload (task, turns, response lengths, env latencies and failures) from that
-    trajectory's own random stream (``sim/costs/env.py``), the same in every variant, so the seed-to-seed
-    swing common to all variants cancels in a difference (common random numbers). Margin 2·s_d/√n: s_d
-    the standard deviation of the per-seed log-ratio ln(a_s/b_s), pooled over every pair of keys; n the
-    seeds. At least :data:`TIE_MARGIN`/√n (the one-seed margin scaled, as :func:`seed_margin`). When
-    the keys do not share the same two or more seeds (a seed failed), :func:`seed_margin`'s unpaired rule."""
-    if not same_seeds(per_seed):
-        return seed_margin({k: list(vs.values()) for k, vs in per_seed.items()})
+def _paired_runs(per_seed: dict[str, dict[int, float]]) -> dict[str, dict[int, float]] | None:
+    """The keys' values by seed when every key that gave any (a key that failed at every seed is out, as in
+    :func:`leaders`) gave a positive finite one at the same two or more seeds, else None."""
     runs = {k: {s: v for s, v in vs.items() if finite(v)} for k, vs in per_seed.items()}
+    runs = {k: vs for k, vs in runs.items() if vs}
+    seeds = {frozenset(vs) for vs in runs.values()}
+    if len(runs) < 2 or len(seeds) != 1 or len(next(iter(seeds))) < 2:
+        return None
+    return None if any(v <= 0 for vs in runs.values() for v in vs.values()) else runs
+
+
+def paired_margin(per_seed: dict[str, dict[int, float]]) -> tuple[float, bool]:
+    """The tie margin for means over the same seeds, and whether it compared them seed by seed. A seed
+    draws each trajectory's workload (task, turns, response lengths, env latencies and failures) from
+    that trajectory's own random stream (``sim/costs/env.py``), the same in every variant, so the
+    seed-to-seed swing common to all variants cancels in a difference (common random numbers). Margin
+    2·s_d/√n: s_d the standard deviation of the per-seed log-ratio ln(a_s/b_s), pooled over every pair of
+    keys (so a far pair's spread widens a close pair's margin: conservative); n the seeds. At least
+    :data:`TIE_MARGIN`/√n (the one-seed margin scaled, as :func:`seed_margin`). When the keys that gave
+    values do not share the same two or more seeds (a seed failed), :func:`seed_margin`'s unpaired rule
+    (False)."""
+    runs = _paired_runs(per_seed)
+    if runs is None:
+        return seed_margin({k: list(vs.values()) for k, vs in per_seed.items()}), False
     seeds = sorted(next(iter(runs.values())))
-    if any(v <= 0 for vs in runs.values() for v in vs.values()):
-        return seed_margin({k: list(vs.values()) for k, vs in per_seed.items()})
     dev2 = dof = 0.0
     for a, b in itertools.combinations(sorted(runs), 2):
         d = [math.log(runs[a][s] / runs[b][s]) for s in seeds]
@@ -132,7 +139,7 @@ def paired_margin(per_seed: dict[str, dict[int, float]]) -> float:
         dev2 += sum((x - mean) ** 2 for x in d)
         dof += len(d) - 1
     n = len(seeds)
-    return max(2 * math.sqrt(dev2 / dof) / math.sqrt(n), TIE_MARGIN / math.sqrt(n))
+    return max(2 * math.sqrt(dev2 / dof) / math.sqrt(n), TIE_MARGIN / math.sqrt(n)), True
 
 
 def tie_rule(paired: bool) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 from rollart.core import stats
 from rollart.core.stats import StepRecord
@@ -32,23 +32,24 @@ def step_s(o: Outcome, recs: list[StepRecord] | None = None) -> float:
     return mean(r.time_s for r in recs)
 
 
-def throughput(o: Outcome) -> float:
-    """Trajectories per second over the steady-state steps (all steps when only one)."""
+def _steady_rate(o: Outcome, count: Callable[[StepRecord], float]) -> float:
+    """``count`` summed over the steady-state steps (all steps when only one) per second of their span."""
     recs = steady(o)
     if not recs:
         return math.nan
     span = recs[-1].end_s - recs[0].start_s
-    return sum(r.trajectories for r in recs) / span if span > 0 else math.nan
+    return sum(count(r) for r in recs) / span if span > 0 else math.nan
+
+
+def throughput(o: Outcome) -> float:
+    """Trajectories per second over the steady-state steps (all steps when only one)."""
+    return _steady_rate(o, lambda r: r.trajectories)
 
 
 def token_throughput(o: Outcome) -> float:
     """Trained tokens per second over the same steps as :func:`throughput`: redundant rollout trains the
     shorter trajectories of each step, so a mode's lead in trajectories can exceed its lead in work."""
-    recs = steady(o)
-    if not recs:
-        return math.nan
-    span = recs[-1].end_s - recs[0].start_s
-    return sum(r.tokens for r in recs) / span if span > 0 else math.nan
+    return _steady_rate(o, lambda r: r.tokens)
 
 
 def rollout_s(r: StepRecord) -> float:

@@ -266,13 +266,15 @@ class TrainCost:
 
     def _longest_micro_batch_s(self, tokens: int, seqs: int, squares: int, longest: int) -> float:
         """The busiest stage's seconds for the rank's longest micro-batch: the one holding its longest
-        sequence, with the rest of its :meth:`sequences_per_micro_batch` at the mean of the others."""
+        sequence, with the rest of its :meth:`sequences_per_micro_batch` at the mean of the others (an
+        expected value: with ``micro_batches`` set, the data order can pack longer ones beside it)."""
         k = self.sequences_per_micro_batch(seqs)
         others = max(0, min(k, seqs) - 1)
         rest = max(1, seqs - 1)
-        mb_tokens = longest + others * (tokens - longest) / rest
-        mb_squares = longest * longest + others * (squares - longest * longest) / rest
-        return self._stage_s(self._flops(longest), round(mb_tokens), 1, round(mb_squares))
+        mb_tokens = round(longest + others * (tokens - longest) / rest)
+        mb_squares = round(longest * longest + others * (squares - longest * longest) / rest)
+        flops = self._linear_per_token * mb_tokens + self._attention_per_sq * mb_squares
+        return self._stage_s(flops, mb_tokens, 1, mb_squares)
 
     def _rank_s(self, flops: float, tokens: int, seqs: int, squares: int, longest: int) -> float:
         """One rank's time at its busiest stage's pace (compute and communication together) plus its pipeline's

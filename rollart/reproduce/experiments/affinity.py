@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 
 from rollart.reproduce import plots
-from rollart.reproduce.checks import (direction, leader_text, leaders, paired_margin, same_seeds, seed_counts,
-                                      tie_rule)
+from rollart.reproduce.checks import direction, leader_text, leaders, paired_margin, seed_counts, tie_rule
 from rollart.reproduce.experiments.common import (BOUND_RULE, EXP, SEEDS, STEADY_NOTE, _failures, _find, _same_trainer,
                                                   _seed_runs, _side, _train_s, finite_mean, mean_throughput,
                                                   seed_throughputs, seeded)
@@ -45,11 +44,10 @@ def _analyse_affinity(outs: list[Outcome]) -> Section:
     table = MdTable(["rollout hardware (same cost)", "step s", "train share of step", "traj/s",
                      f"traj/s at seeds {', '.join(map(str, SEEDS))}", "× all-H800", "GPU busy",
                      "requests routed off their preferred pool (all seeds)"], rows)
-    margin, paired = paired_margin(per_seed), same_seeds(per_seed)
+    margin, paired = paired_margin(per_seed)
     top = leaders(head, margin)
     label = dict((k, lbl) for k, lbl, _ in AFF_VARIANTS)
-    fastest = leader_text(top, lambda k: label.get(k, NA), margin,
-                          seed_counts({k: list(v.values()) for k, v in per_seed.items()}), paired)
+    fastest = leader_text(top, lambda k: label.get(k, NA), margin, seed_counts(per_seed), paired)
     comparison = MdTable(["quantity", "simulated", "paper"], [
         ["fastest cost-matched rollout hardware", fastest,
          "the affinity-routed H800 + H20 mix (qualitative, no number in our notes)"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rollart.core.modes import mode_config
 from rollart.plan.schema import Plan, env_managers_of
@@ -58,13 +58,18 @@ def finite_mean(xs: Iterable[float]) -> float:
     return mean(x for x in xs if math.isfinite(x))
 
 
-def seed_throughputs(outs: list[Outcome], **params: Any) -> dict[int, float]:
-    """Throughput by seed of a seeded variant; {SEEDS[0]: its one run's} for a variant run once."""
+def seed_figures(outs: list[Outcome], figure: Callable[[Outcome], float], **params: Any) -> dict[int, float]:
+    """``figure`` by seed of a seeded variant; {SEEDS[0]: its one run's} for a variant run once."""
     runs = _seed_runs(outs, **params)
     if runs:
-        return {s: throughput(o) for s, o in runs.items()}
+        return {s: figure(o) for s, o in runs.items()}
     o = _find(outs, **params)
-    return {SEEDS[0]: throughput(o)} if o is not None else {}
+    return {SEEDS[0]: figure(o)} if o is not None else {}
+
+
+def seed_throughputs(outs: list[Outcome], **params: Any) -> dict[int, float]:
+    """Throughput by seed (:func:`seed_figures` of :func:`~rollart.reproduce.figures.throughput`)."""
+    return seed_figures(outs, throughput, **params)
 
 
 def mean_throughput(outs: list[Outcome], **params: Any) -> float:

@@ -6,8 +6,7 @@ import math
 from typing import Any
 
 from rollart.reproduce import plots
-from rollart.reproduce.checks import (direction, leader_text, leaders, paired_margin, same_seeds, seed_counts,
-                                      tie_rule)
+from rollart.reproduce.checks import direction, leader_text, leaders, paired_margin, seed_counts, tie_rule
 from rollart.reproduce.experiments.common import (EXP, MODES, MODE_LABEL, SEEDS, STEADY_NOTE, _bound_note, _failures,
                                                   _find, _seed_runs, _side, _train_s, conversations_per_worker,
                                                   env_managers, finite_mean, mean_throughput, seeded)
@@ -80,10 +79,6 @@ def _pair(outs: list[Outcome], mode: str, split64: Any = "half", split128: Any =
     return {"64": ta, "128": tb, "speedup": ratio(tb, ta), "speedups": per_seed, "runs": (a, b)}
 
 
-def _counts(per_seed: dict[str, dict[int, float]]) -> list[int]:
-    return seed_counts({k: list(v.values()) for k, v in per_seed.items()})
-
-
 def _analyse_scaling(all_outs: list[Outcome]) -> Section:
     outs = _half(all_outs)
     rows, head, per_seed = [], {}, {}
@@ -103,10 +98,10 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
                      "128 H800 step s", "128 H800 train share of step", "128 H800 traj/s", "128 H800 GPU busy (seed 0)",
                      "speed-up (ideal 2×)", f"speed-up at seeds {', '.join(map(str, SEEDS))}", "scaling efficiency"],
                     rows)
-    margin, paired = paired_margin(per_seed), same_seeds(per_seed)
+    margin, paired = paired_margin(per_seed)
     top = leaders({m: head[m]["speedup"] for m in MODES}, margin)
     scales_best = leader_text(top, lambda m: f"{MODE_LABEL[m]} ({fx(head[m]['speedup'])})", margin,
-                              _counts(per_seed), paired)
+                              seed_counts(per_seed), paired)
     comparison = MdTable(["quantity", "simulated", "paper"], [
         ["mode that scales best from 64 to 128 H800", scales_best,
          "ROLLART scaled better than the baselines (qualitative)"],
@@ -117,10 +112,10 @@ def _analyse_scaling(all_outs: list[Outcome]) -> Section:
     best_table, splits = _best_splits(all_outs)
     if splits:
         split_seeds = {m: splits[m]["speedups"] for m in splits}
-        split_margin = paired_margin(split_seeds)
+        split_margin, split_paired = paired_margin(split_seeds)
         winners = leaders({m: splits[m]["speedup"] for m in splits}, split_margin)
         at_best = leader_text(winners, lambda m: f"{MODE_LABEL[m]} ({fx(splits[m]['speedup'])})", split_margin,
-                              _counts(split_seeds), same_seeds(split_seeds))
+                              seed_counts(split_seeds), split_paired)
         checks.append(direction("… each continuous mode at its best train/rollout split", at_best, "ROLLART",
                                 winners == ["rollart"]))
         comparison.rows.append([f"mode that scales best, {' and '.join(MODE_LABEL[m] for m in splits)} each at its "

@@ -9,7 +9,7 @@ from rollart.reproduce.checks import versus_range
 from rollart.reproduce.experiments.common import (BASES, MODES, MODE_LABEL, SEEDS, STEADY_NOTE, TIME_TO_SCORE_CAVEAT,
                                                   _bound_note, _failures, _find, _same_trainer, _seed_runs, _side,
                                                   _tokens_per_traj, _train_s, finite_mean, mean_throughput,
-                                                  seed_throughputs, seeded)
+                                                  seed_figures, seed_throughputs, seeded)
 from rollart.reproduce.figures import (NA, busy, fp, fr, fs, fx, ratio, response_tail, step_s, throughput,
                                       token_throughput, train_share, trainer_bound, wait_share)
 from rollart.reproduce.model import Experiment, MdTable, Outcome, Section, Variant
@@ -159,7 +159,7 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
         vals = [(m, ratio(head.get(m, {}).get(num), head.get(m, {}).get(den))) for m in BASES]
         return " · ".join(f"{m.removeprefix('Qwen3-')} {fx(v)}" for m, v in vals)
 
-    tokens = {model: {m: finite_mean(token_throughput(r) for r in _seed_runs(outs, model=model, mode=m).values())
+    tokens = {model: {m: finite_mean(seed_figures(outs, token_throughput, model=model, mode=m).values())
                       for m in ("sync", "areal", "rollart")} for model in BASES}
     head["trained_tokens_per_s"] = tokens
 
@@ -174,8 +174,8 @@ def _analyse_throughput(outs: list[Outcome]) -> Section:
     comparison = MdTable(["quantity", "simulated (8B · 14B · 32B)", "paper"], [
         ["throughput ROLLART ÷ AReaL", rng("rollart", "areal"), "1.22–1.36×"],
         ["throughput ROLLART ÷ Sync", rng("rollart", "sync"), "2.65–4.58×"],
-        ["… the same two ratios in trained tokens/s (÷ AReaL · ÷ Sync): redundancy trains each step's shorter "
-         "trajectories", f"{by_tokens('rollart', 'areal')} · {by_tokens('rollart', 'sync')}",
+        ["… the same two ratios in trained tokens/s: redundancy trains each step's shorter trajectories",
+         f"÷ AReaL: {by_tokens('rollart', 'areal')}; ÷ Sync: {by_tokens('rollart', 'sync')}",
          "the paper's throughput unit is not in our notes"],
         ["32B: ROLLART ÷ Sync+", f"{fx(ratio(h32.get('rollart'), h32.get('sync+')))} throughput",
          "2.05× faster to score 0.85 (time-to-score, not throughput)"],
