@@ -252,7 +252,8 @@ def plan(
 
     Successive halving on short simulations, then full simulations of the finalists and of the
     winner's neighbours. `rollart simulate PLAN.yaml` reproduces the winner's figures."""
-    from rollart.planner import Budget, Space, plan_data, search, spread_line, top_table, why_lines, write_plan
+    from rollart.planner import (Budget, Space, held_fixed_line, plan_data, search, spread_line, top_table, why_lines,
+                                 write_plan)
     from rollart.planner.search import OBJECTIVES
     from rollart.report import plan_rates
     from rollart.sim.costs.price import require_prices
@@ -336,5 +337,6 @@ def plan(
     ])
     if spread:
         console.print(f"#1 {spread}", highlight=False)
+    console.print(f"[dim]{held_fixed_line(base_plan)}[/]", highlight=False)
     console.print(f"[dim]wrote {written} · rollart simulate {written}{approx} reproduces these figures"
                   + (" (--seed k: each seed's)" if spread else "") + "[/]", highlight=False)

@@ -279,6 +279,8 @@ def test_plan_command_writes_a_plan_that_simulate_reproduces(tmp_path):
                                  str(out), "-q"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "top plans" in res.output and "#1 vs #2:" in res.output and "critical path" in res.output
+    # what the search held fixed is said (helper-76: the trainer's GPU type and colocation were silent blind spots)
+    assert "held as the scenario has them: the trainer on pool 'h800' (H800, tp 2, pp 1)" in " ".join(res.output.split())
     header = out.read_text().splitlines()[:4]
     # 2 steps: too short to pass the cold first step, so plans are ranked (and written) by the whole run
     tps = float(re.search(r"simulated \(whole run\): ([0-9.]+) trajectories/s", "\n".join(header)).group(1))
@@ -366,7 +368,7 @@ def test_default_tp_degrees_span_each_pools_nvlink_domain():
 
 
 def test_gpus_already_owned_price_zero_and_cap_at_their_count():
-    """A pool priced 0 (GPUs the buyer owns) under a US$ budget: the space no longer divides by its price
+    """A pool priced 0 (GPUs the buyer owns), under a US$ or a GPU budget: the space no longer divides by its price
     (a review's ZeroDivisionError traceback) and holds its count, not as many free GPUs as the search
     likes (2,272 H20 before the cap)."""
     _, plan = _base(["prices.gpu_usd_per_hour.H20=0"])
@@ -377,6 +379,10 @@ def test_gpus_already_owned_price_zero_and_cap_at_their_count():
     drawn = [c for c in (space.random(rng) for _ in range(40)) if c is not None]
     assert drawn and all(space.fits(c) and c.gpus_by_pool().get("h20", 0) <= owned for c in drawn)
     assert any(c.gpus_by_pool().get("h20", 0) == owned for c in drawn)  # the free GPUs are used
+    # under a GPU budget too: the cost objective counted 18 H20 as free where 8 are owned (helper-76: $2.05 per
+    # 1k trajectories quoted against $2.59 with the cap)
+    by_count = Space.from_plan(plan, Budget(gpus=24), tps=[1, 2], alphas=[1], redundancies=[0.0])
+    assert by_count.owned == {"h20": owned} and max(by_count.gen_gpus["h20"]) <= owned
 
 
 def test_finalists_rank_by_their_mean_over_seeds():

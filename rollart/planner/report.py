@@ -13,6 +13,7 @@ from rich import box
 from rich.table import Table
 
 from rollart.core.stats import BREAKDOWN_KEYS
+from rollart.plan.schema import Plan
 from rollart.planner.search import Evaluation, PlanSearch, SeedSpread
 from rollart.report import plan_figures, plan_rates
 
@@ -91,7 +92,8 @@ def top_table(result: PlanSearch, top: int = 5) -> Table:
     seeds = next(iter(result.spreads.values())).seeds if result.spreads else ()
     table = Table(title=f"top plans · objective {result.objective} · budget {result.budget.describe()} "
                         f"(full-length simulations; rates {over}"
-                        + (f"; traj/s at seed {seeds[0]}, mean over seeds {_seeds(seeds)}" if seeds else "") + ")",
+                        + (f"; traj/s and $/1k at seed {seeds[0]}, mean traj/s over seeds {_seeds(seeds)}"
+                           if seeds else "") + ")",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("#", "traj/s", *(("mean",) if seeds else ()), "$/h", "$/1k traj", "GPUs", "plan"):
         table.add_column(col, justify="left" if col == "plan" else "right", overflow="fold",
@@ -106,6 +108,17 @@ def top_table(result: PlanSearch, top: int = 5) -> Table:
                       _money(c1k, "{:,.2f}"), str(ev.candidate.total_gpus),
                       ev.candidate.label() + mark)
     return table
+
+
+def held_fixed_line(plan: Plan) -> str:
+    """What the search does not choose, so a reader knows where to look next: the trainer's pool (its GPU
+    type), tp and pp as the scenario places them, and the layout (disaggregated: no colocation, no
+    prefill/decode split)."""
+    tr = plan.placement.trainer
+    gpu = plan.cluster.gpu_pools[tr.pool].gpu
+    return (f"held as the scenario has them: the trainer on pool '{tr.pool}' ({gpu}, tp {tr.tp}, pp {tr.pp}) and "
+            "disaggregated placements only (no colocation, no prefill/decode split); compare another trainer GPU "
+            f"with --set placement.trainer.pool=<pool>, a colocated layout with rollart compare")
 
 
 def _seeds(seeds: tuple[int, ...]) -> str:

@@ -162,7 +162,7 @@ class Space:
     baseline: Candidate | None = None
     # per pool and tp, the expert-parallel degrees > 1 a MoE model can use there (empty: ep 1 only)
     gen_ep: dict[str, dict[int, list[int]]] = field(default_factory=dict)
-    # pools priced 0 under a US$ budget (GPUs already owned): the most of them a plan may use, their count
+    # pools priced 0 (GPUs already owned): the most of them a plan may use, their count
     owned: dict[str, int] = field(default_factory=dict)
 
     def eps(self, pool: str, tp: int) -> list[int]:
@@ -176,7 +176,7 @@ class Space:
                   alphas: list[int] = (0, 1, 2), redundancies: list[float] = (0.0, 0.25, 0.5),
                   reward_gpus: list[int] | None = None, search_affinity: bool = True) -> "Space":
         """The space a budget allows on the scenario's GPU pools (their GPU types; counts are
-        free, but a pool priced 0 under a US$ budget, GPUs already owned, holds its count), in
+        free, but a pool priced 0, GPUs already owned, holds its count), in
         multiples of ``step`` GPUs (default: 8 — a node — for budgets of 64 GPUs or more, else 4, 2 or 1). ``tps``: the generation tensor-parallel degrees to try; default the
         powers of two within each pool's NVLink domain (1, 2, 4, 8 on an HGX board; up to 64 on an
         NVL72 rack, where a wider worker stays on NVLink)."""
@@ -201,16 +201,18 @@ class Space:
                        f"'{c.gpu_pools[p].gpu}' (pool '{p}'); a US$ budget needs one" for p in pools if price[p] is None]
             if missing:
                 raise PlanError(missing)
-        # pools priced 0 under a US$ budget: the GPUs owned, not as many as the search likes
-        owned = {p: c.gpu_pools[p].count for p in pools if budget.usd_per_hour is not None and price[p] == 0}
+        # pools priced 0 (GPUs already owned): the GPUs owned, not as many as the search likes, under either
+        # budget (under a GPU budget, the cost objective would count the extra ones as free)
+        owned = {p: c.gpu_pools[p].count for p in pools if price[p] == 0}
 
         def max_gpus(pool: str) -> int:
             caps = []
             if budget.gpus is not None:
                 caps.append(budget.gpus)
-            if budget.usd_per_hour is not None:
-                caps.append(owned[pool] if pool in owned else int(max(0.0, budget.usd_per_hour - cpu_hourly)
-                                                                     // price[pool]))
+            if pool in owned:
+                caps.append(owned[pool])
+            elif budget.usd_per_hour is not None:
+                caps.append(int(max(0.0, budget.usd_per_hour - cpu_hourly) // price[pool]))
             return min(caps)
 
         def trainer_max() -> int:
