@@ -207,6 +207,33 @@ def _csv(text: str, kind: type, option: str, lo: float, hi: float) -> list[Any]:
     return values
 
 
+def _trainer_pool_choices(plan: Any, choice: Optional[str]) -> list[str]:
+    """The pools ``--trainer-pools`` names (``all``: every GPU pool), the scenario's trainer pool first; by
+    default only that one."""
+    own = plan.placement.trainer.pool
+    if choice is None:
+        return [own]
+    pools = list(plan.cluster.gpu_pools)
+    names = pools if choice.strip() == "all" else [x.strip() for x in choice.split(",") if x.strip()]
+    unknown = [n for n in names if n not in pools]
+    if unknown or not names:
+        _fail([f"--trainer-pools: unknown pool {', '.join(repr(n) for n in unknown) or repr(choice)}; pools are: "
+               f"{', '.join(pools)} (or all)"])
+    return sorted(set(names), key=lambda p: (p != own, pools.index(p)))
+
+
+def _trainer_pool_overrides(plan: Any, pool: str) -> list[str]:
+    """Overrides that move the trainer to ``pool``, with room for it there (a pool's count is free to the
+    search, except one priced 0: GPUs already owned keep their count, and a trainer that does not fit
+    them is refused)."""
+    tr = plan.placement.trainer
+    if pool == tr.pool:
+        return []
+    spec = plan.cluster.gpu_pools[pool]
+    owned = plan.prices.gpu_price(spec.gpu) == 0
+    return [f"placement.trainer.pool={pool}", *([] if owned else [f"cluster.gpu_pools.{pool}.count={spec.count + tr.gpus}"])]
+
+
 def plan(
     scenario: str = typer.Argument(..., help="scenario YAML or shipped name (its GPU types, task mix, model)"),
     budget_usd_per_hour: Optional[float] = typer.Option(None, "--budget-usd-per-hour",
@@ -240,6 +267,9 @@ def plan(
                                           help="simulate this many candidates at once in local processes "
                                                "(default: every core; 1: in this process)"),
     address: Optional[str] = typer.Option(None, "--address", help="run the simulations on an existing Ray cluster"),
+    trainer_pools: Optional[str] = typer.Option(None, "--trainer-pools",
+                                                help="GPU pools to try the trainer on, comma-separated, or 'all' "
+                                                     "(one search each, the best kept; default: the scenario's)"),
     top: int = typer.Option(5, "--top", min=1, help="plans to list"),
     set_: list[str] = typer.Option([], "--set", help="override a scenario field first (repeatable)"),
     steps: Optional[int] = typer.Option(None, "--steps", help="training steps of the full simulations"),
@@ -252,8 +282,9 @@ def plan(
 
     Successive halving on short simulations, then full simulations of the finalists and of the
     winner's neighbours. `rollart simulate PLAN.yaml` reproduces the winner's figures."""
-    from rollart.planner import (Budget, Space, held_fixed_line, plan_data, search, spread_line, top_table, why_lines,
-                                 write_plan)
+    from rollart.plan.schema import sim_request_scale
+    from rollart.planner import (Budget, Space, best_of, held_fixed_line, plan_data, search, spread_line, top_table,
+                                 trainer_pools_table, why_lines, write_plan)
     from rollart.planner.search import OBJECTIVES
     from rollart.report import plan_rates
     from rollart.sim.costs.price import require_prices
@@ -274,18 +305,29 @@ def plan(
     overrides = _shortcuts(set_, steps, seed, mode)
     data, base_plan = _scenario_data(scenario, overrides, scale_approx)
     budget = Budget(gpus=budget_gpus, usd_per_hour=budget_usd_per_hour)
-    try:
-        if objective == "cost" or budget_usd_per_hour is not None:
-            require_prices(base_plan)
-        space = Space.from_plan(base_plan, budget, step=gpu_step, tps=None if tp is None else _csv(tp, int, "--tp", 1, 1024),
-                                alphas=_csv(alphas, int, "--alphas", 0, 1000),
-                                redundancies=_csv(redundancies, float, "--redundancies", 0, 16),
-                                search_affinity=not fixed_affinity)
-    except PlanError as exc:
-        _fail(exc.problems)
+    tps = None if tp is None else _csv(tp, int, "--tp", 1, 1024)
+    alpha_list = _csv(alphas, int, "--alphas", 0, 1000)
+    redundancy_list = _csv(redundancies, float, "--redundancies", 0, 16)
+    # one search per trainer pool tried: its space, its scenario data and plan
+    searches: dict[str, tuple[Any, dict[str, Any], Any]] = {}
+    refused: dict[str, str] = {}
+    for tr_pool in _trainer_pool_choices(base_plan, trainer_pools):
+        moved = overrides + _trainer_pool_overrides(base_plan, tr_pool)
+        try:
+            with sim_request_scale(math.inf if scale_approx else 1.0):
+                plan_p = plan_from_dict(data, moved)
+            if objective == "cost" or budget_usd_per_hour is not None:
+                require_prices(plan_p)
+            space = Space.from_plan(plan_p, budget, step=gpu_step, tps=tps, alphas=alpha_list,
+                                    redundancies=redundancy_list, search_affinity=not fixed_affinity)
+        except PlanError as exc:
+            refused[tr_pool] = exc.problems[0]
+            continue
+        searches[tr_pool] = (space, apply_overrides(data, moved), plan_p)
+    if not searches:
+        _fail([f"placement.trainer.pool={p}: {why}" if trainer_pools else why for p, why in refused.items()])
         return
     check_output_file(out, "--out")
-    base = apply_overrides(data, overrides)
     n = workers or os.cpu_count() or 1
     pool = RayPool(workers, address, scale_approx) if use_ray else \
         ProcessPool(n, scale_approx) if n > 1 else SerialPool(scale_approx)
@@ -294,21 +336,30 @@ def plan(
         err_console.print(f"[dim]plan: simulating on {pool.workers if not use_ray else 'the Ray cluster'}"
                           f"{' processes' if not use_ray and n > 1 else ' (this process)' if not use_ray else ''}; "
                           "the bar shows each rung's time left[/]", highlight=False)
+    results: dict[str, Any] = {}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("· left"), TimeRemainingColumn(),
                   console=err_console, transient=True, disable=not show_progress(not quiet)) as bar:
         task = bar.add_task("planning", total=0)
+        for tr_pool, (space, base, _) in searches.items():
+            where = f"trainer on {tr_pool}: " if len(searches) > 1 else ""
 
-        def on_rung(what: str, n: int) -> None:
-            bar.reset(task, total=n, description=what)
+            def on_rung(what: str, n: int) -> None:
+                bar.reset(task, total=n, description=where + what)
 
-        result = search(space, base, pool, objective=objective, candidates=candidates, finalists=finalists,
-                        min_steps=min_steps, local_rounds=local_rounds, polish_rounds=polish_rounds,
-                        seed=search_seed, confirm_seeds=confirm_seeds, on_rung=on_rung,
-                        on_done=lambda: bar.advance(task))
+            results[tr_pool] = search(space, base, pool, objective=objective, candidates=candidates,
+                                      finalists=finalists, min_steps=min_steps, local_rounds=local_rounds,
+                                      polish_rounds=polish_rounds, seed=search_seed, confirm_seeds=confirm_seeds,
+                                      on_rung=on_rung, on_done=lambda: bar.advance(task))
     wall = time.perf_counter() - t0
+    if len(searches) > 1 or refused:
+        console.print(trainer_pools_table(results, refused), highlight=False)
+    chosen = best_of(results, objective, budget) or next(iter(results))
+    result, (_, base, base_plan) = results[chosen], searches[chosen]
     rungs = ", ".join(f"{n}×{s}" for s, n in result.rungs)
-    console.print(f"[dim]searched {result.simulations} simulations ({result.simulated_steps} simulated steps: "
+    sims, sim_steps = sum(r.simulations for r in results.values()), sum(r.simulated_steps for r in results.values())
+    per_pool = f"; {len(results)} trainer pools, the kept one's: " if len(results) > 1 else ": "
+    console.print(f"[dim]searched {sims} simulations ({sim_steps} simulated steps{per_pool}"
                   f"{rungs} candidates×steps{'; whole space' if result.exhaustive else ''}) in {wall:.1f} s[/]",
                   highlight=False)
     if result.best is None:
@@ -337,6 +388,6 @@ def plan(
     ])
     if spread:
         console.print(f"#1 {spread}", highlight=False)
-    console.print(f"[dim]{held_fixed_line(base_plan)}[/]", highlight=False)
+    console.print(f"[dim]{held_fixed_line(base_plan, list(searches))}[/]", highlight=False)
     console.print(f"[dim]wrote {written} · rollart simulate {written}{approx} reproduces these figures"
                   + (" (--seed k: each seed's)" if spread else "") + "[/]", highlight=False)

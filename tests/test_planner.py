@@ -292,6 +292,28 @@ def test_plan_command_writes_a_plan_that_simulate_reproduces(tmp_path):
     assert sum(load_plan(out).cluster.gpu_pools[p].count for p in load_plan(out).cluster.gpu_pools) <= 12
 
 
+def test_plan_tries_the_trainer_on_each_pool_it_is_given(tmp_path):
+    """--trainer-pools: one search per trainer pool, the best winner kept (by the finalists' seed mean) and
+    written; the table lists each pool's best (helper-76: the trainer's GPU type was never searched)."""
+    from rollart.planner.search import best_of
+
+    out = tmp_path / "plan.yaml"
+    res = CliRunner().invoke(_app(), ["plan", str(default_scenario()), "--budget-gpus", "12", "--gpu-step", "4",
+                                      "--tp", "1,2", "--alphas", "1", "--redundancies", "0.25", "--candidates", "8",
+                                      "--finalists", "2", "--confirm-seeds", "1", "--set", "algorithm.batch_size=16",
+                                      "--steps", "3", "--trainer-pools", "all", "--out", str(out), "-q"],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "best plan per trainer pool" in text and "its pool tried: h800, h20" in text
+    rows = {ln.split()[0]: float(ln.split()[1]) for ln in res.output.splitlines()
+            if ln.strip().split()[:1] in (["h800"], ["h20"]) and len(ln.split()) > 2 and "train" in ln}
+    assert set(rows) == {"h800", "h20"}
+    written = load_plan(out)
+    assert rows[written.placement.trainer.pool] == max(rows.values())  # the kept pool's mean is the best one
+    assert best_of({}, "throughput", Budget(gpus=12)) is None
+
+
 @pytest.mark.parametrize("args, needle", [
     ([], "give exactly one budget"),
     (["--budget-gpus", "8", "--budget-usd-per-hour", "10"], "give exactly one budget"),
@@ -309,6 +331,7 @@ def test_plan_command_writes_a_plan_that_simulate_reproduces(tmp_path):
     (["--budget-usd-per-hour", "-1"], "--budget-usd-per-hour: -1 is below 0"),
     # a review found this blamed the context length ("allow a larger --tp") where 3 does not divide the heads
     (["--budget-gpus", "16", "--tp", "3"], "--tp: Qwen3-8B's 32 attention heads do not split evenly over 3 GPUs"),
+    (["--budget-gpus", "16", "--trainer-pools", "h900"], "--trainer-pools: unknown pool 'h900'; pools are: h800, h20"),
 ])
 def test_plan_usage_errors_exit_2_with_one_line(args, needle, tmp_path):
     res = CliRunner().invoke(_app(), ["plan", str(default_scenario()), "--out", str(tmp_path / "p.yaml"), *args],

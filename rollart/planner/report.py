@@ -110,15 +110,43 @@ def top_table(result: PlanSearch, top: int = 5) -> Table:
     return table
 
 
-def held_fixed_line(plan: Plan) -> str:
-    """What the search does not choose, so a reader knows where to look next: the trainer's pool (its GPU
-    type), tp and pp as the scenario places them, and the layout (disaggregated: no colocation, no
-    prefill/decode split)."""
+def held_fixed_line(plan: Plan, trainer_pools: list[str] | None = None) -> str:
+    """What the search does not choose, so a reader knows where to look next: the trainer's tp and pp as
+    the scenario places them (and its pool, unless ``--trainer-pools`` tried several), and the layout
+    (disaggregated: no colocation, no prefill/decode split)."""
     tr = plan.placement.trainer
     gpu = plan.cluster.gpu_pools[tr.pool].gpu
-    return (f"held as the scenario has them: the trainer on pool '{tr.pool}' ({gpu}, tp {tr.tp}, pp {tr.pp}) and "
-            "disaggregated placements only (no colocation, no prefill/decode split); compare another trainer GPU "
-            f"with --set placement.trainer.pool=<pool>, a colocated layout with rollart compare")
+    if trainer_pools and len(trainer_pools) > 1:
+        trainer = f"the trainer's tp {tr.tp} and pp {tr.pp} (its pool tried: {', '.join(trainer_pools)})"
+        other = ""
+    else:
+        trainer = f"the trainer on pool '{tr.pool}' ({gpu}, tp {tr.tp}, pp {tr.pp})"
+        other = "another trainer GPU with --trainer-pools, "
+    return (f"held as the scenario has them: {trainer} and disaggregated placements only (no colocation, no "
+            f"prefill/decode split); compare {other}a colocated layout with rollart compare")
+
+
+def trainer_pools_table(results: dict[str, PlanSearch], refused: dict[str, str]) -> Table:
+    """The best plan of each trainer pool's search (``--trainer-pools``), and the pools that could not
+    hold the trainer, with why."""
+    table = Table(title="best plan per trainer pool (traj/s and $/1k: the mean over the seeds the finalists ran "
+                        "at, else seed 0's)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("trainer pool", "traj/s", "$/1k traj", "GPUs", "plan"):
+        table.add_column(col, justify="left" if col in ("trainer pool", "plan") else "right", overflow="fold",
+                         no_wrap=col != "plan")
+    for pool, r in results.items():
+        ev = r.best
+        if ev is None:
+            table.add_row(pool, "-", "-", "-", "no plan fits the budget")
+            continue
+        spread = r.spreads.get(ev.candidate)
+        tps, c1k, _ = plan_rates(ev.summary)
+        if spread is not None:
+            tps, c1k = spread.mean_throughput, spread.mean_cost_per_1k
+        table.add_row(pool, f"{tps:.3f}", _money(c1k, "{:,.2f}"), str(ev.candidate.total_gpus), ev.candidate.label())
+    for pool, why in refused.items():
+        table.add_row(pool, "-", "-", "-", f"refused: {why}")
+    return table
 
 
 def _seeds(seeds: tuple[int, ...]) -> str:

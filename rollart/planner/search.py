@@ -161,6 +161,24 @@ class PlanSearch:
         return self.ranked[0] if self.ranked else None
 
 
+def best_of(results: dict[str, PlanSearch], objective: str, budget: Budget) -> str | None:
+    """The key of the search whose winner ranks first among the winners, each read as its finalists are
+    (:func:`seed_mean`: the mean over the seeds it ran at, when it did); None when no search found a plan."""
+    bests = {}
+    for key, r in results.items():
+        ev = r.best
+        if ev is None:
+            continue
+        spread = r.spreads.get(ev.candidate)
+        if spread is not None:
+            mean = {"trajectories_per_s": spread.mean_throughput, "cost_per_1k_trajectories_usd": spread.mean_cost_per_1k}
+            ev = Evaluation(ev.candidate, ev.steps, {"summary": {"steady": {"settled": True, **mean}, **mean,
+                                                                "cost_usd_per_hour": ev.summary.get("cost_usd_per_hour")}})
+        bests[key] = ev
+    order = rank_evaluations(list(bests.values()), objective, budget)
+    return next((k for k, ev in bests.items() if order and ev is order[0]), None)
+
+
 def rung_steps(full: int, min_steps: int) -> list[int]:
     """Steps per rung: ``min_steps``, doubling, ending with ``full``."""
     s = max(1, min(min_steps, full))
