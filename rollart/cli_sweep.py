@@ -321,7 +321,12 @@ def plan(
             space = Space.from_plan(plan_p, budget, step=gpu_step, tps=tps, alphas=alpha_list,
                                     redundancies=redundancy_list, search_affinity=not fixed_affinity)
         except PlanError as exc:
-            refused[tr_pool] = exc.problems[0]
+            why = exc.problems[0]
+            spec = base_plan.cluster.gpu_pools[tr_pool]
+            if base_plan.prices.gpu_price(spec.gpu) == 0 and why.startswith(f"cluster.gpu_pools.{tr_pool}.count"):
+                why = (f"its {spec.count} GPUs are owned (priced 0) and the scenario's placement already uses them; "
+                       f"free room for a {base_plan.placement.trainer.gpus}-GPU trainer there first ({why})")
+            refused[tr_pool] = why
             continue
         searches[tr_pool] = (space, apply_overrides(data, moved), plan_p)
     if not searches:
@@ -388,6 +393,6 @@ def plan(
     ])
     if spread:
         console.print(f"#1 {spread}", highlight=False)
-    console.print(f"[dim]{held_fixed_line(base_plan, list(searches))}[/]", highlight=False)
+    console.print(f"[dim]{held_fixed_line(base_plan, [*searches, *refused])}[/]", highlight=False)
     console.print(f"[dim]wrote {written} · rollart simulate {written}{approx} reproduces these figures"
                   + (" (--seed k: each seed's)" if spread else "") + "[/]", highlight=False)
