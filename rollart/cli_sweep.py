@@ -4,6 +4,7 @@ parallel plan search) actually runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import os
@@ -321,6 +322,9 @@ def plan(
             space = Space.from_plan(plan_p, budget, step=gpu_step, tps=tps, alphas=alpha_list,
                                     redundancies=redundancy_list, search_affinity=not fixed_affinity)
         except PlanError as exc:
+            if trainer_pools is None:  # the scenario's own trainer pool alone: its problems, as they are
+                _fail(exc.problems)
+                return
             why = exc.problems[0]
             spec = base_plan.cluster.gpu_pools[tr_pool]
             if base_plan.prices.gpu_price(spec.gpu) == 0 and why.startswith(f"cluster.gpu_pools.{tr_pool}.count"):
@@ -330,7 +334,7 @@ def plan(
             continue
         searches[tr_pool] = (space, apply_overrides(data, moved), plan_p)
     if not searches:
-        _fail([f"placement.trainer.pool={p}: {why}" if trainer_pools else why for p, why in refused.items()])
+        _fail([f"--trainer-pools {p}: {why}" for p, why in refused.items()])
         return
     check_output_file(out, "--out")
     n = workers or os.cpu_count() or 1
@@ -360,7 +364,11 @@ def plan(
     if len(searches) > 1 or refused:
         console.print(trainer_pools_table(results, refused), highlight=False)
     chosen = best_of(results, objective, budget) or next(iter(results))
+    scenario_pool = base_plan.placement.trainer.pool
     result, (_, base, base_plan) = results[chosen], searches[chosen]
+    if chosen != scenario_pool:  # "vs the scenario placement": the scenario as given, its own trainer pool's run
+        result = dataclasses.replace(result, baseline=results[scenario_pool].baseline if scenario_pool in results
+                                     else None)
     rungs = ", ".join(f"{n}×{s}" for s, n in result.rungs)
     sims, sim_steps = sum(r.simulations for r in results.values()), sum(r.simulated_steps for r in results.values())
     per_pool = f"; {len(results)} trainer pools, the kept one's: " if len(results) > 1 else ": "

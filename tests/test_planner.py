@@ -312,6 +312,14 @@ def test_plan_tries_the_trainer_on_each_pool_it_is_given(tmp_path):
     written = load_plan(out)
     assert rows[written.placement.trainer.pool] == max(rows.values())  # the kept pool's mean is the best one
     assert best_of({}, "throughput", Budget(gpus=12)) is None
+    # only another pool tried: the scenario's own placement was not simulated, so nothing is said "vs" it
+    res = CliRunner().invoke(_app(), ["plan", str(default_scenario()), "--budget-gpus", "12", "--gpu-step", "4",
+                                      "--tp", "1,2", "--alphas", "1", "--redundancies", "0.25", "--candidates", "8",
+                                      "--finalists", "2", "--confirm-seeds", "0", "--set", "algorithm.batch_size=16",
+                                      "--steps", "3", "--trainer-pools", "h20", "--out", str(out), "-q"],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert load_plan(out).placement.trainer.pool == "h20" and "vs the scenario placement" not in res.output
 
 
 @pytest.mark.parametrize("args, needle", [
