@@ -292,17 +292,20 @@ def test_plan_command_writes_a_plan_that_simulate_reproduces(tmp_path):
     assert sum(load_plan(out).cluster.gpu_pools[p].count for p in load_plan(out).cluster.gpu_pools) <= 12
 
 
+def _small_plan_run(out, *args: str):
+    return CliRunner().invoke(_app(), ["plan", str(default_scenario()), "--budget-gpus", "12", "--gpu-step", "4",
+                                       "--tp", "1,2", "--alphas", "1", "--redundancies", "0.25", "--candidates", "8",
+                                       "--finalists", "2", "--set", "algorithm.batch_size=16", "--steps", "3",
+                                       "--out", str(out), "-q", *args], env={"COLUMNS": "200"})
+
+
 def test_plan_tries_the_trainer_on_each_pool_it_is_given(tmp_path):
     """--trainer-pools: one search per trainer pool, the best winner kept (by the finalists' seed mean) and
     written; the table lists each pool's best (helper-76: the trainer's GPU type was never searched)."""
     from rollart.planner.search import best_of
 
     out = tmp_path / "plan.yaml"
-    res = CliRunner().invoke(_app(), ["plan", str(default_scenario()), "--budget-gpus", "12", "--gpu-step", "4",
-                                      "--tp", "1,2", "--alphas", "1", "--redundancies", "0.25", "--candidates", "8",
-                                      "--finalists", "2", "--confirm-seeds", "1", "--set", "algorithm.batch_size=16",
-                                      "--steps", "3", "--trainer-pools", "all", "--out", str(out), "-q"],
-                             env={"COLUMNS": "200"})
+    res = _small_plan_run(out, "--confirm-seeds", "1", "--trainer-pools", "all")
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
     assert "best plan per trainer pool" in text and "its pool tried: h800, h20" in text
@@ -313,11 +316,7 @@ def test_plan_tries_the_trainer_on_each_pool_it_is_given(tmp_path):
     assert rows[written.placement.trainer.pool] == max(rows.values())  # the kept pool's mean is the best one
     assert best_of({}, "throughput", Budget(gpus=12)) is None
     # only another pool tried: the scenario's own placement was not simulated, so nothing is said "vs" it
-    res = CliRunner().invoke(_app(), ["plan", str(default_scenario()), "--budget-gpus", "12", "--gpu-step", "4",
-                                      "--tp", "1,2", "--alphas", "1", "--redundancies", "0.25", "--candidates", "8",
-                                      "--finalists", "2", "--confirm-seeds", "0", "--set", "algorithm.batch_size=16",
-                                      "--steps", "3", "--trainer-pools", "h20", "--out", str(out), "-q"],
-                             env={"COLUMNS": "200"})
+    res = _small_plan_run(out, "--confirm-seeds", "0", "--trainer-pools", "h20")
     assert res.exit_code == 0, res.output
     assert load_plan(out).placement.trainer.pool == "h20" and "vs the scenario placement" not in res.output
 
