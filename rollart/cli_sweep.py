@@ -224,15 +224,21 @@ def _trainer_pool_choices(plan: Any, choice: Optional[str]) -> list[str]:
 
 
 def _trainer_pool_overrides(plan: Any, pool: str) -> list[str]:
-    """Overrides that move the trainer to ``pool``, with room for it there (a pool's count is free to the
-    search, except one priced 0: GPUs already owned keep their count, and a trainer that does not fit
-    them is refused)."""
+    """Overrides that move the trainer to ``pool``, with room for it there (the search caps an owned pool,
+    priced 0, at its real count: see ``owned_counts``). An MFU that was the trainer GPU's own stays the
+    scenario GPU's, moved to the new type by the GEMM rule (``mfu_measured_on``); a measured train
+    profile belongs to its GPU and cannot move."""
     tr = plan.placement.trainer
     if pool == tr.pool:
         return []
+    if tr.profile is not None:
+        raise PlanError([f"placement.trainer.profile: a measured train profile ({tr.profile}) is of the "
+                         f"'{tr.pool}' pool's GPU; it cannot price a trainer on '{pool}'"])
     spec = plan.cluster.gpu_pools[pool]
-    owned = plan.prices.gpu_price(spec.gpu) == 0
-    return [f"placement.trainer.pool={pool}", *([] if owned else [f"cluster.gpu_pools.{pool}.count={spec.count + tr.gpus}"])]
+    here = plan.cluster.gpu_pools[tr.pool].gpu
+    measured = ([] if tr.mfu_measured_on is not None or spec.gpu == here
+                else [f"placement.trainer.mfu_measured_on={here}"])
+    return [f"placement.trainer.pool={pool}", f"cluster.gpu_pools.{pool}.count={spec.count + tr.gpus}", *measured]
 
 
 def plan(
@@ -312,29 +318,26 @@ def plan(
     # one search per trainer pool tried: its space, its scenario data and plan
     searches: dict[str, tuple[Any, dict[str, Any], Any]] = {}
     refused: dict[str, str] = {}
+    counts = {p: spec.count for p, spec in base_plan.cluster.gpu_pools.items()}  # an owned pool's real count
     for tr_pool in _trainer_pool_choices(base_plan, trainer_pools):
-        moved = overrides + _trainer_pool_overrides(base_plan, tr_pool)
         try:
+            moved = overrides + _trainer_pool_overrides(base_plan, tr_pool)
             with sim_request_scale(math.inf if scale_approx else 1.0):
                 plan_p = plan_from_dict(data, moved)
             if objective == "cost" or budget_usd_per_hour is not None:
                 require_prices(plan_p)
             space = Space.from_plan(plan_p, budget, step=gpu_step, tps=tps, alphas=alpha_list,
-                                    redundancies=redundancy_list, search_affinity=not fixed_affinity)
+                                    redundancies=redundancy_list, search_affinity=not fixed_affinity,
+                                    owned_counts=counts)
         except PlanError as exc:
-            if trainer_pools is None:  # the scenario's own trainer pool alone: its problems, as they are
-                _fail(exc.problems)
-                return
-            why = exc.problems[0]
-            spec = base_plan.cluster.gpu_pools[tr_pool]
-            if base_plan.prices.gpu_price(spec.gpu) == 0 and why.startswith(f"cluster.gpu_pools.{tr_pool}.count"):
-                why = (f"its {spec.count} GPUs are owned (priced 0) and the scenario's placement already uses them; "
-                       f"free room for a {base_plan.placement.trainer.gpus}-GPU trainer there first ({why})")
-            refused[tr_pool] = why
+            refused[tr_pool] = exc.problems
             continue
         searches[tr_pool] = (space, apply_overrides(data, moved), plan_p)
     if not searches:
-        _fail([f"--trainer-pools {p}: {why}" for p, why in refused.items()])
+        problems = list(refused.values())
+        if all(ps == problems[0] for ps in problems):  # the same for every pool: the search's, said once
+            _fail(problems[0])
+        _fail([f"--trainer-pools {p}: {why}" for p, ps in refused.items() for why in ps])
         return
     check_output_file(out, "--out")
     n = workers or os.cpu_count() or 1
@@ -362,7 +365,7 @@ def plan(
                                       on_rung=on_rung, on_done=lambda: bar.advance(task))
     wall = time.perf_counter() - t0
     if len(searches) > 1 or refused:
-        console.print(trainer_pools_table(results, refused), highlight=False)
+        console.print(trainer_pools_table(results, {p: ps[0] for p, ps in refused.items()}), highlight=False)
     chosen = best_of(results, objective, budget) or next(iter(results))
     scenario_pool = base_plan.placement.trainer.pool
     result, (_, base, base_plan) = results[chosen], searches[chosen]
@@ -401,6 +404,7 @@ def plan(
     ])
     if spread:
         console.print(f"#1 {spread}", highlight=False)
-    console.print(f"[dim]{held_fixed_line(base_plan, [*searches, *refused])}[/]", highlight=False)
+    console.print(f"[dim]{held_fixed_line(base_plan, [*searches, *refused] if trainer_pools else None)}[/]",
+                  highlight=False)
     console.print(f"[dim]wrote {written} · rollart simulate {written}{approx} reproduces these figures"
                   + (" (--seed k: each seed's)" if spread else "") + "[/]", highlight=False)

@@ -292,6 +292,27 @@ def test_plan_command_writes_a_plan_that_simulate_reproduces(tmp_path):
     assert sum(load_plan(out).cluster.gpu_pools[p].count for p in load_plan(out).cluster.gpu_pools) <= 12
 
 
+def test_the_kept_trainer_pool_is_the_one_whose_plan_ranks_first_among_all_pools():
+    """best_of ranks every search's plans together: by winners alone, a pool whose winner beat its own
+    1 %-faster but dearer plan on the tie rule would lose to another pool's plan that its faster plan beats
+    (helper-77: B 1.02 and 1.0101, A 1.0098 kept A)."""
+    from rollart.planner import Candidate, Evaluation
+    from rollart.planner.search import PlanSearch, best_of, rank_evaluations
+
+    def ev(pool: str, tps: float, c1k: float) -> Evaluation:
+        c = Candidate(pool, int(tps * 1e4), (("g", 4, 1),), (), 1, 0.25, ("serverless", None, 0))
+        return Evaluation(c, 3, {"summary": {"steady": {"settled": True, "trajectories_per_s": tps,
+                                                        "cost_per_1k_trajectories_usd": c1k}}})
+
+    b = Budget(gpus=16)
+    ranked = {"B": rank_evaluations([ev("B", 1.02, 20.0), ev("B", 1.0101, 15.0)], "throughput", b),
+              "A": rank_evaluations([ev("A", 1.0098, 1.0)], "throughput", b)}
+    assert ranked["B"][0].summary["steady"]["trajectories_per_s"] == 1.0101  # B's winner: the cheaper tie
+    searches = {k: PlanSearch(r, None, [], 0, 0, 0.0, "throughput", b, False) for k, r in ranked.items()}
+    together = rank_evaluations([*ranked["A"], *ranked["B"]], "throughput", b)[0].candidate.trainer_pool
+    assert best_of(searches, "throughput", b) == together == "B"
+
+
 def _small_plan_run(out, *args: str):
     return CliRunner().invoke(_app(), ["plan", str(default_scenario()), "--budget-gpus", "12", "--gpu-step", "4",
                                        "--tp", "1,2", "--alphas", "1", "--redundancies", "0.25", "--candidates", "8",
@@ -318,7 +339,17 @@ def test_plan_tries_the_trainer_on_each_pool_it_is_given(tmp_path):
     # only another pool tried: the scenario's own placement was not simulated, so nothing is said "vs" it
     res = _small_plan_run(out, "--confirm-seeds", "0", "--trainer-pools", "h20")
     assert res.exit_code == 0, res.output
-    assert load_plan(out).placement.trainer.pool == "h20" and "vs the scenario placement" not in res.output
+    moved = load_plan(out)
+    assert moved.placement.trainer.pool == "h20" and "vs the scenario placement" not in res.output
+    # the scenario's MFU was the H800's own: on H20 it moves by the GEMM rule, not read as H20's own
+    assert moved.placement.trainer.mfu_measured_on == "H800"
+    # an owned pool (priced 0) can take the trainer within the GPUs it has (it was refused: the scenario's
+    # generation already filled it)
+    res = _small_plan_run(out, "--confirm-seeds", "0", "--trainer-pools", "h20", "--set",
+                          "prices.gpu_usd_per_hour.H20=0")
+    assert res.exit_code == 0, res.output
+    owned = load_plan(out)
+    assert owned.placement.trainer.pool == "h20" and owned.cluster.gpu_pools["h20"].count <= 8
 
 
 @pytest.mark.parametrize("args, needle", [

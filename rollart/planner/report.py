@@ -112,11 +112,11 @@ def top_table(result: PlanSearch, top: int = 5) -> Table:
 
 def held_fixed_line(plan: Plan, trainer_pools: list[str] | None = None) -> str:
     """What the search does not choose, so a reader knows where to look next: the trainer's tp and pp as
-    the scenario places them (and its pool, unless ``--trainer-pools`` tried several), and the layout
+    the scenario places them (and its pool, unless ``--trainer-pools`` named the pools tried), and the layout
     (disaggregated: no colocation, no prefill/decode split)."""
     tr = plan.placement.trainer
     gpu = plan.cluster.gpu_pools[tr.pool].gpu
-    if trainer_pools and len(trainer_pools) > 1:
+    if trainer_pools:
         trainer = f"the trainer's tp {tr.tp} and pp {tr.pp} (its pool tried: {', '.join(trainer_pools)})"
         other = ""
     else:

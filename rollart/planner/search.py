@@ -162,21 +162,24 @@ class PlanSearch:
 
 
 def best_of(results: dict[str, PlanSearch], objective: str, budget: Budget) -> str | None:
-    """The key of the search whose winner ranks first among the winners, each read as its finalists are
-    (:func:`seed_mean`: the mean over the seeds it ran at, when it did); None when no search found a plan."""
-    bests = {}
+    """The key of the search whose plan ranks first when every search's finalists are ranked together, each
+    read as :func:`search` ranks them (the mean over the seeds it ran at, :func:`seed_mean`; a search whose
+    finalists ran at one seed offers all its full-length runs), so the objective's tie rule sees every plan at once
+    (ranking the winners alone could keep a plan up to two ties' width slower). None when no search found one."""
+    entries: list[tuple[str, Evaluation]] = []
     for key, r in results.items():
-        ev = r.best
-        if ev is None:
-            continue
-        spread = r.spreads.get(ev.candidate)
-        if spread is not None:
-            mean = {"trajectories_per_s": spread.mean_throughput, "cost_per_1k_trajectories_usd": spread.mean_cost_per_1k}
-            ev = Evaluation(ev.candidate, ev.steps, {"summary": {"steady": {"settled": True, **mean}, **mean,
-                                                                "cost_usd_per_hour": ev.summary.get("cost_usd_per_hour")}})
-        bests[key] = ev
-    order = rank_evaluations(list(bests.values()), objective, budget)
-    return next((k for k, ev in bests.items() if order and ev is order[0]), None)
+        confirmed = [ev for ev in r.ranked if ev.candidate in r.spreads]
+        for ev in confirmed or r.ranked:
+            spread = r.spreads.get(ev.candidate)
+            if spread is not None:
+                mean = {"trajectories_per_s": spread.mean_throughput,
+                        "cost_per_1k_trajectories_usd": spread.mean_cost_per_1k}
+                hourly = ev.summary.get("cost_usd_per_hour")
+                ev = Evaluation(ev.candidate, ev.steps,
+                                {"summary": {"steady": {"settled": True, **mean}, **mean, "cost_usd_per_hour": hourly}})
+            entries.append((key, ev))
+    order = rank_evaluations([ev for _, ev in entries], objective, budget)
+    return next((k for k, ev in entries if order and ev is order[0]), None)
 
 
 def rung_steps(full: int, min_steps: int) -> list[int]:

@@ -174,12 +174,14 @@ class Space:
     @classmethod
     def from_plan(cls, plan: Plan, budget: Budget, step: int | None = None, tps: list[int] | None = None,
                   alphas: list[int] = (0, 1, 2), redundancies: list[float] = (0.0, 0.25, 0.5),
-                  reward_gpus: list[int] | None = None, search_affinity: bool = True) -> "Space":
+                  reward_gpus: list[int] | None = None, search_affinity: bool = True,
+                  owned_counts: dict[str, int] | None = None) -> "Space":
         """The space a budget allows on the scenario's GPU pools (their GPU types; counts are
         free, but a pool priced 0, GPUs already owned, holds its count), in
         multiples of ``step`` GPUs (default: 8 — a node — for budgets of 64 GPUs or more, else 4, 2 or 1). ``tps``: the generation tensor-parallel degrees to try; default the
         powers of two within each pool's NVLink domain (1, 2, 4, 8 on an HGX board; up to 64 on an
-        NVL72 rack, where a wider worker stays on NVLink)."""
+        NVL72 rack, where a wider worker stays on NVLink). ``owned_counts``: the GPUs an owned pool really has,
+        where the plan's count was raised to validate a moved trainer (``rollart plan --trainer-pools``)."""
         from rollart.calibration import generation_cost
         from rollart.sim.costs.price import cpu_cores
 
@@ -203,7 +205,7 @@ class Space:
                 raise PlanError(missing)
         # pools priced 0 (GPUs already owned): the GPUs owned, not as many as the search likes, under either
         # budget (under a GPU budget, the cost objective would count the extra ones as free)
-        owned = {p: c.gpu_pools[p].count for p in pools if price[p] == 0}
+        owned = {p: (owned_counts or {}).get(p, c.gpu_pools[p].count) for p in pools if price[p] == 0}
 
         def max_gpus(pool: str) -> int:
             caps = []
