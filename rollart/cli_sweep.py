@@ -215,10 +215,15 @@ def _trainer_pool_choices(plan: Any, choice: Optional[str]) -> list[str]:
     if choice is None:
         return [own]
     pools = list(plan.cluster.gpu_pools)
-    names = pools if choice.strip() == "all" else [x.strip() for x in choice.split(",") if x.strip()]
+    given = [x.strip() for x in choice.split(",") if x.strip()]
+    if not given:
+        _fail([f"--trainer-pools: give pool names or all; pools are: {', '.join(pools)}"])
+    if "all" in given and len(given) > 1:
+        _fail([f"--trainer-pools: all stands alone (it tries every pool: {', '.join(pools)})"])
+    names = pools if given == ["all"] else given
     unknown = [n for n in names if n not in pools]
-    if unknown or not names:
-        _fail([f"--trainer-pools: unknown pool {', '.join(repr(n) for n in unknown) or repr(choice)}; pools are: "
+    if unknown:
+        _fail([f"--trainer-pools: unknown pool {', '.join(repr(n) for n in unknown)}; pools are: "
                f"{', '.join(pools)} (or all)"])
     return sorted(set(names), key=lambda p: (p != own, pools.index(p)))
 

@@ -370,6 +370,8 @@ def test_plan_tries_the_trainer_on_each_pool_it_is_given(tmp_path):
     # a review found this blamed the context length ("allow a larger --tp") where 3 does not divide the heads
     (["--budget-gpus", "16", "--tp", "3"], "--tp: Qwen3-8B's 32 attention heads do not split evenly over 3 GPUs"),
     (["--budget-gpus", "16", "--trainer-pools", "h900"], "--trainer-pools: unknown pool 'h900'; pools are: h800, h20"),
+    (["--budget-gpus", "16", "--trainer-pools", "all,h20"], "--trainer-pools: all stands alone"),
+    (["--budget-gpus", "16", "--trainer-pools", " , "], "--trainer-pools: give pool names or all"),
 ])
 def test_plan_usage_errors_exit_2_with_one_line(args, needle, tmp_path):
     res = CliRunner().invoke(_app(), ["plan", str(default_scenario()), "--out", str(tmp_path / "p.yaml"), *args],
