@@ -57,11 +57,20 @@ class Evaluation:
 class SeedSpread:
     """One plan's figures (:func:`~rollart.report.plan_rates`) over several seeds: the first is the
     seed ``rollart simulate`` reproduces, the rest what the same plan draws with other env latencies,
-    response lengths and failures."""
+    response lengths and failures; and its dearest hour (a US$ budget must hold at every seed)."""
 
     seeds: tuple[int, ...]
     throughputs: tuple[float, ...]
     costs_per_1k: tuple[float | None, ...]
+    usd_per_hour: float | None = None
+
+    @classmethod
+    def of(cls, evals: list[Evaluation], seeds: tuple[int, ...] = ()) -> "SeedSpread":
+        """The spread of one plan's runs ``evals`` (at ``seeds``), none of them failed."""
+        rates = [plan_rates(e.summary) for e in evals]
+        hourly = [e.summary.get("cost_usd_per_hour") for e in evals]
+        return cls(seeds, tuple(t for t, _, _ in rates), tuple(c for _, c, _ in rates),
+                   None if None in hourly else max(hourly))
 
     @property
     def mean_throughput(self) -> float:
@@ -71,23 +80,22 @@ class SeedSpread:
     def mean_cost_per_1k(self) -> float | None:
         return None if any(c is None for c in self.costs_per_1k) else sum(self.costs_per_1k) / len(self.costs_per_1k)
 
+    def evaluation(self, first: Evaluation) -> Evaluation:
+        """The plan of ``first`` as one evaluation to rank: the mean throughput and cost per 1k trajectories,
+        the dearest hour."""
+        figs = {"settled": True, "trajectories_per_s": self.mean_throughput,
+                "cost_per_1k_trajectories_usd": self.mean_cost_per_1k}
+        summary = {"steady": figs, "trajectories_per_s": figs["trajectories_per_s"],
+                   "cost_per_1k_trajectories_usd": figs["cost_per_1k_trajectories_usd"],
+                   "cost_usd_per_hour": self.usd_per_hour}
+        return Evaluation(first.candidate, first.steps, {"summary": summary})
+
 
 def seed_mean(evals: list[Evaluation]) -> Evaluation:
-    """One plan's runs at several seeds as one evaluation to rank: the mean throughput and cost per 1k
-    trajectories, the dearest hour (a US$ budget must hold at every seed), failed if any seed failed."""
-    first = evals[0]
+    """One plan's runs at several seeds as one evaluation to rank (:meth:`SeedSpread.evaluation`), failed if
+    any seed failed."""
     bad = next((e for e in evals if e.error or not e.summary), None)
-    if bad is not None:
-        return bad
-    rates = [plan_rates(e.summary) for e in evals]
-    costs = [c for _, c, _ in rates]
-    hourly = [e.summary.get("cost_usd_per_hour") for e in evals]
-    figs = {"settled": True, "trajectories_per_s": sum(t for t, _, _ in rates) / len(rates),
-            "cost_per_1k_trajectories_usd": None if None in costs else sum(costs) / len(costs)}
-    summary = {"steady": figs, "trajectories_per_s": figs["trajectories_per_s"],
-               "cost_per_1k_trajectories_usd": figs["cost_per_1k_trajectories_usd"],
-               "cost_usd_per_hour": None if None in hourly else max(hourly)}
-    return Evaluation(first.candidate, first.steps, {"summary": summary})
+    return bad if bad is not None else SeedSpread.of(evals).evaluation(evals[0])
 
 
 # Throughputs within about this fraction of each other are one rank for the throughput objective:
@@ -171,13 +179,7 @@ def best_of(results: dict[str, PlanSearch], objective: str, budget: Budget) -> s
         confirmed = [ev for ev in r.ranked if ev.candidate in r.spreads]
         for ev in confirmed or r.ranked:
             spread = r.spreads.get(ev.candidate)
-            if spread is not None:
-                mean = {"trajectories_per_s": spread.mean_throughput,
-                        "cost_per_1k_trajectories_usd": spread.mean_cost_per_1k}
-                hourly = ev.summary.get("cost_usd_per_hour")
-                ev = Evaluation(ev.candidate, ev.steps,
-                                {"summary": {"steady": {"settled": True, **mean}, **mean, "cost_usd_per_hour": hourly}})
-            entries.append((key, ev))
+            entries.append((key, spread.evaluation(ev) if spread is not None else ev))
     order = rank_evaluations([ev for _, ev in entries], objective, budget)
     return next((k for k, ev in entries if order and ev is order[0]), None)
 
@@ -341,9 +343,7 @@ def _confirm(ranked: list[Evaluation], finalists: int, seeds: list[int], objecti
     spreads = {}
     for i in kept:
         if id(means[i]) in order:
-            rates = [plan_rates(e.summary) for e in by_seed[i]]
-            spreads[head[i].candidate] = SeedSpread(tuple(seeds), tuple(t for t, _, _ in rates),
-                                                    tuple(c for _, c, _ in rates))
+            spreads[head[i].candidate] = SeedSpread.of(by_seed[i], tuple(seeds))
     return [head[i] for i in kept] + ranked[finalists:], spreads
 
 
