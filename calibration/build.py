@@ -121,6 +121,18 @@ def _fp8_kv_rows(gpu: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return np.array(X), np.array(y), files
 
 
+def _both_ways() -> tuple[float, float, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray],
+                         tuple[np.ndarray, np.ndarray], list[str]]:
+    """H20's BF16 peak and HBM rate, its BF16-KV decode-attention rows (all; and those of the geometries it
+    also measured with an FP8 KV cache), its FP8-KV rows and their files."""
+    h20 = GPU_PRESETS["H20"]
+    X, y = D.infersim_decode_attention("h20")[:2]
+    Xf, yf, files = _fp8_kv_rows("h20")
+    measured = {tuple(r[2:5]) for r in Xf}
+    same = np.array([tuple(r[2:5]) in measured for r in X])
+    return h20["tflops_bf16"] * 1e12, h20["hbm_tbps"] * 1e12, (X, y), (X[same], y[same]), (Xf, yf), files
+
+
 @functools.lru_cache(maxsize=1)
 def _fp8_kv_ratio() -> tuple[float, float, list[str]]:
     """FP8-KV ÷ BF16-KV of the decode kernel's KV byte rate e_bw, the held-out MAPE of the fit it comes from, and
@@ -129,14 +141,9 @@ def _fp8_kv_ratio() -> tuple[float, float, list[str]]:
     (InferSim's H20 32-8-128), a fixed cost t0 shared by the two dtypes and an e_bw each, the rest of the model
     H20's shared BF16 fit. Read side by side, so what sets that file's runs apart from the other geometries'
     (its rows start at 10 µs, the others' at ~27 µs) cancels instead of becoming an FP8 advantage."""
-    h20 = GPU_PRESETS["H20"]
-    hp, hb = h20["tflops_bf16"] * 1e12, h20["hbm_tbps"] * 1e12
-    X, y = D.infersim_decode_attention("h20")[:2]
+    hp, hb, (X, y), (Xb, yb), (Xf, yf), files = _both_ways()
     base = K.fit_decode_attention(X, y, hp, hb, SMS["H20"]).params
-    Xf, yf, files = _fp8_kv_rows("h20")
-    measured = {tuple(r[2:5]) for r in Xf}
-    same = np.array([tuple(r[2:5]) in measured for r in X])
-    Xa, ya = np.vstack([X[same], Xf]), np.concatenate([y[same], yf])
+    Xa, ya = np.vstack([Xb, Xf]), np.concatenate([yb, yf])
 
     def both(x: np.ndarray, p: dict[str, float]) -> np.ndarray:
         fp8 = x[:, 5] == 1
@@ -151,14 +158,9 @@ def fp8_kv_errors(bf16: dict[str, float], fp8: dict[str, float]) -> tuple[float,
     """MAPE of H20's decode-attention terms on the one geometry measured both ways (32-8-128): the BF16-KV
     ``bf16`` params on its BF16 rows and the FP8-KV ``fp8`` (over ``bf16``) on its FP8 rows. Both err alike,
     since that file's runs start lower (~10 µs) than the other geometries' the shared fit follows."""
-    h20 = GPU_PRESETS["H20"]
-    hp, hb = h20["tflops_bf16"] * 1e12, h20["hbm_tbps"] * 1e12
-    X, y = D.infersim_decode_attention("h20")[:2]
-    Xf, yf, _ = _fp8_kv_rows("h20")
-    measured = {tuple(r[2:5]) for r in Xf}
-    same = np.array([tuple(r[2:5]) in measured for r in X])
+    hp, hb, _, (Xb, yb), (Xf, yf), _ = _both_ways()
     return tuple(float(np.mean(np.abs(K.decode_attention_time(x, p, hp, hb) / t - 1)))  # type: ignore[return-value]
-                 for x, t, p in ((X[same], y[same], bf16), (Xf, yf, {**bf16, **fp8})))
+                 for x, t, p in ((Xb, yb, bf16), (Xf, yf, {**bf16, **fp8})))
 
 
 def _fp8_kv_decode(key: str, bf16: K.Fit) -> ComponentFit:
