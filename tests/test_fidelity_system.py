@@ -97,6 +97,19 @@ def test_swe_is_only_in_the_32b_evaluation_plan() -> None:
     assert "SWE" in {t.name for t in load_plan(resolve("paper/qwen3-32b-128gpu")).tasks}
 
 
+PAPER_SCENARIOS_WITH_H20 = ("paper/qwen3-8b-128gpu", "paper/qwen3-14b-128gpu", "paper/qwen3-32b-128gpu",
+                            "paper/experiments/h800-vs-h20", "paper/experiments/hw-affinity-mix",
+                            "paper/experiments/pd-disaggregation-swe", "paper/experiments/pd-disaggregation-swe-moe")
+
+
+@pytest.mark.parametrize("name", PAPER_SCENARIOS_WITH_H20)
+def test_paper_scenarios_price_one_h800_as_three_h20(name: str) -> None:
+    """The paper matches costs as 2 H800 ≈ 6 H20 (and 64 H800 + 24 H20 ≈ 72 H800): a scenario that says it
+    reproduces that pairing must not report its dollars at another price ratio."""
+    prices = load_plan(resolve(name)).prices.gpu_usd_per_hour
+    assert prices["H800"] / prices["H20"] == pytest.approx(3.0, rel=1e-3)
+
+
 def test_table1_turn_shape() -> None:
     """Table 1: prefill-heavy tasks 30–100 turns, decode-heavy ≤ 5 turns with long chains of thought."""
     plan = load_plan(resolve("paper/qwen3-32b-128gpu"))
