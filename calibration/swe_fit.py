@@ -159,7 +159,7 @@ _TIMEOUT_S, _TAIL_SCALE = 1000.0, 10_000.0
 FIT = Fit(response_median=155, response_sigma=0.07, step_median=0.1, step_sigma=0.2, reset_median=34,
           reset_sigma=0.2, reset_tail_prob=round(reset_tail_prob(_TIMEOUT_S, _TAIL_SCALE, 34, 0.2), 6),
           reset_tail_scale=_TAIL_SCALE, timeout_s=_TIMEOUT_S, max_retries=2, retry_backoff_s=120,
-          trainer_mfu=0.125)
+          trainer_mfu=0.16)
 
 
 def main(argv: list[str]) -> int:

@@ -213,7 +213,9 @@ def test_pipeline_stages_all_reduce_only_their_own_layers() -> None:
     # factor applies to both compute and communication); the compute halves only as far as the stages
     # are even: the last holds the lm_head, and the pipeline runs at its pace
     lens = [8_000] * 64
-    one, two = _planned("H800", 4, gpus=32), _planned("H800", 4, gpus=64, pp=2)  # dp 8 both
+    # attention at the GEMMs' rate: the stages' times are then in the ratio of their FLOPs
+    one, two = (_planned("H800", 4, gpus=32, attention_efficiency=1.0),
+                _planned("H800", 4, gpus=64, pp=2, attention_efficiency=1.0))  # dp 8 both
     for tokens, micro_batches in ((64_000, 8), (64_000, 1), (1, 16)):
         assert two._comm_s(tokens, micro_batches) == pytest.approx(one._comm_s(tokens, micro_batches) / 2)
     m = one.model
@@ -245,8 +247,8 @@ def test_a_rank_runs_no_more_micro_batches_than_it_has_sequences() -> None:
     plan asks for — slower by as much as its busiest stage (the last, with the lm_head) exceeds a
     quarter of the model."""
     lens = _lens()
-    piped = _planned("H800", 2, gpus=1024, model="Qwen3-32B", pp=4)  # dp 128: one sequence a rank
-    flat = _planned("H800", 2, gpus=256, model="Qwen3-32B")  # dp 128, pp 1
+    piped = _planned("H800", 2, gpus=1024, model="Qwen3-32B", pp=4, attention_efficiency=1.0)  # dp 128: one a rank
+    flat = _planned("H800", 2, gpus=256, model="Qwen3-32B", attention_efficiency=1.0)  # dp 128, pp 1
     assert piped.micro_batches(1) == 1 and piped.bubble(1) == 0.75
 
     def optimizer(c) -> float:  # and the data-parallel sync (pp 4 holds a quarter of the shard)
@@ -258,7 +260,8 @@ def test_a_rank_runs_no_more_micro_batches_than_it_has_sequences() -> None:
     stages = piped.stage_flops(s, s * s)
     compute = flat.step_time(lens) - optimizer(flat) - comm
     assert piped.step_time(lens) - optimizer(piped) == pytest.approx(comm + compute * 4 * max(stages) / sum(stages))
-    one_micro_batch = _planned("H800", 2, gpus=1024, model="Qwen3-32B", pp=4, micro_batches=1)
+    one_micro_batch = _planned("H800", 2, gpus=1024, model="Qwen3-32B", pp=4, micro_batches=1,
+                               attention_efficiency=1.0)
     assert piped.step_time(lens) == one_micro_batch.step_time(lens)
 
 

@@ -503,8 +503,15 @@ class TrainerPlacement(_Strict):
         "the GPU type (a preset or a cluster.custom_gpus name) mfu was measured or fitted on. On a trainer pool of "
         "another type the MFU used is mfu × e_max(trainer GPU) / e_max(this GPU), each the e_max of the BF16 gemm "
         "fit in the kernel profile that type is priced with (H20 0.951; H800, H100, H200 0.772; A100 0.725: an H800 "
-        "MFU of 0.125 is 0.154 on H20), capped at 1; a lower bound of the change (non-GEMM kernels are relatively "
+        "MFU of 0.16 is 0.197 on H20), capped at 1; a lower bound of the change (non-GEMM kernels are relatively "
         "cheaper on a GPU of fewer FLOP/s too). Unset: mfu is the trainer GPU's own"))
+    attention_efficiency: Annotated[float, Field(gt=0, le=2)] = Field(0.52, description=(
+        "the rate training's causal attention kernels (flash attention forward and backward) reach in model "
+        "FLOPs, as a share of the rate the MFU gives the GEMMs: attention FLOPs grow with the square of a "
+        "sequence's length and run slower than the GEMMs, so a long sequence costs more per token than the "
+        "MFU alone says. 0.52: Megatron-core with TransformerEngine's fused attention on H100 (NeMo 24.03, "
+        "Llama-2-7B, 4K-64K: attention 232 TFLOP/s, the GEMMs 45 % of peak); FlashAttention-2 stacks measure "
+        "about 0.27 (llm-foundry MPT-7B/13B BF16 on H100)"))
     micro_batches: Count | None = Field(None, description=(
         "micro-batches a data-parallel rank splits its sequences into (gradient accumulation over them). Unset: one "
         "sequence a micro-batch, as ROLL's Megatron configs train long agentic sequences (micro_batch_size 1), so a "

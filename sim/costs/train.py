@@ -115,7 +115,10 @@ class TrainCost:
     through each member's own port (:data:`DP_GRAD_BYTES`).
 
     MFU is the compute's alone: an MFU fitted to a measured step at some tp keeps that step's time
-    only with the comm terms beside it."""
+    only with the comm terms beside it. It is the GEMMs' rate: the causal attention FLOPs run at
+    ``attention_efficiency`` × it (flash attention forward and backward reach a lower share of peak than
+    the GEMMs), so a rank's compute takes (linear FLOPs + attention FLOPs / attention_efficiency) / (GPUs ×
+    peak × MFU) (:meth:`_work`)."""
 
     def __init__(self, model: ModelSpec, gpu: GpuType, trainer: TrainerPlacement,
                  allreduce: tuple[float, float, str] | None = None,
@@ -130,6 +133,8 @@ class TrainCost:
         if m.mla:  # training runs MLA non-absorbed: QKᵀ over head_dim + rope, PV over v_head_dim (s²/2 pairs)
             attention_per_layer_sq = ATTENTION_PASSES * m.heads * (m.head_dim + m.qk_rope_head_dim + m.value_head_dim)
         self._attention_per_sq = attention_per_layer_sq * m.layers
+        # Attention runs at attention_efficiency × the GEMMs' rate: its FLOPs weigh 1/efficiency in the time
+        self._attention_weight = 1.0 / trainer.attention_efficiency
         self.stage_layers = stage_layers(m.layers, trainer.pp)
         # each stage's share of the model's MoE layers (the first dense_layers have none)
         first_moe = m.layers - m.moe_layers
@@ -154,7 +159,7 @@ class TrainCost:
         tp = trainer.tp
         # (seconds a micro-batch, seconds a rank token) of one layer's tensor-parallel all-reduces
         self._allreduce: tuple[float, float] | None = None
-        self.source = f"FLOPs model, {mfu_source}"
+        self.source = f"FLOPs model, {mfu_source}; attention at {trainer.attention_efficiency:g} × the GEMMs' rate"
         if trainer.pp > 1 and max(self.stage_layers) > min(self.stage_layers):
             self.source += f"; pp {trainer.pp} stages of {', '.join(map(str, self.stage_layers))} layers"
         if tp > 1 and allreduce is not None:
@@ -194,28 +199,39 @@ class TrainCost:
     def _flops(self, s: int) -> float:
         return self._linear_per_token * s + self._attention_per_sq * s * s
 
+    def _work(self, tokens: int, squares: int) -> float:
+        """FLOPs at the GEMMs' rate that take as long as ``tokens`` tokens whose sequences' squared lengths
+        sum to ``squares``: the attention FLOPs weighted by 1 / attention_efficiency."""
+        return self._linear_per_token * tokens + self._attention_weight * self._attention_per_sq * squares
+
     def _ranks(self, seq_lens: list[int]) -> list[tuple[float, int, int, int, int]]:
-        """(FLOPs, tokens, sequences, Σ s², longest s) of each data-parallel rank with work, sequences
-        dealt longest first to the least-loaded rank (longest-processing-time packing: the busiest rank
-        exceeds an even share by less than its last sequence's work); one sequence a rank when there
-        are no more than ranks."""
+        """(work, tokens, sequences, Σ s², longest s) of each data-parallel rank with work (work:
+        :meth:`_work`), sequences dealt longest first to the least-loaded rank (longest-processing-time
+        packing: the busiest rank exceeds an even share by less than its last sequence's work); one
+        sequence a rank when there are no more than ranks."""
         if len(seq_lens) <= self.dp:
-            return [(self._flops(s), s, 1, s * s, s) for s in seq_lens]
+            return [(self._work(s, s * s), s, 1, s * s, s) for s in seq_lens]
         ranks = [(0.0, 0, 0, 0, 0)] * self.dp
         for s in sorted(seq_lens, reverse=True):
-            flops, tokens, seqs, squares, longest = ranks[0]
-            heapq.heapreplace(ranks, (flops + self._flops(s), tokens + s, seqs + 1, squares + s * s,
+            work, tokens, seqs, squares, longest = ranks[0]
+            heapq.heapreplace(ranks, (work + self._work(s, s * s), tokens + s, seqs + 1, squares + s * s,
                                       max(longest, s)))
         return ranks
 
     def busiest_rank_flops(self, seq_lens: list[int]) -> float:
         """FLOPs of the data-parallel rank with the most work (all its stages together)."""
-        return max((rank[0] for rank in self._ranks(seq_lens)), default=0.0)
+        busiest = max(self._ranks(seq_lens), default=None)
+        return 0.0 if busiest is None else self._linear_per_token * busiest[1] + self._attention_per_sq * busiest[3]
 
     def stage_flops(self, tokens: int, squares: int) -> list[float]:
         """FLOPs each pipeline stage runs for a rank of ``tokens`` tokens whose sequences' squared
         lengths sum to ``squares``."""
         return [linear * tokens + attention * squares for linear, attention in self.stages]
+
+    def _stage_work(self, tokens: int, squares: int) -> list[float]:
+        """:meth:`stage_flops` with each stage's attention weighted as in :meth:`_work`."""
+        w = self._attention_weight
+        return [linear * tokens + w * attention * squares for linear, attention in self.stages]
 
     def sequences_per_micro_batch(self, seqs: int) -> int:
         """Sequences one micro-batch of a rank of ``seqs`` sequences holds (:func:`sequences_per_micro_batch`)."""
@@ -255,14 +271,14 @@ class TrainCost:
         """The busiest stage's communication (pp 1: the rank's)."""
         return max(self._stage_comm_s(tokens, micro_batches))
 
-    def _stage_s(self, flops: float, tokens: int, micro_batches: int, squares: int) -> float:
+    def _stage_s(self, work: float, tokens: int, micro_batches: int, squares: int) -> float:
         """Seconds the busiest pipeline stage of a rank computes and communicates for ``tokens`` tokens in
-        ``micro_batches`` micro-batches (pp 1: the rank's whole work)."""
+        ``micro_batches`` micro-batches (pp 1: the rank's whole ``work``, :meth:`_work`)."""
         comm = self._stage_comm_s(tokens, micro_batches)
         if self.trainer.pp == 1:
-            return self.dp * flops / self._peak + comm[0]
+            return self.dp * work / self._peak + comm[0]
         return max(self.dp * self.trainer.pp * f / self._peak + c
-                   for f, c in zip(self.stage_flops(tokens, squares), comm))
+                   for f, c in zip(self._stage_work(tokens, squares), comm))
 
     def _longest_micro_batch_s(self, tokens: int, seqs: int, squares: int, longest: int) -> float:
         """The busiest stage's seconds for the rank's longest micro-batch: the one holding its longest
@@ -273,16 +289,15 @@ class TrainCost:
         rest = max(1, seqs - 1)
         mb_tokens = round(longest + others * (tokens - longest) / rest)
         mb_squares = round(longest * longest + others * (squares - longest * longest) / rest)
-        flops = self._linear_per_token * mb_tokens + self._attention_per_sq * mb_squares
-        return self._stage_s(flops, mb_tokens, 1, mb_squares)
+        return self._stage_s(self._work(mb_tokens, mb_squares), mb_tokens, 1, mb_squares)
 
-    def _rank_s(self, flops: float, tokens: int, seqs: int, squares: int, longest: int) -> float:
+    def _rank_s(self, work: float, tokens: int, seqs: int, squares: int, longest: int) -> float:
         """One rank's time at its busiest stage's pace (compute and communication together) plus its pipeline's
         fill and drain: Σ tᵢ + (pp − 1) · max tᵢ over its micro-batches (the makespan of pp identical
         stages in line, whatever their order; with equal micro-batches Σ t / (1 − bubble)). The longest
         micro-batch must cross every stage: with lengths this uneven the mean would undercount it."""
         m = self.micro_batches(seqs)
-        stage = self._stage_s(flops, tokens, m, squares)
+        stage = self._stage_s(work, tokens, m, squares)
         if self.trainer.pp == 1:
             return stage
         longest_s = max(stage / m, self._longest_micro_batch_s(tokens, seqs, squares, longest))
