@@ -504,7 +504,8 @@ class TrainerPlacement(_Strict):
         "another type the MFU used is mfu × e_max(trainer GPU) / e_max(this GPU), each the e_max of the BF16 gemm "
         "fit in the kernel profile that type is priced with (H20 0.951; H800, H100, H200 0.772; A100 0.725: an H800 "
         "MFU of 0.16 is 0.197 on H20), capped at 1; a lower bound of the change (non-GEMM kernels are relatively "
-        "cheaper on a GPU of fewer FLOP/s too). Unset: mfu is the trainer GPU's own"))
+        "cheaper on a GPU of fewer FLOP/s too). Unset: a stated mfu is the trainer GPU's own, and the default (0.35, "
+        "an H100 figure) moves from H100 by the same rule on a preset GPU type (GB200 0.301, H20 0.431)"))
     attention_efficiency: Annotated[float, Field(gt=0, le=2)] = Field(0.52, description=(
         "the rate training's causal attention kernels (flash attention forward and backward) reach in model "
         "FLOPs, as a share of the rate the MFU gives the GEMMs: attention FLOPs grow with the square of a "

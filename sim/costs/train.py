@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from rollart.plan.presets import GPU_PRESETS
 from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
 from rollart.sim.costs.moe import (DEFAULT_NVLINK_DOMAIN, all_to_all_s, domain_name, effective_domain, expert_params,
                                   input_embedding_params, worker_weight_bytes)
@@ -36,29 +37,46 @@ def stage_layers(layers: int, pp: int) -> list[int]:
     return [base + (i < extra) for i in range(pp)]
 
 
+# placement.trainer.mfu's default (0.35) is a Hopper figure, Megatron's typical share of an H100's peak with
+# full recompute: left unset on a preset GPU type it moves to that type by the GEMM rule, as one measured on an
+# H100 would, so a GB200 trainer runs at the share Blackwell sustains (Megatron-Bridge: GB200 2.18 × an H100,
+# not its datasheets' 2.53) and an H20 or A100 trainer at the share their GEMMs reach.
+DEFAULT_MFU_MEASURED_ON = "H100"
+
+
 def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None = None) -> tuple[float, str]:
     """(the MFU the trainer's GPUs compute at, how it was found). ``placement.trainer.mfu`` is the
-    trainer GPU's own unless ``mfu_measured_on`` names another type: then mfu × e_max(trainer GPU) /
+    trainer GPU's own unless ``mfu_measured_on`` names another type (left at its default, on a preset GPU
+    type, it is :data:`DEFAULT_MFU_MEASURED_ON`'s): then mfu × e_max(trainer GPU) /
     e_max(measured-on GPU), each the BF16 ``gemm`` fit's e_max of the kernel profile the type is priced
     with (:func:`~rollart.calibration.gemm_share.gemm_e_max`: H20 0.951, H800/H100/H200 0.772, A100
     0.725), capped at 1. A GPU of few FLOP/s per byte of HBM (H20) keeps its tensor cores busier, so the
     same model at the same parallelism reaches a larger share of its peak; the GEMMs' ratio is a lower
     bound of that (the non-GEMM kernels, memory-bound, are relatively cheaper there too)."""
     mfu = trainer.mfu
-    measured_on = trainer.measured_on_gpu()
+    own = f"MFU {mfu:.3g} (placement.trainer.mfu)"
+    measured_on, measured_name = trainer.measured_on_gpu(), trainer.mfu_measured_on
+    said = f"measured on {measured_name}"
     if measured_on is None:
-        return mfu, f"MFU {mfu:.3g} (placement.trainer.mfu)"
-    if measured_on == gpu and gpu_name in (None, trainer.mfu_measured_on):
-        return mfu, f"MFU {mfu:.3g} measured on {trainer.mfu_measured_on} (placement.trainer.mfu)"
+        from rollart.calibration import _shipped_kernel_profile
+
+        if "mfu" in trainer.model_fields_set or gpu_name is None or _shipped_kernel_profile(gpu_name, gpu) is None:
+            return mfu, own  # a stated MFU is the trainer GPU's own; a type priced on its datasheet keeps it too
+        measured_name = DEFAULT_MFU_MEASURED_ON
+        measured_on, said = GpuType(**GPU_PRESETS[measured_name]), f"(the default, an {measured_name} figure)"
+    elif measured_on == gpu and gpu_name in (None, measured_name):
+        return mfu, f"MFU {mfu:.3g} {said} (placement.trainer.mfu)"
     from rollart.calibration.gemm_share import gemm_e_max
 
     here, here_gpu = gemm_e_max(gpu_name, gpu)
-    there, _ = gemm_e_max(trainer.mfu_measured_on, measured_on)
+    there, _ = gemm_e_max(measured_name, measured_on)
     ratio = here / there
+    if trainer.mfu_measured_on is None and ratio == 1.0:  # the default on a Hopper-class GPU: as it is
+        return mfu, own
     used = min(1.0, mfu * ratio)
     capped = f", capped at {used:g}" if used < mfu * ratio else ""
-    return used, (f"MFU {mfu:.3g} measured on {trainer.mfu_measured_on} × {ratio:.4g} ({gpu_name or here_gpu} ÷ "
-                  f"{trainer.mfu_measured_on} GEMM e_max{capped}: {used:.3g})")
+    return used, (f"MFU {mfu:.3g} {said} × {ratio:.4g} ({gpu_name or here_gpu} ÷ "
+                  f"{measured_name} GEMM e_max{capped}: {used:.3g})")
 
 
 class TrainCost:
