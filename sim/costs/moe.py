@@ -223,15 +223,22 @@ def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, floa
     domain boundary. ``network`` is one GPU's own port (HGX nodes carry a NIC per GPU) and NCCL runs a
     channel per NIC, so a ring with ``ports`` members in each domain (default min(gpus, domain): a
     contiguous group) crosses at ports × the port's rate, capped by the NVLink hops inside the domain:
-    min(NVLink, ports × network), at the higher latency (nccl-tests across DGX nodes: ~48 GB/s with 4 IB
-    adapters, 85–96 GB/s with 4 × 200 Gb/s; one data-parallel ring a GPU of each node, ports 1, gets one
-    NIC). A caller whose groups are laid out over more GPUs than one domain passes
-    :func:`effective_domain`, so a ring that straddles a boundary crosses too, with its smallest piece's
-    ports."""
+    min(NVLink, ports × network) (nccl-tests across DGX nodes: ~48 GB/s with 4 IB adapters, 85–96 GB/s
+    with 4 × 200 Gb/s; one data-parallel ring a GPU of each node, ports 1, gets one NIC). A caller whose
+    groups are laid out over more GPUs than one domain passes :func:`effective_domain`, so a ring that
+    straddles a boundary crosses too, with its smallest piece's ports.
+
+    The latency is one collective call's (callers pay it once a call: α + bytes / rate): NVLink's α plus
+    the network's, never the larger alone."""
     if gpus <= domain:
         return nvlink
     k = max(1, min(gpus, domain) if ports is None else ports)
-    return min(nvlink[0], k * network[0]), max(nvlink[1], network[1])
+    # NVLink's α is a whole all-reduce's inside a domain (~30 µs), the network's one message across it (~20 µs).
+    # A crossing ring still makes its NVLink hops and adds network hops on the same dependent chain (NCCL's
+    # tuning model sums intra-node steps at the NVLink latency and inter-node steps at the network's), so the
+    # two add; max() let the slower NVLink α hide the network. One network α a call is a floor (NCCL: 2(n − 1)
+    # network steps on a ring over n domains, 2·log2 n on a tree).
+    return min(nvlink[0], k * network[0]), nvlink[1] + network[1]
 
 
 # DeepEP's dispatch of an FP8-served MoE sends each hidden element as FP8 plus an FP32 scale per 128 of
@@ -302,10 +309,13 @@ def all_to_all_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink_bytes
     off_domain = (ep - min(ep, ranks_per_domain)) / (ep - 1)
 
     if not rdma and ranks_per_domain < ep:
-        rate, latency = ring_link(ep, (nvlink_bytes_per_s, nvlink_latency_s), (net_bytes_per_s, net_latency_s),
-                                  ranks_per_domain)
+        rate, _ = ring_link(ep, (nvlink_bytes_per_s, nvlink_latency_s), (net_bytes_per_s, net_latency_s),
+                            ranks_per_domain)
+        # priced step by step (ep − 1 steps each way), not a call at a time as ring_link's latency is: each
+        # step has some hop crossing the network and waits for the slowest hop
+        step = max(nvlink_latency_s, net_latency_s)
         gathered = tokens * model.hidden * 2.0 * (ep - 1) / ep  # every other rank's tokens, BF16
-        return model.moe_layers * 2 * ((ep - 1) * latency + gathered / rate)
+        return model.moe_layers * 2 * ((ep - 1) * step + gathered / rate)
     if kernel == "low_latency":
         def one_way(element_bytes: float) -> float:
             per_gpu = sent * k * model.hidden * element_bytes * (ep - 1) / ep / rank_tp
