@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from rollart.calibration import ep_all_to_all, generation_cost, tp_allreduce, train_cost
-from rollart.calibration.links import effective_bytes_per_s
+from rollart.calibration.links import default_network, effective_bytes_per_s
 from rollart.core import mode_config
 from rollart.plan.loader import load_plan
 from rollart.plan.presets import GPU_PRESETS
@@ -206,6 +206,31 @@ def test_a_wider_domain_never_makes_anything_slower() -> None:
                                      domain=effective_domain(tp, gpus, d)) for d in chain]
             prefill = [c.prefill_time(8192, 8192**2 / 2, 1) for c in lines]
             assert prefill == sorted(prefill, reverse=True), (chain, tp, ep, gpus, prefill)
+
+
+def test_crossing_a_domain_adds_the_networks_latency_to_nvlinks() -> None:
+    """A ring across NVLink domains still makes its NVLink hops, and its network hops add their latency on
+    the same dependent chain (NCCL's tuning model sums intra- and inter-node steps), so it never has lower
+    latency than a ring inside one domain, and it pays the network's too. With the larger of the two, the
+    NVLink all-reduce's 29.7 µs hid InfiniBand's 19.8 µs: Qwen3-235B-A22B at tp 16, batch 1, priced 13.62 ms
+    across two HGX B200 boards against 13.60 inside a GB200 NVL72 rack."""
+    for nvlink in ((1e11, 1e-6), (7e11, 3e-5)):
+        for network in ((3.6e10, 2e-5), (1e10, 5e-5), (1e12, 0.0)):
+            for gpus, domain in ((16, 8), (32, 8), (64, 36), (16, 4)):
+                rate, latency = ring_link(gpus, nvlink, network, domain)
+                assert latency == pytest.approx(nvlink[1] + network[1]) and rate <= nvlink[0]
+                assert latency >= ring_link(gpus, nvlink, network, gpus)[1]  # the same ring inside one domain
+    ib = default_network()
+    # the trainer's tp-16 all-reduce: two HGX H100 boards against one rack of the same GPUs
+    across, inside = tp_allreduce("H100", h100(8), 16), tp_allreduce("H100", h100(72), 16)
+    assert across[0] == pytest.approx(inside[0] + ib[1])
+    # the generation engines, equal GPUs (B200's datasheet and kernel profile) on 8- or 72-GPU domains
+    b200 = {d: GpuType(**{**GPU_PRESETS["B200"], "nvlink_domain": d}) for d in (8, 72)}
+    for batch in (1, 64):
+        hgx, rack = (generation_cost(QWEN_235B, "B200", b200[d], 16).decode_line(batch).total(2048.0 * batch, batch, 1)
+                     for d in (8, 72))
+        # two all-reduces a layer, each paying InfiniBand's latency on top (and its bandwidth)
+        assert hgx > rack + 2 * QWEN_235B.layers * ib[1], (batch, hgx, rack)
 
 
 def test_straddling_is_why_a_non_multiple_domain_can_be_slower() -> None:
