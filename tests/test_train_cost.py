@@ -98,7 +98,8 @@ def test_a_trainer_that_cannot_hold_its_state_is_refused_in_seconds_naming_the_f
     # at the paper's 32K context the logits alone (32,768 × 151,936 in BF16 and FP32) outgrow tp 1
     proc = rollart("simulate", "paper/qwen3-8b-128gpu", "--steps", "1", "--mode", "sync+",
                    "--set", "placement.trainer.gpus=1", "--set", "placement.trainer.tp=1", cwd=tmp_path)
-    assert_clean_usage_error(proc, "placement.trainer.gpus", "182 GiB", "41 GiB of activations for a 32,768-token",
+    assert_clean_usage_error(proc, "placement.trainer.gpus", "182.4 GiB", "41 GiB of activations for a 32,768-token",
+                             "shorten the tasks' max_context_tokens",
                              "raise tp or pp")
 
 

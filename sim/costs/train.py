@@ -451,6 +451,8 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
         hint += " (the activations shrink with tp, not pp)"
     if per_micro_batch > 1:
         hint += "; or leave placement.trainer.micro_batches unset (one sequence a micro-batch)"
+    if act:  # sized for the longest sequence the tasks allow: their context window, not what they usually reach
+        hint += f"; or shorten the tasks' max_context_tokens (the trainer holds a {seq_tokens:,}-token sequence)"
     spread = "dense weights over tp·pp"
     if model.moe_experts:
         ep = trainer_ep(model, trainer, gpu.nvlink_domain)
@@ -466,7 +468,7 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
             f"micro-batches of {per_micro_batch} {seq_tokens:,}-token sequences (placement.trainer.micro_batches "
             f"{trainer.micro_batches})")
     acts = f"{act:.0f} GiB of activations for {held} at tp {trainer.tp}" if act else "activations"
-    return [f"placement.trainer.gpus: training {model.name} needs {need:.0f} GiB a GPU on {trainer.gpus} × {gpu_name} "
+    return [f"placement.trainer.gpus: training {model.name} needs {need:.1f} GiB a GPU on {trainer.gpus} × {gpu_name} "
             f"(bf16 weights + fp32 gradients, {spread}; Adam state over all GPUs; {acts}), more than its "
             f"{gpu.usable_memory_gib:.4g} GiB; {hint}"]
 
