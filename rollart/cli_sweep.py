@@ -411,5 +411,7 @@ def plan(
         console.print(f"#1 {spread}", highlight=False)
     console.print(f"[dim]{held_fixed_line(base_plan, [*searches, *refused] if trainer_pools else None)}[/]",
                   highlight=False)
+    for note in dict.fromkeys(n for space, _, _ in searches.values() for n in space.notes):
+        console.print(f"[dim]generation on {escape(note)}[/]", highlight=False)
     console.print(f"[dim]wrote {written} · rollart simulate {written}{approx} reproduces these figures"
                   + (" (--seed k: each seed's)" if spread else "") + "[/]", highlight=False)

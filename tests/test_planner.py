@@ -470,3 +470,39 @@ def test_finalists_rank_by_their_mean_over_seeds():
     assert plan_rates(again.summary)[0] == spread.throughputs[2]  # each seed's figure is reproducible
     assert seed_mean([head[0]]).summary["steady"]["trajectories_per_s"] == spread.throughputs[0]
     assert three.simulations > one.simulations
+
+
+def _deepseek_v3(generation: list[dict]) -> object:
+    """DeepSeek-V3 (FP8, ~680 GB) with an H800 trainer of ep 32; a worker of 8 H800 cannot hold it."""
+    base, _ = _base(["algorithm.batch_size=64"])
+    base["model"] = {"preset": "DeepSeek-V3", "weight_dtype": "fp8"}
+    base["placement"]["trainer"] = {"pool": "h800", "gpus": 512, "tp": 1, "pp": 16, "ep": 32}
+    base["cluster"]["gpu_pools"]["h800"]["count"] = 768
+    base["cluster"]["gpu_pools"]["h20"]["count"] = 16
+    base["placement"]["generation"] = generation
+    base["placement"]["hw_affinity"] = {"default": generation[0]["pool"]}
+    return plan_from_dict(base)
+
+
+def test_a_model_no_worker_of_one_nvlink_domain_holds_is_searched_across_domains_and_said():
+    """A helper found the planner recommending all-H20 for DeepSeek-V3 with H800 silently dropped: it tried
+    tp ≤ 8 only, where the model leaves no KV. Wider workers (across nodes, as DeepSeek and LMSYS serve it) are
+    tried when nothing inside a domain fits, the scenario's own tp always, and a pool left out is said."""
+    plan = _deepseek_v3([{"pool": "h20", "workers": 2, "tp": 8}])
+    space = Space.from_plan(plan, Budget(gpus=1024), alphas=[1], redundancies=[0.0])
+    assert space.gen_tp["h800"] == [16, 32, 64] and space.gen_tp["h20"] == [8]
+    assert space.eps("h800", 32) == [1, 32]
+    assert any("fits no worker inside one 8-GPU NVLink domain" in n and "tp 16, 32, 64" in n for n in space.notes)
+    only_one_node = Space.from_plan(plan, Budget(gpus=1024), alphas=[1], redundancies=[0.0], tps=[1, 2, 4, 8])
+    assert only_one_node.gen_tp["h800"] == [] and any("no generation planned there" in n for n in only_one_node.notes)
+    own = Space.from_plan(_deepseek_v3([{"pool": "h800", "workers": 8, "tp": 32, "ep": 32}]), Budget(gpus=1024),
+                          alphas=[1], redundancies=[0.0])
+    assert own.gen_tp["h800"] == [16, 32, 64] and own.baseline is not None  # the scenario's own is a candidate
+
+
+def test_trainer_sizes_are_multiples_of_an_explicit_ep_per_stage():
+    """ep 32 at pp 16 needs 512-GPU steps; the search stepped by lcm(8, tp·pp) = 16 and met sizes ep could not
+    divide ("ep 32 does not divide the trainer's 29 GPUs a pipeline stage" as the budget's fault)."""
+    space = Space.from_plan(_deepseek_v3([{"pool": "h20", "workers": 2, "tp": 8}]), Budget(gpus=1024),
+                            alphas=[1], redundancies=[0.0])
+    assert space.trainer_gpus == [512]

@@ -25,6 +25,9 @@ from rollart.plan.schema import Plan
 from rollart.sim.costs.train import trainer_fits, trainer_memory_problems
 
 SERVERLESS = ("serverless", None, 0)
+# The widest generation worker tried across NVLink domains when no worker inside one holds the model and a
+# context (DeepSeek serves V3's decode over 18 nodes; 64 GPUs covers tp 32–64 × ep as LMSYS and the paper do)
+MAX_CROSS_DOMAIN_TP = 64
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,7 @@ class Space:
     gen_ep: dict[str, dict[int, list[int]]] = field(default_factory=dict)
     # pools priced 0 (GPUs already owned): the most of them a plan may use, their count
     owned: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # one line each: what the space left out, and why
 
     def eps(self, pool: str, tp: int) -> list[int]:
         """Expert-parallel options for a worker of ``tp`` GPUs in ``pool``: 1, plus ``gen_ep``'s."""
@@ -234,12 +238,14 @@ class Space:
         if step is None:
             step = 8 if biggest >= 64 else 4 if biggest >= 16 else 2 if biggest >= 6 else 1
         tr = plan.placement.trainer
-        unit = _lcm(step, tr.tp * tr.pp)
+        # a trainer of tp·pp-GPU model replicas; an explicit ep must divide the GPUs of a pipeline stage too
+        whole = _lcm(tr.tp * tr.pp, (tr.ep or 1) * tr.pp)
+        unit = _lcm(step, whole)
         # a data-parallel rank needs a sequence of the batch to train: beyond batch · tp · pp GPUs a trainer
         # only idles (a review's 100,000-GPU budget came back as 12,500 ranks for 64 sequences)
         tmax = min(trainer_max(), plan.algorithm.batch_size * tr.tp * tr.pp)
         trainer_gpus = sorted({n for n in range(unit, tmax + 1, unit)}
-                              | ({tr.gpus} if tr.gpus <= tmax and tr.gpus % (tr.tp * tr.pp) == 0 else set()))
+                              | ({tr.gpus} if tr.gpus <= tmax and tr.gpus % whole == 0 else set()))
         if tr.profile is None:  # a modelled trainer must hold its state (a measured one ran)
             sheet = c.gpu_type(c.gpu_pools[tr.pool].gpu)
             seq = plan.longest_context_tokens
@@ -254,28 +260,52 @@ class Space:
             raise PlanError([f"budget: {budget.describe()} cannot hold a {unit}-GPU trainer and {step} "
                              "generation GPUs"])
         longest = plan.longest_context_tokens
+        notes: list[str] = []  # what the space left out and why, said with the plan
         gen_tp: dict[str, list[int]] = {}
         gen_gpus: dict[str, list[int]] = {}
         gen_ep: dict[str, dict[int, list[int]]] = {}
         experts = plan.model.moe_experts
         for p in pools:
             gpu_name = c.gpu_pools[p].gpu
-            ok = []
             domain = c.gpu_type(gpu_name).nvlink_domain
-            for tp in sorted(set(tps if tps is not None else _powers_of_two(domain))):
-                if plan.model.heads % tp:
-                    continue
-                cost = generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp, c.gpu_pools[p].profile)
-                if cost.kv_capacity_tokens >= longest:
-                    ok.append(tp)
-                    # MoE: one rank per GPU (ep = tp) besides ep 1, when tp divides the experts and the
-                    # context still fits (each rank replicates the dense weights). Intermediate ep
-                    # (ranks of several GPUs) would multiply the space for a finer trade-off; not searched.
-                    eps = [tp] if (experts and tp > 1 and experts % tp == 0  # a context on one rank's KV
-                                   and generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp,
-                                                       c.gpu_pools[p].profile, tp).kv_capacity_tokens // tp >= longest) else []
-                    if eps:
-                        gen_ep.setdefault(p, {})[tp] = eps
+
+            def fitting(options: set[int]) -> list[int]:
+                found = []
+                for tp in sorted(options):
+                    if plan.model.heads % tp:
+                        continue
+                    cost = generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp, c.gpu_pools[p].profile)
+                    if cost.kv_capacity_tokens >= longest:
+                        found.append(tp)
+                        # MoE: one rank per GPU (ep = tp) besides ep 1, when tp divides the experts and the
+                        # context still fits (each rank replicates the dense weights). Intermediate ep
+                        # (ranks of several GPUs) would multiply the space for a finer trade-off; not searched.
+                        eps = [tp] if (experts and tp > 1 and experts % tp == 0  # a context on one rank's KV
+                                       and generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp,
+                                                           c.gpu_pools[p].profile, tp).kv_capacity_tokens // tp
+                                       >= longest) else []
+                        if eps:
+                            gen_ep.setdefault(p, {})[tp] = eps
+                return found
+
+            if tps is not None:  # the user's degrees, as given
+                tried, ok = sorted(set(tps)), fitting(set(tps))
+            else:  # the powers of two inside the NVLink domain and the scenario's own workers
+                own = {g.tp for g in plan.placement.generation if g.pool == p}
+                tried = sorted(set(_powers_of_two(domain)) | own)
+                ok = fitting(set(tried))
+                if not any(t <= domain for t in ok):
+                    # the model and one context fit no worker inside a domain: wider workers across domains (a
+                    # 671B MoE is served so, tp × ep over several nodes), as wide as MAX_CROSS_DOMAIN_TP
+                    tried = sorted(set(tried) | set(_powers_of_two(MAX_CROSS_DOMAIN_TP)))
+                    ok = fitting({t for t in tried if t > domain})
+                    if ok:
+                        notes.append(f"{p}: {plan.model.name} with a {longest:,}-token context fits no worker inside "
+                                     f"one {domain}-GPU NVLink domain; workers of tp {', '.join(map(str, ok))} across "
+                                     "domains searched instead")
+            if not ok:
+                notes.append(f"{p}: {plan.model.name} with a {longest:,}-token context fits no worker of {gpu_name} "
+                             f"(tp {', '.join(map(str, tried))}): no generation planned there")
             gen_tp[p] = ok
             # a worker needs a trajectory in flight: at most batch · (1 + redundancy) · (α + 1) of them at
             # once, each on at most the widest tp tried
@@ -313,7 +343,7 @@ class Space:
                     trainer_gpus=trainer_gpus, gen_gpus=gen_gpus, gen_tp=gen_tp, tags=tags,
                     alphas=sorted(set(alphas)), redundancies=sorted(set(redundancies)), rewards=rewards,
                     budget=budget, heuristic_affinity=_task_kinds(plan), compute_rank=rank, gen_ep=gen_ep,
-                    owned=owned)
+                    owned=owned, notes=notes)
         if not search_affinity:
             space.affinity_maps = []  # filled per candidate by the heuristic map only
         space.baseline = space.candidate_from_plan(plan)
