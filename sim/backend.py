@@ -151,6 +151,7 @@ class SimBackend:
         plan = self.plan
         self.cost_sources: dict[str, str] = {}
         self.engines: list[GenerationEngine] = []
+        self.worker_ep: dict[int, int] = {}  # expert-parallel ranks of each generation worker
         tp_of = []
         for gi, g in enumerate(plan.placement.generation):
             tp_of += [(gi, g)] * g.workers
@@ -173,6 +174,7 @@ class SimBackend:
             self.engines.append(GenerationEngine(self.env, w.id, g.pool, cost, g.max_num_seqs,
                                                  plan.placement.prefix_cache, span))
             self.ctl.proxy.workers[w.id].kv_capacity_tokens = cost.kv_capacity_tokens  # routing sees KV room
+            self.worker_ep[w.id] = g.ep  # what a weight swap loads per GPU
 
     def _worker_domain(self, gpu_name: str, tp: int, index: int, full_gpus: int) -> int:
         """The NVLink domain the collectives of worker ``index`` of a group of tp-GPU workers see (a
@@ -650,7 +652,8 @@ class SimBackend:
         if not eff.from_host and self.transfer.broadcast_stalls_engines:
             return
         events = [self.engines[wid].update_weights(
-                      self.transfer.swap_s(self.ctl.proxy.workers[wid].tp) if eff.from_host else 0.0)
+                      self.transfer.swap_s(self.ctl.proxy.workers[wid].tp, self.worker_ep.get(wid, 1))
+                      if eff.from_host else 0.0)
                   for wid in self._receivers(eff.workers)]
         yield self.env.all_of(events)
 

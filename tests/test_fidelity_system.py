@@ -402,6 +402,20 @@ def test_a_measured_link_rate_is_not_discounted_again() -> None:
     assert effective_bytes_per_s(line) == pytest.approx(400e9 / 8 * LINK_EFFICIENCY["ib"])
 
 
+def test_a_swap_loads_what_each_gpu_holds_replicated_weights_included() -> None:
+    """An engine swapping in pulled weights loads its GPU's share of what the worker holds: with ep ranks the
+    dense weights sit on every rank (a helper found DeepSeek-V3 at ep 32 priced 21.0 GB a GPU where it holds
+    39.3 GB). Without ep that is served / tp, as before."""
+    from rollart.sim.costs.moe import served_weight_bytes, worker_weight_bytes
+
+    moe = ["model=Qwen3-30B-A3B", "placement.trainer.tp=4"]
+    t = _transfer(moe)
+    m = load_plan(resolve("paper/qwen3-32b-128gpu"), moe).model
+    assert t.swap_s(8) == pytest.approx(served_weight_bytes(m) / 8 / t.h2d_bytes_per_s)
+    assert t.swap_s(8, 8) == pytest.approx(worker_weight_bytes(m, 8, 8) / 8 / t.h2d_bytes_per_s)
+    assert t.swap_s(8, 8) > 1.3 * t.swap_s(8)  # 30B-A3B: its 3.3 GB of dense weights on every rank
+
+
 def test_gather_grows_with_tp_and_vanishes_at_tp1() -> None:
     """TP shards are all-gathered over NVLink before publishing: (W/pp)·(tp−1)/tp / nvlink."""
     assert _transfer(["placement.trainer.tp=1"]).gather_s == 0

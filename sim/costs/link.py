@@ -12,7 +12,7 @@ import yaml
 from rollart.calibration import tp_allreduce
 from rollart.calibration.links import effective_bytes_per_s
 from rollart.plan.schema import GpuType, Link, Plan
-from rollart.sim.costs.moe import expert_params, served_weight_bytes
+from rollart.sim.costs.moe import expert_params, served_weight_bytes, worker_weight_bytes
 from rollart.sim.costs.train import trainer_ep
 
 HBM_COPY_EFFICIENCY = 0.7  # a strided layout conversion on the GPU reads and writes every byte
@@ -107,6 +107,7 @@ class WeightTransferCost:
         # engines hold (served bytes: half the BF16 copy's linear layers in FP8).
         self.trainer_bytes = plan.model.weight_bytes
         self.weight_bytes = served_weight_bytes(plan.model)
+        self.plan_model = plan.model
         self.bucket_bytes = ws.bucket_mb * 2**20
         self.h2d_bytes_per_s = ws.h2d_gbps * 1e9 / 8
         stage = self.trainer_bytes / tr.pp
@@ -174,7 +175,10 @@ class WeightTransferCost:
         staged_and_published = max(self.stage_s, publish) + min(self.stage_s, publish) / buckets
         return self.gather_s + self.convert_s + staged_and_published + pull
 
-    def swap_s(self, tp: int) -> float:
+    def swap_s(self, tp: int, ep: int = 1) -> float:
+        """Seconds a worker of ``tp`` GPUs in ``ep`` expert-parallel ranks loads the pulled weights from host
+        memory, its GPUs in parallel: each loads what it holds (:func:`worker_weight_bytes` over tp: with
+        ep ranks the dense weights are replicated on every rank, so a GPU holds more than served / tp)."""
         if self.measured is not None:
             return self.measured.swap_s
-        return self.weight_bytes / tp / self.h2d_bytes_per_s
+        return worker_weight_bytes(self.plan_model, ep, tp) / tp / self.h2d_bytes_per_s
