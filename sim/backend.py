@@ -55,6 +55,10 @@ def _fp8_hint(model: Any, section: str, holds: Callable[[Any], bool]) -> str:
     return ""
 
 
+# The highest vLLM gpu_memory_utilization a fix suggests: past it an engine has no room for its activations
+# and CUDA graphs (vLLM's docs use up to 0.95)
+GPU_MEMORY_UTILIZATION_CEILING = 0.95
+
 class _Wake:
     """A bare SimPy timeout for a process to wait on (what SimPy's step and a process read of
     one: callbacks, _ok, _value); ``Timeout`` costs an ``__init__`` and five attributes more."""
@@ -206,17 +210,25 @@ class SimBackend:
         # with expert parallelism a sequence's KV lives on one rank: each holds 1/ep of the worker's
         per_rank = cost.kv_capacity_tokens // g.ep
         if per_rank < longest:  # as a real engine, refuse a context it cannot hold
-            def holds(model: Any) -> bool:
-                return generation_cost(model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile, g.ep,
-                                       None, g.gpu_memory_utilization, domain).kv_capacity_tokens // g.ep >= longest
+            def holds(model: Any = plan.model, ep: int = g.ep, utilization: float = g.gpu_memory_utilization) -> bool:
+                return generation_cost(model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile, ep,
+                                       None, utilization, domain).kv_capacity_tokens // ep >= longest
 
             where = (f"{cost.kv_capacity_tokens} KV tokens on {g.tp} × {gpu_name}" if g.ep == 1 else
                      f"{per_rank} KV tokens on each of {g.ep} expert-parallel ranks of {g.tp // g.ep} × {gpu_name}")
+            # only the fixes that would hold one context here (a helper found "raise gpu_memory_utilization"
+            # offered at 0.99 where nothing but more GPUs could help)
+            fixes = ["raise tp"]
+            if g.gpu_memory_utilization < GPU_MEMORY_UTILIZATION_CEILING and holds(
+                    utilization=GPU_MEMORY_UTILIZATION_CEILING):
+                fixes.append(f"gpu_memory_utilization (at {GPU_MEMORY_UTILIZATION_CEILING:g} it holds one)")
+            if g.ep > 1 and holds(ep=1):
+                fixes.append("lower ep")
             raise PlanError([f"placement.generation.{gi}.tp: {plan.model.name} "
                              f"({_held_weights(plan.model, g.ep, g.tp)}) leaves {where}, less than one "
                              f"{longest}-token context (tasks' max_context_tokens) at gpu_memory_utilization "
-                             f"{g.gpu_memory_utilization:g}; raise tp or gpu_memory_utilization"
-                             + ("" if g.ep == 1 else ", or lower ep") + _fp8_hint(plan.model, "model", holds)])
+                             f"{g.gpu_memory_utilization:g}; {', or '.join(fixes)}"
+                             + _fp8_hint(plan.model, "model", holds)])
         return cost
 
     def _colocation(self) -> tuple[ColocationSwitch | None, list[GenerationEngine]]:

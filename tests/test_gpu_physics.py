@@ -386,7 +386,20 @@ def test_a_memory_share_too_small_for_one_context_is_refused_naming_the_field(tm
 
     proc = rollart("simulate", "paper/qwen3-32b-128gpu", "--steps", "1",
                    "--set", "placement.generation.0.gpu_memory_utilization=0.25", cwd=tmp_path)
-    assert_clean_usage_error(proc, "gpu_memory_utilization 0.25", "raise tp or gpu_memory_utilization")
+    assert_clean_usage_error(proc, "gpu_memory_utilization 0.25", "raise tp, or gpu_memory_utilization (at 0.95 it holds one)")
+
+
+def test_the_fit_error_offers_only_fixes_that_hold_a_context(tmp_path) -> None:
+    """A helper found "raise … gpu_memory_utilization, or lower ep" offered at 0.99 for DeepSeek-V3 on one
+    8-GPU worker, where neither could help: only a fix that would hold one context is offered."""
+    from tests.test_cli import assert_clean_usage_error, rollart
+
+    proc = rollart("simulate", "paper/qwen3-32b-128gpu", "--steps", "1", "--set", "model=DeepSeek-V3",
+                   "--set", "placement.trainer.gpus=64", "--set", "placement.trainer.tp=1", "--set", "placement.trainer.pp=8",
+                   "--set", "placement.generation.0.gpu_memory_utilization=0.99", cwd=tmp_path)
+    assert_clean_usage_error(proc, "placement.generation.0.tp", "gpu_memory_utilization 0.99; raise tp")
+    assert "raise gpu_memory_utilization" not in proc.stderr and "(at 0.95" not in proc.stderr
+    assert "lower ep" not in proc.stderr
 
 
 def test_with_expert_parallelism_one_context_must_fit_one_rank(tmp_path) -> None:
