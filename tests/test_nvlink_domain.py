@@ -420,3 +420,14 @@ def test_simulate_a_gb200_nvl72_pool_end_to_end(tmp_path: Path) -> None:
     trainer = result["calibration"]["trainer"]
     assert "ep 64 all-to-alls on NVLink" in trainer and "inside the 72-GPU NVLink domain" in trainer
     assert "crossing" not in trainer
+
+
+def test_a_rank_straddling_two_boards_cannot_use_the_engines_peer_to_peer_all_reduce() -> None:
+    """vLLM's custom all-reduce needs peer-to-peer access among all a rank's GPUs, so a tp-6 worker on GPUs
+    6–11 of two 8-GPU boards runs NCCL across the network; the model had kept the P2P kernel's price for it
+    (helper-80: 666.5 µs a decode step, the same as one inside a board)."""
+    m = ModelSpec.model_validate("Qwen3-8B")
+    h800 = GpuType(**GPU_PRESETS["H800"])
+    inside = generation_cost(m, "H800", h800, 6, None, 1, domain=8)
+    straddling = generation_cost(m, "H800", h800, 6, None, 1, domain=2)  # 2 of its GPUs on one board
+    assert straddling.decode_line(16).total(16 * 2048, 16, 1) > inside.decode_line(16).total(16 * 2048, 16, 1)

@@ -351,7 +351,8 @@ def rank_collectives_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink
     An all-reduce is a ring over :func:`ring_link` (NCCL: latency + 2(n−1)/n of the BF16 activations at
     the link's rate). ``custom`` (latency s, bytes/s, largest message) is the engine's peer-to-peer
     kernel where its world size has one: it takes messages below its largest, and an engine picks the
-    faster path, so it is never priced above NCCL."""
+    faster path, so it is never priced above NCCL. It needs its GPUs' peer-to-peer access, so a rank that
+    straddles a domain boundary (``domain`` < its GPUs) runs NCCL."""
     rank_tokens = tokens / ep if rank_tokens is None else rank_tokens
     comm = all_to_all_s(model, tokens, ep, tp, *nvlink, *network, rank_tokens=rank_tokens, domain=domain,
                         dispatch=dispatch_bytes(model), kernel=kernel, rdma=rdma)
@@ -362,6 +363,6 @@ def rank_collectives_s(model: ModelSpec, tokens: float, ep: int, tp: int, nvlink
     moved = 2 * (n - 1) / n * nbytes
     rate, alpha = ring_link(n, nvlink, network, domain)
     each = alpha + moved / rate
-    if custom is not None and nbytes < custom[2]:
+    if custom is not None and nbytes < custom[2] and n <= domain:  # peer-to-peer: all its GPUs on one NVLink domain
         each = min(each, custom[0] + moved / custom[1])
     return comm + 2 * model.layers * each
