@@ -230,9 +230,10 @@ def _trainer_pool_choices(plan: Any, choice: Optional[str]) -> list[str]:
 
 def _trainer_pool_overrides(plan: Any, pool: str) -> list[str]:
     """Overrides that move the trainer to ``pool``, with room for it there (the search caps an owned pool,
-    priced 0, at its real count: see ``owned_counts``). An MFU that was the trainer GPU's own stays the
-    scenario GPU's, moved to the new type by the GEMM rule (``mfu_measured_on``); a measured train
-    profile belongs to its GPU and cannot move."""
+    priced 0, at its real count: see ``owned_counts``). A stated MFU that was the trainer GPU's own stays the
+    scenario GPU's, moved to the new type by the GEMM rule (``mfu_measured_on``); the default MFU is an H100
+    figure wherever the trainer goes (``effective_mfu``); a measured train profile belongs to its GPU and
+    cannot move."""
     tr = plan.placement.trainer
     if pool == tr.pool:
         return []
@@ -241,7 +242,7 @@ def _trainer_pool_overrides(plan: Any, pool: str) -> list[str]:
                          f"'{tr.pool}' pool's GPU; it cannot price a trainer on '{pool}'"])
     spec = plan.cluster.gpu_pools[pool]
     here = plan.cluster.gpu_pools[tr.pool].gpu
-    measured = ([] if tr.mfu_measured_on is not None or spec.gpu == here
+    measured = ([] if tr.mfu_measured_on is not None or spec.gpu == here or "mfu" not in tr.model_fields_set
                 else [f"placement.trainer.mfu_measured_on={here}"])
     return [f"placement.trainer.pool={pool}", f"cluster.gpu_pools.{pool}.count={spec.count + tr.gpus}", *measured]
 
@@ -383,10 +384,13 @@ def plan(
     console.print(f"[dim]searched {sims} simulations ({sim_steps} simulated steps{per_pool}"
                   f"{rungs} candidates×steps{'; whole space' if result.exhaustive else ''}) in {wall:.1f} s[/]",
                   highlight=False)
+    notes = list(dict.fromkeys(n for space, _, _ in searches.values() for n in space.notes))
     if result.best is None:
         why = result.infeasible[0].error if result.infeasible and result.infeasible[0].error else \
             "every finalist failed or broke the budget"
         console.print(f"[bold red]no plan fits the budget:[/] {escape(why)}", highlight=False)
+        for note in notes:  # what the space left out may be why
+            console.print(f"[dim]generation on {escape(note)}[/]", highlight=False)
         raise typer.Exit(code=1)
     console.print(top_table(result, top))
     for line in why_lines(result, top):
@@ -411,7 +415,7 @@ def plan(
         console.print(f"#1 {spread}", highlight=False)
     console.print(f"[dim]{held_fixed_line(base_plan, [*searches, *refused] if trainer_pools else None)}[/]",
                   highlight=False)
-    for note in dict.fromkeys(n for space, _, _ in searches.values() for n in space.notes):
+    for note in notes:
         console.print(f"[dim]generation on {escape(note)}[/]", highlight=False)
     console.print(f"[dim]wrote {written} · rollart simulate {written}{approx} reproduces these figures"
                   + (" (--seed k: each seed's)" if spread else "") + "[/]", highlight=False)

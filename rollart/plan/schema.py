@@ -495,7 +495,9 @@ class TrainerPlacement(_Strict):
     tp: Count = 1
     pp: Count = 1
     mfu: Annotated[float, Field(gt=0, le=1)] = Field(0.35, description=(
-        "model-FLOPs utilisation of the compute alone: the tensor-parallel all-reduces are priced beside it "
+        "model-FLOPs utilisation of the GEMMs (causal attention runs at attention_efficiency × it; the default "
+        "0.35 is an H100 figure, moved to another preset GPU type by the GEMM rule of mfu_measured_on), of "
+        "the compute alone: the tensor-parallel all-reduces are priced beside it "
         "(on the GPUs' NVLink inside the GPU type's NVLink domain, nvlink_domain; on the intra-cluster link for "
         "a group wider than the domain or straddling two), so an end-to-end MFU measured at tp > 1 counts them "
         "twice. It is the trainer GPU's own unless mfu_measured_on names another GPU type"))

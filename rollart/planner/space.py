@@ -318,9 +318,13 @@ class Space:
                 divisors = ", ".join(str(d) for d in _powers_of_two(64) if heads % d == 0)
                 raise PlanError([f"--tp: {plan.model.name}'s {heads} attention heads do not split evenly over "
                                  f"{', '.join(map(str, sorted(set(tps))))} GPUs; use one of {divisors}"])
-            tried = ", ".join(map(str, tps)) if tps is not None else "up to each pool's NVLink domain"
-            raise PlanError([f"placement.generation: no GPU pool can serve {plan.model.name} at tp "
-                             f"{tried} with a {longest}-token context; allow a larger --tp"])
+            if tps is not None:
+                raise PlanError([f"placement.generation: no GPU pool can serve {plan.model.name} at tp "
+                                 f"{', '.join(map(str, tps))} with a {longest}-token context; allow a larger --tp"])
+            raise PlanError([f"placement.generation: no GPU pool can serve {plan.model.name} with a {longest}-token "
+                             f"context at tp up to {MAX_CROSS_DOMAIN_TP} (across NVLink domains); serve it in FP8 "
+                             "(model.weight_dtype, model.kv_dtype), shorten the tasks' max_context_tokens, or give "
+                             "a larger --tp"])
         rewards: list[tuple[str, str | None, int]] = []
         if plan.llm_judged_tasks:
             if c.serverless is not None:

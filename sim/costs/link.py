@@ -12,7 +12,7 @@ import yaml
 from rollart.calibration import tp_allreduce
 from rollart.calibration.links import effective_bytes_per_s
 from rollart.plan.schema import GpuType, Link, Plan
-from rollart.sim.costs.moe import expert_params, served_weight_bytes, worker_weight_bytes
+from rollart.sim.costs.moe import expert_params, gpu_weight_bytes, served_weight_bytes
 from rollart.sim.costs.train import trainer_ep
 
 HBM_COPY_EFFICIENCY = 0.7  # a strided layout conversion on the GPU reads and writes every byte
@@ -62,7 +62,8 @@ class WeightTransferCost:
        the n buckets (bucket i on the wire while bucket i + 1 is staged): the slower of the two
        plus 1/n of the other. The workers pull bucket i over their intra-cluster link as soon as it
        lands, so the pull adds one bucket;
-    5. **receive**: each worker copies its ``W/tp`` shard host → device and re-shards it
+    5. **receive**: each GPU of a worker copies what it holds host → device (``gpu_weight_bytes``: W/tp
+       without expert parallelism, more with ep ranks, each holding the dense weights) and re-shards it
        (``swap_s``; a blocking NCCL broadcast lands on the GPU and only re-shards).
 
     Synchronous (NCCL broadcast): 1 + 2 + ``lat + W/(bw·eff)``, rollout stalled throughout (the
@@ -177,8 +178,8 @@ class WeightTransferCost:
 
     def swap_s(self, tp: int, ep: int = 1) -> float:
         """Seconds a worker of ``tp`` GPUs in ``ep`` expert-parallel ranks loads the pulled weights from host
-        memory, its GPUs in parallel: each loads what it holds (:func:`worker_weight_bytes` over tp: with
-        ep ranks the dense weights are replicated on every rank, so a GPU holds more than served / tp)."""
+        memory, its GPUs in parallel: each loads what it holds (:func:`gpu_weight_bytes`: with ep ranks the
+        dense weights are replicated on every rank, so a GPU holds more than served / tp)."""
         if self.measured is not None:
             return self.measured.swap_s
-        return worker_weight_bytes(self.plan_model, ep, tp) / tp / self.h2d_bytes_per_s
+        return gpu_weight_bytes(self.plan_model, ep, tp) / self.h2d_bytes_per_s

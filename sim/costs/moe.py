@@ -215,6 +215,12 @@ def worker_weight_bytes(model: ModelSpec, ep: int = 1, tp: int = 1) -> float:
     return held
 
 
+def gpu_weight_bytes(model: ModelSpec, ep: int = 1, tp: int = 1) -> float:
+    """Weight bytes one GPU of a worker of ``tp`` GPUs in ``ep`` ranks holds, and so loads when the worker
+    takes new weights from host memory: its share of :func:`worker_weight_bytes`."""
+    return worker_weight_bytes(model, ep, tp) / tp
+
+
 def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, float],
               domain: int = DEFAULT_NVLINK_DOMAIN, ports: int | None = None) -> tuple[float, float]:
     """(bytes/s, latency s) that pace a ring collective (a tensor-parallel all-reduce) over ``gpus``
@@ -237,7 +243,9 @@ def ring_link(gpus: int, nvlink: tuple[float, float], network: tuple[float, floa
     # A crossing ring still makes its NVLink hops and adds network hops on the same dependent chain (NCCL's
     # tuning model sums intra-node steps at the NVLink latency and inter-node steps at the network's), so the
     # two add; max() let the slower NVLink α hide the network. One network α a call is a floor (NCCL: 2(n − 1)
-    # network steps on a ring over n domains, 2·log2 n on a tree).
+    # network steps on a ring over n domains, 2·log2 n on a tree). A ring of one member a domain (ports 1) makes
+    # no NVLink hop and is charged NVLink's α too: ~20 µs a call over, kept so that a wider domain never prices
+    # a ring slower (with domain 1 every hop is the network's, α the network's alone).
     return min(nvlink[0], k * network[0]), nvlink[1] + network[1]
 
 

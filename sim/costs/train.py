@@ -8,7 +8,7 @@ import math
 from rollart.plan.presets import GPU_PRESETS
 from rollart.plan.schema import GpuType, ModelSpec, TrainerPlacement
 from rollart.sim.costs.moe import (DEFAULT_NVLINK_DOMAIN, all_to_all_s, domain_name, effective_domain, expert_params,
-                                  input_embedding_params, worker_weight_bytes)
+                                  gpu_weight_bytes, input_embedding_params)
 
 # GRPO step: forward + backward (6·P per token) plus two extra forwards for the
 # old-policy and reference log-probs (2·2·P per token).
@@ -451,8 +451,12 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
         hint += " (the activations shrink with tp, not pp)"
     if per_micro_batch > 1:
         hint += "; or leave placement.trainer.micro_batches unset (one sequence a micro-batch)"
-    if act:  # sized for the longest sequence the tasks allow: their context window, not what they usually reach
-        hint += f"; or shorten the tasks' max_context_tokens (the trainer holds a {seq_tokens:,}-token sequence)"
+    # sized for the longest sequence the tasks allow (their context window, not what they usually reach): a
+    # shorter window is offered only where it would fit
+    shorter = next((s for s in (seq_tokens // 2 ** k for k in range(1, 6))
+                    if s >= 1024 and trainer_fits(model, gpu, trainer, s, batch_size)), None) if act else None
+    if shorter is not None:
+        hint += f"; or shorten the tasks' max_context_tokens (it holds {shorter:,}-token sequences)"
     spread = "dense weights over tp·pp"
     if model.moe_experts:
         ep = trainer_ep(model, trainer, gpu.nvlink_domain)
@@ -486,8 +490,8 @@ class ColocationSwitch:
       :func:`trainer_weight_shard_params`: dense / (tp·pp) + experts / (ep·pp)) and its optimizer
       shard ``12·P / gpus`` from pinned host memory;
     * after it: the trainer offloads the same bytes, the engines load the new weights as they
-      serve them (:func:`~rollart.sim.costs.moe.worker_weight_bytes` of a worker of ``gen_tp`` GPUs
-      in ``gen_ep`` ranks, over its tp: ``served / tp_gen`` without expert parallelism; resharded
+      serve them (:func:`~rollart.sim.costs.moe.gpu_weight_bytes` of a worker of ``gen_tp`` GPUs
+      in ``gen_ep`` ranks: ``served / tp_gen`` without expert parallelism; resharded
       from the trainer's layout) and re-allocate the KV cache.
 
     Each direction also pays ``SWITCH_FIXED_S``. The KV of requests cut off by the switch is
@@ -498,7 +502,7 @@ class ColocationSwitch:
         # domain: the trainer GPU type's nvlink_domain, which bounds its default ep (trainer_ep)
         self.trainer_bytes = 2 * trainer_weight_shard_params(model, trainer, domain) \
             + ADAM_STATE_BYTES_PER_PARAM * model.params / trainer.gpus
-        self.engine_bytes = worker_weight_bytes(model, gen_ep) / gen_tp
+        self.engine_bytes = gpu_weight_bytes(model, gen_ep, gen_tp)
         self.h2d = h2d_bytes_per_s
 
     @property
