@@ -59,6 +59,7 @@ def _fp8_hint(model: Any, section: str, holds: Callable[[Any], bool]) -> str:
 # and CUDA graphs (vLLM's docs use up to 0.95)
 GPU_MEMORY_UTILIZATION_CEILING = 0.95
 
+
 class _Wake:
     """A bare SimPy timeout for a process to wait on (what SimPy's step and a process read of
     one: callbacks, _ok, _value); ``Timeout`` costs an ``__init__`` and five attributes more."""

@@ -296,9 +296,11 @@ class Space:
                 ok = fitting(set(tried))
                 if not any(t <= domain for t in ok):
                     # the model and one context fit no worker inside a domain: wider workers across domains (a
-                    # 671B MoE is served so, tp × ep over several nodes), as wide as MAX_CROSS_DOMAIN_TP
-                    tried = sorted(set(tried) | set(_powers_of_two(MAX_CROSS_DOMAIN_TP)))
-                    ok = fitting({t for t in tried if t > domain})
+                    # 671B MoE is served so, tp × ep over several nodes), as wide as MAX_CROSS_DOMAIN_TP; the
+                    # scenario's own wide workers among them were tried already
+                    wider = set(_powers_of_two(MAX_CROSS_DOMAIN_TP)) - set(tried)
+                    tried = sorted(set(tried) | wider)
+                    ok = sorted(set(ok) | set(fitting(wider)))
                     if ok:
                         notes.append(f"{p}: {plan.model.name} with a {longest:,}-token context fits no worker inside "
                                      f"one {domain}-GPU NVLink domain; workers of tp {', '.join(map(str, ok))} across "

@@ -215,12 +215,14 @@ class TrainCost:
             self.source += f"; experts' dp {d_expert} gradient sync on {where}"
 
     def _flops(self, s: int) -> float:
-        return self._linear_per_token * s + self._attention_per_sq * s * s
+        return self._work(s, s * s, attention_weight=1.0)
 
-    def _work(self, tokens: int, squares: int) -> float:
+    def _work(self, tokens: int, squares: int, attention_weight: float | None = None) -> float:
         """FLOPs at the GEMMs' rate that take as long as ``tokens`` tokens whose sequences' squared lengths
-        sum to ``squares``: the attention FLOPs weighted by 1 / attention_efficiency."""
-        return self._linear_per_token * tokens + self._attention_weight * self._attention_per_sq * squares
+        sum to ``squares``: the attention FLOPs weighted by 1 / attention_efficiency (``attention_weight`` 1:
+        the FLOPs themselves)."""
+        w = self._attention_weight if attention_weight is None else attention_weight
+        return self._linear_per_token * tokens + w * self._attention_per_sq * squares
 
     def _ranks(self, seq_lens: list[int]) -> list[tuple[float, int, int, int, int]]:
         """(work, tokens, sequences, Σ s², longest s) of each data-parallel rank with work (work:
@@ -239,17 +241,12 @@ class TrainCost:
     def busiest_rank_flops(self, seq_lens: list[int]) -> float:
         """FLOPs of the data-parallel rank with the most work (all its stages together)."""
         busiest = max(self._ranks(seq_lens), default=None)
-        return 0.0 if busiest is None else self._linear_per_token * busiest[1] + self._attention_per_sq * busiest[3]
+        return 0.0 if busiest is None else self._work(busiest[1], busiest[3], attention_weight=1.0)
 
-    def stage_flops(self, tokens: int, squares: int) -> list[float]:
+    def stage_flops(self, tokens: int, squares: int, attention_weight: float = 1.0) -> list[float]:
         """FLOPs each pipeline stage runs for a rank of ``tokens`` tokens whose sequences' squared
-        lengths sum to ``squares``."""
-        return [linear * tokens + attention * squares for linear, attention in self.stages]
-
-    def _stage_work(self, tokens: int, squares: int) -> list[float]:
-        """:meth:`stage_flops` with each stage's attention weighted as in :meth:`_work`."""
-        w = self._attention_weight
-        return [linear * tokens + w * attention * squares for linear, attention in self.stages]
+        lengths sum to ``squares`` (with ``attention_weight``, the attention's weighted as in :meth:`_work`)."""
+        return [linear * tokens + attention_weight * attention * squares for linear, attention in self.stages]
 
     def sequences_per_micro_batch(self, seqs: int) -> int:
         """Sequences one micro-batch of a rank of ``seqs`` sequences holds (:func:`sequences_per_micro_batch`)."""
@@ -296,7 +293,7 @@ class TrainCost:
         if self.trainer.pp == 1:
             return self.dp * work / self._peak + comm[0]
         return max(self.dp * self.trainer.pp * f / self._peak + c
-                   for f, c in zip(self._stage_work(tokens, squares), comm))
+                   for f, c in zip(self.stage_flops(tokens, squares, self._attention_weight), comm))
 
     def _longest_micro_batch_s(self, tokens: int, seqs: int, squares: int, longest: int) -> float:
         """The busiest stage's seconds for the rank's longest micro-batch: the one holding its longest
