@@ -371,10 +371,13 @@ def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement", 
             return tp_allreduce(gpu_name, gpu, stage // stride, network, trainer.gpus, stride=stride) \
                 if stage > stride else None
 
+        # a context-parallel ring: cp GPUs tp apart (Megatron's tp-cp-dp-pp order), inside tp·cp consecutive ones
+        cp_ring = tp_allreduce(gpu_name, gpu, trainer.cp, network, trainer.gpus, stride=trainer.tp) \
+            if trainer.cp > 1 else None
         return TrainCost(model, gpu, trainer,
                          tp_allreduce(gpu_name, gpu, trainer.tp, network, trainer.gpus) if trainer.tp > 1 else None,
                          ep_all_to_all(gpu_name, gpu, network) if ep > 1 else None,
-                         ring(trainer.tp), gpu_name, ring(ep) if model.moe_experts else None)
+                         ring(trainer.tp), gpu_name, ring(ep) if model.moe_experts else None, cp_link=cp_ring)
     loaded = _load(str(Path(trainer.profile).resolve()))
     if not isinstance(loaded, TrainProfile):
         raise ValueError(f"placement.trainer.profile: {trainer.profile} is a {loaded.kind} profile, not a train "

@@ -494,6 +494,11 @@ class TrainerPlacement(_Strict):
     gpus: Count
     tp: Count = 1
     pp: Count = 1
+    cp: Count = Field(1, description=(
+        "context-parallel ranks (Megatron's context_parallel_size): each sequence is split over cp GPUs, tp apart "
+        "(the order tp-cp-dp-pp), which hold 1/cp of its tokens and their activations and pass their keys and "
+        "values round a ring for causal attention (overlapped with the attention they compute); a data-parallel "
+        "rank is tp·cp·pp GPUs. What lets a long context train without a wide tp or refusing for memory"))
     mfu: Annotated[float, Field(gt=0, le=1)] = Field(0.35, description=(
         "model-FLOPs utilisation of the GEMMs (causal attention runs at attention_efficiency × it; the default "
         "0.35 is an H100 figure, moved to another preset GPU type by the GEMM rule of mfu_measured_on), of "
@@ -879,8 +884,10 @@ def _cross_problems(plan: Plan) -> list[str]:
     if plan.model.max_context_tokens is not None:
         out.append("model.max_context_tokens: read for reward_model only (the judge's window); the policy's "
                    "context is each task's max_context_tokens")
-    if p.trainer.gpus % (p.trainer.tp * p.trainer.pp):
-        out.append(f"placement.trainer.gpus: {p.trainer.gpus} is not a multiple of tp × pp = {p.trainer.tp * p.trainer.pp}")
+    rank = p.trainer.tp * p.trainer.cp * p.trainer.pp  # the GPUs of one data-parallel rank
+    if p.trainer.gpus % rank:
+        named = "tp × cp × pp" if p.trainer.cp > 1 else "tp × pp"
+        out.append(f"placement.trainer.gpus: {p.trainer.gpus} is not a multiple of {named} = {rank}")
     out.extend(trainer_split_problems(plan))
     out.extend(p.trainer.ep_problems(plan.model))
     for i, g in enumerate(p.generation):

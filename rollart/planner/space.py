@@ -238,12 +238,12 @@ class Space:
         if step is None:
             step = 8 if biggest >= 64 else 4 if biggest >= 16 else 2 if biggest >= 6 else 1
         tr = plan.placement.trainer
-        # a trainer of tp·pp-GPU model replicas; an explicit ep must divide the GPUs of a pipeline stage too
-        whole = _lcm(tr.tp * tr.pp, (tr.ep or 1) * tr.pp)
+        # a trainer of tp·cp·pp-GPU data-parallel ranks; an explicit ep must divide the GPUs of a pipeline stage too
+        whole = _lcm(tr.tp * tr.cp * tr.pp, (tr.ep or 1) * tr.pp)
         unit = _lcm(step, whole)
-        # a data-parallel rank needs a sequence of the batch to train: beyond batch · tp · pp GPUs a trainer
+        # a data-parallel rank needs a sequence of the batch to train: beyond batch · tp · cp · pp GPUs a trainer
         # only idles (a review's 100,000-GPU budget came back as 12,500 ranks for 64 sequences)
-        tmax = min(trainer_max(), plan.algorithm.batch_size * tr.tp * tr.pp)
+        tmax = min(trainer_max(), plan.algorithm.batch_size * tr.tp * tr.cp * tr.pp)
         trainer_gpus = sorted({n for n in range(unit, tmax + 1, unit)}
                               | ({tr.gpus} if tr.gpus <= tmax and tr.gpus % whole == 0 else set()))
         if tr.profile is None:  # a modelled trainer must hold its state (a measured one ran)

@@ -28,6 +28,13 @@ TP_COMM_PASSES = 5
 # overlap_grad_reduce and overlap_param_gather to False, and no agentic example of ROLL sets them.
 DP_GRAD_BYTES = 4
 DP_PARAM_BYTES = 2
+# Context parallelism (Megatron's default p2p ring, TransformerEngine's fused attention): each of a layer's
+# attention calls passes the keys and values of a GPU's chunk of the sequence round the cp ranks in cp − 1
+# steps, each overlapped with the attention over the chunk it holds. Calls a layer makes a step: the forward,
+# its recompute, the backward and the two log-prob forwards; chunks each step moves: one in each forward, the
+# backward its keys and values and their gradients (two).
+CP_RING_CALLS = 5
+CP_KV_CHUNKS = 6
 
 
 def stage_layers(layers: int, pp: int) -> list[int]:
@@ -96,10 +103,11 @@ class TrainCost:
     at pp × the busiest stage's FLOPs over tp·pp (that stage's work on its tp GPUs). With Qwen's
     151,936-token vocabulary the last of Qwen3-8B's 4 stages does 1.21× the mean stage's work at 8K
     tokens. pp = 1: one stage, the whole model. With MLA the attention term's 2·H·d becomes
-    H·(d + rope + v) (QKᵀ over d + rope, PV over v). Each of the dp = gpus / (tp·pp) data-parallel
-    ranks trains whole sequences, handed out longest first to the least-loaded rank, so the step
-    waits for the slowest rank r: T_r its tokens, s its sequences' lengths. A batch of fewer
-    sequences than ranks leaves ranks idle instead of shrinking the step. A micro-batch holds whole
+    H·(d + rope + v) (QKᵀ over d + rope, PV over v). Each of the dp = gpus / (tp·cp·pp) data-parallel
+    ranks trains whole sequences (context parallelism splits each over the rank's cp GPU groups),
+    handed out longest first to the least-loaded rank, so the step waits for the slowest rank r: T_r
+    its tokens, s its sequences' lengths. A batch of fewer sequences than ranks leaves ranks idle
+    instead of shrinking the step. A micro-batch holds whole
     sequences, by default one (``placement.trainer.micro_batches`` unset, as ROLL trains agentic
     sequences): rank r runs m_r = its sequences micro-batches; with ``micro_batches`` set, each holds
     ceil(sequences / micro_batches) and m_r = ceil(sequences / that). Its pipeline fills and drains
@@ -123,11 +131,14 @@ class TrainCost:
       The ep groups are consecutive GPUs over all the trainer's (a stage is a contiguous block, and ep
       divides it): where a group straddles a domain boundary (ep 16 on 144 GPUs of 72-GPU racks: GPUs
       64–79) the worst group's smallest piece sets the off-domain share
-      (:func:`~rollart.sim.costs.moe.effective_domain`), and the step waits for that group.
+      (:func:`~rollart.sim.costs.moe.effective_domain`), and the step waits for that group;
+    * cp > 1, given ``cp_link`` = (α s, bytes/s, where) of a ring of cp GPUs tp apart, the context-parallel
+      ring steps of every layer beyond the attention they overlap (:meth:`_cp_exposed_s`); the tp all-reduces
+      and ep all-to-alls above then carry a GPU's 1/cp of the rank's tokens.
 
-    Once a step, dp > 1: the data-parallel gradient reduce-scatter (fp32) and weight all-gather (bf16)
+    Once a step, dp·cp > 1: the data-parallel gradient reduce-scatter (fp32) and weight all-gather (bf16)
     of the GPU's shard, each group on its own ring: 2α + (4 + 2) B · shard · (d − 1)/d / β, the dense
-    weights over tp·pp with d = gpus / (tp·pp) on ``dp_link`` = (α s, bus bytes/s, where) of a ring of
+    weights over tp·pp with d = gpus / (tp·pp) = dp·cp on ``dp_link`` = (α s, bus bytes/s, where) of a ring of
     d members tp GPUs apart, a MoE's experts over ep·pp with d = gpus / (ep·pp) on ``expert_dp_link``,
     a ring of members ep GPUs apart (default ``dp_link``); NVLink within a domain, the network across
     through each member's own port (:data:`DP_GRAD_BYTES`).
@@ -142,7 +153,8 @@ class TrainCost:
                  allreduce: tuple[float, float, str] | None = None,
                  all_to_all: tuple[tuple[float, float, str], tuple[float, float, str]] | None = None,
                  dp_link: tuple[float, float, str] | None = None, gpu_name: str | None = None,
-                 expert_dp_link: tuple[float, float, str] | None = None):
+                 expert_dp_link: tuple[float, float, str] | None = None,
+                 cp_link: tuple[float, float, str] | None = None):
         # gpu_name: the trainer pool's GPU type name (None: known by its timing numbers), for the MFU's transfer
         self.model, self.gpu, self.trainer = model, gpu, trainer
         m = model
@@ -171,7 +183,8 @@ class TrainCost:
                 first += n
             linear, attention = self.stages[-1]  # the lm_head, a vocab × hidden GEMM, on the last stage
             self.stages[-1] = (linear + LINEAR_FLOPS_PER_PARAM_TOKEN * m.vocab * m.hidden, attention)
-        self.dp = max(1, trainer.gpus // (trainer.tp * trainer.pp))
+        cp = trainer.cp  # a rank's sequences are split over cp GPUs: each computes 1/cp of their tokens
+        self.dp = max(1, trainer.gpus // (trainer.tp * cp * trainer.pp))
         self.mfu, mfu_source = effective_mfu(trainer, gpu, gpu_name)
         self._peak = trainer.gpus * gpu.tflops_bf16 * 1e12 * self.mfu
         tp = trainer.tp
@@ -183,8 +196,15 @@ class TrainCost:
         if tp > 1 and allreduce is not None:
             alpha, beta, where = allreduce
             calls = TP_COMM_PASSES * TP_ALLREDUCES_PER_LAYER  # a layer's
-            self._allreduce = (calls * alpha, calls * m.hidden * 2.0 * 2 * (tp - 1) / tp / beta)
+            # a tp group all-reduces the activations of its 1/cp of the rank's tokens
+            self._allreduce = (calls * alpha, calls * m.hidden * 2.0 * 2 * (tp - 1) / tp / beta / cp)
             self.source += f"; tp {tp} all-reduces on {where}"
+        # (seconds a micro-batch, seconds a rank token) of one layer's context-parallel ring steps, each
+        self._cp_ring: tuple[float, float] | None = None
+        if cp > 1 and cp_link is not None:
+            alpha, beta, where = cp_link
+            self._cp_ring = (CP_RING_CALLS * alpha, CP_KV_CHUNKS * kv_bytes_per_token(m, tp) / cp / beta)
+            self.source += f"; cp {cp} ring attention on {where}, each step beside the attention of the chunk held"
         domain = gpu.nvlink_domain
         self.ep = trainer_ep(m, trainer, domain)
         # the domain the ep groups' all-to-all sees: the worst group's smallest piece where one straddles
@@ -200,14 +220,17 @@ class TrainCost:
             self.source += f"; ep {self.ep} all-to-alls on {where}"
         self.dp_sync_s = 0.0  # the data-parallel gradient reduce-scatter and weight all-gather, once a step
         experts = expert_params(m)
-        d_dense, d_expert = self.dp, max(1, trainer.gpus // (self.ep * trainer.pp))  # replicas of each shard
+        # replicas of each shard: the dense weights' over dp·cp (the context-parallel ranks hold the same weights
+        # and reduce their gradients with the data-parallel ones), the experts' over gpus / (ep·pp)
+        d_dense, d_expert = self.dp * cp, max(1, trainer.gpus // (self.ep * trainer.pp))
         expert_dp_link = expert_dp_link or dp_link
         per_byte = DP_GRAD_BYTES + DP_PARAM_BYTES
         if dp_link is not None and d_dense > 1:
             alpha, beta, where = dp_link
             moved = (m.params - experts) / (tp * trainer.pp) * (d_dense - 1) / d_dense
             self.dp_sync_s += 2 * alpha + per_byte * moved / beta
-            self.source += f"; dp {d_dense} gradient sync on {where}"
+            group = f"dp·cp {d_dense}" if cp > 1 else f"dp {d_dense}"
+            self.source += f"; {group} gradient sync on {where}"
         if expert_dp_link is not None and experts and d_expert > 1:  # its own group, after the dense one
             alpha, beta, where = expert_dp_link
             moved = experts / (self.ep * trainer.pp) * (d_expert - 1) / d_expert
@@ -262,34 +285,55 @@ class TrainCost:
         pp = self.trainer.pp
         return (pp - 1) / (micro_batches + pp - 1)
 
-    def _stage_comm_s(self, tokens: int, micro_batches: int) -> list[float]:
+    def _stage_comm_s(self, tokens: int, micro_batches: int, squares: int = 0) -> list[float]:
         """Seconds a GPU of each pipeline stage of a rank training ``tokens`` in ``micro_batches`` waits
         for its tensor-parallel all-reduces (its layers') and expert-parallel all-to-alls (its MoE
-        layers' share of the model's), not overlapped with compute."""
+        layers' share of the model's), not overlapped with compute, and for what of its context-parallel
+        ring steps the attention over ``squares`` (its sequences' squared lengths) does not hide
+        (:meth:`_cp_exposed_s`)."""
         layers = self.stage_layers
         t = [0.0] * len(layers)
         if self._allreduce is not None:
             per_micro_batch, per_token = self._allreduce
             one_layer = micro_batches * per_micro_batch + tokens * per_token
             t = [n * one_layer for n in layers]
+        if self._cp_ring is not None:
+            exposed = self._cp_exposed_s(tokens, micro_batches, squares)
+            t = [a + n * exposed for a, n in zip(t, layers)]
         if self._all_to_all is not None:
             # all_to_all_s takes a whole group's tokens (a "worker" of ep GPUs in ep ranks): each GPU's
-            # share of one micro-batch (sequence parallel splits the rank's over its tp GPUs) × ep
-            gpu_tokens = tokens / (micro_batches * self.trainer.tp)
+            # share of one micro-batch (sequence parallel splits the rank's over its tp GPUs, context
+            # parallel over its cp) × ep
+            gpu_tokens = tokens / (micro_batches * self.trainer.tp * self.trainer.cp)
             one = all_to_all_s(self.model, gpu_tokens * self.ep, self.ep, self.ep, *self._all_to_all,
                                domain=self._a2a_domain)
             whole = TP_COMM_PASSES * micro_batches * one
             t = [a + whole * share for a, share in zip(t, self._moe_share)]
         return t
 
-    def _comm_s(self, tokens: int, micro_batches: int) -> float:
+    def _cp_exposed_s(self, tokens: int, micro_batches: int, squares: int) -> float:
+        """Seconds one layer's context-parallel ring steps add to a GPU of a rank training ``tokens`` in
+        ``micro_batches`` (sequences' squared lengths summing to ``squares``): each of the cp − 1 steps moves
+        a chunk's keys and values while the GPU computes attention over the chunk it holds, a 1/cp of its
+        attention, so a step costs max(0, c − a/cp) beyond the compute: (cp − 1) · max(0, c − a/cp), c the
+        step's :data:`CP_RING_CALLS` latencies a micro-batch and :data:`CP_KV_CHUNKS` chunks at the ring's
+        rate, a the layer's attention time on the GPU. Long sequences hide it (attention grows with s², the
+        chunk with s); short ones on a slow ring pay it."""
+        cp = self.trainer.cp
+        per_micro_batch, per_token = self._cp_ring
+        step = micro_batches * per_micro_batch + tokens * per_token
+        attention = self._attention_weight * self._attention_per_sq * squares / self.model.layers \
+            / (self.trainer.tp * cp) / (self._peak / self.trainer.gpus)
+        return (cp - 1) * max(0.0, step - attention / cp)
+
+    def _comm_s(self, tokens: int, micro_batches: int, squares: int = 0) -> float:
         """The busiest stage's communication (pp 1: the rank's)."""
-        return max(self._stage_comm_s(tokens, micro_batches))
+        return max(self._stage_comm_s(tokens, micro_batches, squares))
 
     def _stage_s(self, work: float, tokens: int, micro_batches: int, squares: int) -> float:
         """Seconds the busiest pipeline stage of a rank computes and communicates for ``tokens`` tokens in
         ``micro_batches`` micro-batches (pp 1: the rank's whole ``work``, :meth:`_work`)."""
-        comm = self._stage_comm_s(tokens, micro_batches)
+        comm = self._stage_comm_s(tokens, micro_batches, squares)
         if self.trainer.pp == 1:
             return self.dp * work / self._peak + comm[0]
         return max(self.dp * self.trainer.pp * f / self._peak + c
@@ -339,6 +383,15 @@ RECOMPUTED_LAYER_BYTES_PER_TOKEN_HIDDEN = 34
 LOGIT_BYTES = 2 + 4
 
 
+def kv_bytes_per_token(model: ModelSpec, tp: int) -> float:
+    """Bytes of one layer's keys and values a token has on one of a tensor-parallel group's ``tp`` GPUs in
+    training (BF16): grouped-query attention's kv_heads (at least one a GPU) × head_dim each; MLA trains
+    non-absorbed, every head with its own key (head_dim + the rotary part) and value (v_head_dim)."""
+    if model.mla:
+        return 2.0 * model.heads / tp * (model.head_dim + model.qk_rope_head_dim + model.value_head_dim)
+    return 2.0 * 2 * math.ceil(model.kv_heads / tp) * model.head_dim
+
+
 def trainer_ep(model: ModelSpec, trainer: TrainerPlacement, domain: int = DEFAULT_NVLINK_DOMAIN) -> int:
     """Expert-parallel ranks a MoE trainer shards its experts over: ``placement.trainer.ep``; by
     default the widest group inside one NVLink domain of ``domain`` GPUs (the trainer GPU type's
@@ -379,14 +432,16 @@ def activation_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int,
     ``seq_tokens`` tokens (one by default), on its busiest pipeline stage: the first keeps its layers'
     checkpointed inputs for pp micro-batches in flight under 1F1B (every layer's where pp divides them;
     :func:`stage_layers`), the last its own layers' and the logits; each also one layer recomputed whole.
-    A micro-batch of k sequences holds k times one's."""
+    A micro-batch of k sequences holds k times one's. Tensor parallelism (with sequence parallelism) splits
+    every term over tp GPUs, context parallelism the sequence over cp: a GPU holds s / (tp·cp) tokens' worth
+    (the keys and values a ring step brings, s·kv / (tp·cp) bytes a layer, are a few per cent of that)."""
     if seq_tokens <= 0:
         return 0.0
-    tp, pp = trainer.tp, trainer.pp
+    split, pp = trainer.tp * trainer.cp, trainer.pp
     layers = stage_layers(model.layers, pp)
-    layer_input = seq_tokens * model.hidden * 2 / tp
-    recomputed = RECOMPUTED_LAYER_BYTES_PER_TOKEN_HIDDEN * seq_tokens * model.hidden / tp
-    logits = LOGIT_BYTES * seq_tokens * model.vocab / tp
+    layer_input = seq_tokens * model.hidden * 2 / split
+    recomputed = RECOMPUTED_LAYER_BYTES_PER_TOKEN_HIDDEN * seq_tokens * model.hidden / split
+    logits = LOGIT_BYTES * seq_tokens * model.vocab / split
     first = (pp * layers[0]) * layer_input
     last = layers[-1] * layer_input + logits
     return sequences * (max(first, last) + recomputed) / 2**30
@@ -394,10 +449,10 @@ def activation_gib(model: ModelSpec, trainer: TrainerPlacement, seq_tokens: int,
 
 def micro_batch_sequences(trainer: TrainerPlacement, batch_size: int | None = None) -> int:
     """Sequences a micro-batch holds at plan time: one with ``micro_batches`` unset (the default); else
-    ceil(ceil(batch_size / dp) / micro_batches), dp = gpus / (tp·pp). ``batch_size`` None (not known): one."""
+    ceil(ceil(batch_size / dp) / micro_batches), dp = gpus / (tp·cp·pp). ``batch_size`` None (not known): one."""
     if batch_size is None:
         return 1
-    dp = max(1, trainer.gpus // (trainer.tp * trainer.pp))
+    dp = max(1, trainer.gpus // (trainer.tp * trainer.cp * trainer.pp))
     return sequences_per_micro_batch(trainer, math.ceil(batch_size / dp))
 
 
@@ -439,13 +494,22 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
     need = trainer_memory_gib(model, trainer, seq_tokens, gpu.nvlink_domain, batch_size)
     per_micro_batch = micro_batch_sequences(trainer, batch_size)
     act = activation_gib(model, trainer, seq_tokens, per_micro_batch)
+    rank = trainer.tp * trainer.cp * trainer.pp  # one data-parallel rank's GPUs
     fit = next((g for g in (2 ** k for k in range(20))
-                if trainer_fits(model, gpu, trainer.model_copy(update={"gpus": g * trainer.tp * trainer.pp}),
+                if trainer_fits(model, gpu, trainer.model_copy(update={"gpus": g * rank}),
                                 seq_tokens, batch_size)), None)
-    hint = (f"at tp {trainer.tp} · pp {trainer.pp} it fits from {fit * trainer.tp * trainer.pp} GPUs; or raise tp/pp"
-            if fit is not None else "raise tp or pp")
-    if act:  # the first stage keeps every layer's input and the last the logits, whatever pp: tp splits both
-        hint += " (the activations shrink with tp, not pp)"
+    layout = f"tp {trainer.tp} · pp {trainer.pp}" + (f" · cp {trainer.cp}" if trainer.cp > 1 else "")
+    hint = (f"at {layout} it fits from {fit * rank} GPUs; or raise tp/pp" if fit is not None else "raise tp or pp")
+    if act:  # the first stage keeps every layer's input and the last the logits, whatever pp: tp and cp split both
+        hint += " (the activations shrink with tp and cp, not pp)"
+        # context parallelism on these GPUs: the sequence split over more of them, if that fits
+        cps = [trainer.cp * 2 ** k for k in range(1, 7)]
+        wider_cp = next((c for c in cps if trainer.gpus % (trainer.tp * c * trainer.pp) == 0
+                         and trainer_fits(model, gpu, trainer.model_copy(update={"cp": c}), seq_tokens, batch_size)),
+                        None)
+        if wider_cp is not None:
+            hint = (f"set placement.trainer.cp={wider_cp} (each sequence split over {wider_cp} GPUs, its "
+                    f"activations with it); or {hint}")
     if per_micro_batch > 1:
         hint += "; or leave placement.trainer.micro_batches unset (one sequence a micro-batch)"
     # sized for the longest sequence the tasks allow (their context window, not what they usually reach): a
@@ -468,7 +532,8 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
     held = (f"a {seq_tokens:,}-token sequence" if per_micro_batch == 1 else
             f"micro-batches of {per_micro_batch} {seq_tokens:,}-token sequences (placement.trainer.micro_batches "
             f"{trainer.micro_batches})")
-    acts = f"{act:.0f} GiB of activations for {held} at tp {trainer.tp}" if act else "activations"
+    split = f"tp {trainer.tp}" + (f" · cp {trainer.cp}" if trainer.cp > 1 else "")
+    acts = f"{act:.0f} GiB of activations for {held} at {split}" if act else "activations"
     return [f"placement.trainer.gpus: training {model.name} needs {need:.1f} GiB a GPU on {trainer.gpus} × {gpu_name} "
             f"(bf16 weights + fp32 gradients, {spread}; Adam state over all GPUs; {acts}), more than its "
             f"{gpu.usable_memory_gib:.4g} GiB; {hint}"]
