@@ -335,6 +335,10 @@ def plan(
             space = Space.from_plan(plan_p, budget, step=gpu_step, tps=tps, alphas=alpha_list,
                                     redundancies=redundancy_list, search_affinity=not fixed_affinity,
                                     owned_counts=counts)
+            if space.trainer_overrides:  # a trainer layout the scenario's cannot train (a context too long for it)
+                moved = moved + space.trainer_overrides
+                with sim_request_scale(math.inf if scale_approx else 1.0):
+                    plan_p = plan_from_dict(data, moved)
         except PlanError as exc:
             refused[tr_pool] = exc.problems
             continue
@@ -384,13 +388,15 @@ def plan(
     console.print(f"[dim]searched {sims} simulations ({sim_steps} simulated steps{per_pool}"
                   f"{rungs} candidates×steps{'; whole space' if result.exhaustive else ''}) in {wall:.1f} s[/]",
                   highlight=False)
-    notes = list(dict.fromkeys(n for space, _, _ in searches.values() for n in space.notes))
+    # what each search's space held or left out, and why: the trainer's layout, then generation's
+    notes = list(dict.fromkeys([f"trainer {n}" for space, _, _ in searches.values() for n in space.trainer_notes]
+                               + [f"generation on {n}" for space, _, _ in searches.values() for n in space.notes]))
     if result.best is None:
         why = result.infeasible[0].error if result.infeasible and result.infeasible[0].error else \
             "every finalist failed or broke the budget"
         console.print(f"[bold red]no plan fits the budget:[/] {escape(why)}", highlight=False)
         for note in notes:  # what the space left out may be why
-            console.print(f"[dim]generation on {escape(note)}[/]", highlight=False)
+            console.print(f"[dim]{escape(note)}[/]", highlight=False)
         raise typer.Exit(code=1)
     console.print(top_table(result, top))
     for line in why_lines(result, top):
@@ -416,6 +422,6 @@ def plan(
     console.print(f"[dim]{held_fixed_line(base_plan, [*searches, *refused] if trainer_pools else None)}[/]",
                   highlight=False)
     for note in notes:
-        console.print(f"[dim]generation on {escape(note)}[/]", highlight=False)
+        console.print(f"[dim]{escape(note)}[/]", highlight=False)
     console.print(f"[dim]wrote {written} · rollart simulate {written}{approx} reproduces these figures"
                   + (" (--seed k: each seed's)" if spread else "") + "[/]", highlight=False)

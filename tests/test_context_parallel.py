@@ -154,3 +154,26 @@ def test_the_trainer_must_be_whole_ranks_of_tp_cp_pp(tmp_path) -> None:
     proc = rollart("simulate", "paper/qwen3-8b-128gpu", "--steps", "1", "--set", "placement.trainer.cp=3",
                    cwd=tmp_path)
     assert_clean_usage_error(proc, "placement.trainer.gpus", "not a multiple of tp × cp × pp = 6")
+
+
+def test_the_planner_splits_a_context_too_long_for_the_scenarios_trainer() -> None:
+    """The default scenario's trainer (tp 2) cannot hold a 128K-token FrozenLake sequence on an H800: the
+    plan's space splits each sequence over the narrowest cp some trainer size holds, says so, and sizes the
+    trainer in whole tp·cp·pp ranks; the scenario's own window needs none."""
+    from rollart.plan import load_plan
+    from rollart.planner import Budget, Space
+    from rollart.scenarios_catalog import default_scenario
+
+    plain = Space.from_plan(load_plan(default_scenario(), []), Budget(gpus=64), step=8, tps=[1])
+    assert plain.trainer_overrides == [] and plain.trainer_notes == []
+    plan = load_plan(default_scenario(), ["tasks.FrozenLake.max_context_tokens=131072"])
+    space = Space.from_plan(plan, Budget(gpus=64), step=8, tps=[1])
+    [override] = space.trainer_overrides
+    cp = int(override.removeprefix("placement.trainer.cp="))
+    tr = plan.placement.trainer
+    sheet = plan.cluster.gpu_type(plan.cluster.gpu_pools[tr.pool].gpu)
+    assert trainer_fits(QWEN8, sheet, tr.model_copy(update={"cp": cp, "gpus": space.trainer_gpus[0]}), 131072)
+    assert not any(trainer_fits(QWEN8, sheet, tr.model_copy(update={"cp": cp // 2, "gpus": n}), 131072)
+                   for n in range(cp // 2, 57, cp // 2))
+    assert all(n % (tr.tp * cp * tr.pp) == 0 for n in space.trainer_gpus)
+    assert f"splits each sequence over {cp} GPUs" in space.trainer_notes[0]

@@ -116,11 +116,12 @@ def held_fixed_line(plan: Plan, trainer_pools: list[str] | None = None) -> str:
     (disaggregated: no colocation, no prefill/decode split)."""
     tr = plan.placement.trainer
     gpu = plan.cluster.gpu_pools[tr.pool].gpu
+    cp = f", cp {tr.cp}" if tr.cp > 1 else ""
     if trainer_pools:
-        trainer = f"the trainer's tp {tr.tp} and pp {tr.pp} (its pool tried: {', '.join(trainer_pools)})"
+        trainer = f"the trainer's tp {tr.tp}{cp} and pp {tr.pp} (its pool tried: {', '.join(trainer_pools)})"
         other = ""
     else:
-        trainer = f"the trainer on pool '{tr.pool}' ({gpu}, tp {tr.tp}, pp {tr.pp})"
+        trainer = f"the trainer on pool '{tr.pool}' ({gpu}, tp {tr.tp}{cp}, pp {tr.pp})"
         other = "another trainer GPU with --trainer-pools, "
     return (f"held as the scenario has them: {trainer} and disaggregated placements only (no colocation, no "
             f"prefill/decode split); compare {other}a colocated layout with rollart compare")

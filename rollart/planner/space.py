@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from rollart.core.modes import dedicated_reward_used, mode_config
 from rollart.plan.loader import PlanError
-from rollart.plan.schema import Plan
+from rollart.plan.schema import Plan, TrainerPlacement
 from rollart.sim.costs.train import trainer_fits, trainer_memory_problems
 
 SERVERLESS = ("serverless", None, 0)
@@ -168,6 +168,9 @@ class Space:
     # pools priced 0 (GPUs already owned): the most of them a plan may use, their count
     owned: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # one line each: what the space left out, and why
+    # --set overrides every candidate's scenario takes (a trainer layout the scenario's cannot train), and why
+    trainer_overrides: list[str] = field(default_factory=list)
+    trainer_notes: list[str] = field(default_factory=list)
 
     def eps(self, pool: str, tp: int) -> list[int]:
         """Expert-parallel options for a worker of ``tp`` GPUs in ``pool``: 1, plus ``gen_ep``'s."""
@@ -238,24 +241,44 @@ class Space:
         if step is None:
             step = 8 if biggest >= 64 else 4 if biggest >= 16 else 2 if biggest >= 6 else 1
         tr = plan.placement.trainer
-        # a trainer of tp·cp·pp-GPU data-parallel ranks; an explicit ep must divide the GPUs of a pipeline stage too
-        whole = _lcm(tr.tp * tr.cp * tr.pp, (tr.ep or 1) * tr.pp)
-        unit = _lcm(step, whole)
-        # a data-parallel rank needs a sequence of the batch to train: beyond batch · tp · cp · pp GPUs a trainer
-        # only idles (a review's 100,000-GPU budget came back as 12,500 ranks for 64 sequences)
-        tmax = min(trainer_max(), plan.algorithm.batch_size * tr.tp * tr.cp * tr.pp)
-        trainer_gpus = sorted({n for n in range(unit, tmax + 1, unit)}
-                              | ({tr.gpus} if tr.gpus <= tmax and tr.gpus % whole == 0 else set()))
-        if tr.profile is None:  # a modelled trainer must hold its state (a measured one ran)
-            sheet = c.gpu_type(c.gpu_pools[tr.pool].gpu)
-            seq = plan.longest_context_tokens
-            batch = plan.algorithm.batch_size  # sets a micro-batch's sequences where micro_batches is set
-            fits = [n for n in trainer_gpus
-                    if trainer_fits(plan.model, sheet, tr.model_copy(update={"gpus": n}), seq, batch)]
-            if trainer_gpus and not fits:
+        sheet = c.gpu_type(c.gpu_pools[tr.pool].gpu)
+        seq = plan.longest_context_tokens
+        batch = plan.algorithm.batch_size  # sets a micro-batch's sequences where micro_batches is set
+
+        def trainer_sizes(t: TrainerPlacement) -> tuple[list[int], list[int], int]:
+            """(the trainer sizes the budget allows, those whose GPUs hold its state, the step between sizes)."""
+            # whole tp·cp·pp-GPU data-parallel ranks; an explicit ep must divide the GPUs of a pipeline stage too
+            whole = _lcm(t.tp * t.cp * t.pp, (t.ep or 1) * t.pp)
+            unit = _lcm(step, whole)
+            # a data-parallel rank needs a sequence of the batch to train: beyond batch · tp · cp · pp GPUs a
+            # trainer only idles (a review's 100,000-GPU budget came back as 12,500 ranks for 64 sequences)
+            tmax = min(trainer_max(), plan.algorithm.batch_size * t.tp * t.cp * t.pp)
+            sizes = sorted({n for n in range(unit, tmax + 1, unit)}
+                           | ({t.gpus} if t.gpus <= tmax and t.gpus % whole == 0 else set()))
+            if t.profile is not None:  # a measured trainer ran: it holds its state
+                return sizes, sizes, unit
+            return sizes, [n for n in sizes if trainer_fits(plan.model, sheet, t.model_copy(update={"gpus": n}),
+                                                            seq, batch)], unit
+
+        trainer_gpus, fits, unit = trainer_sizes(tr)
+        trainer_overrides: list[str] = []
+        trainer_notes: list[str] = []
+        if trainer_gpus and not fits:
+            # a context too long for the scenario's layout: split each sequence over more GPUs (context
+            # parallelism, tp and pp as the scenario has them), the narrowest cp that some trainer size holds
+            for cp in (tr.cp * 2 ** k for k in range(1, 7)):
+                sizes, held, cp_unit = trainer_sizes(tr.model_copy(update={"cp": cp}))
+                if held:
+                    trainer_overrides = [f"placement.trainer.cp={cp}"]
+                    trainer_notes.append(f"cp {cp}: the scenario's tp {tr.tp} · pp {tr.pp} · cp {tr.cp} holds no "
+                                         f"{seq:,}-token sequence on {c.gpu_pools[tr.pool].gpu}; every plan splits "
+                                         f"each sequence over {cp} GPUs (placement.trainer.cp)")
+                    tr, trainer_gpus, fits, unit = tr.model_copy(update={"cp": cp}), sizes, held, cp_unit
+                    break
+            else:
                 raise PlanError(trainer_memory_problems(plan.model, c.gpu_pools[tr.pool].gpu, sheet,
                                                         tr.model_copy(update={"gpus": trainer_gpus[-1]}), seq, batch))
-            trainer_gpus = fits
+        trainer_gpus = fits
         if not trainer_gpus:
             raise PlanError([f"budget: {budget.describe()} cannot hold a {unit}-GPU trainer and {step} "
                              "generation GPUs"])
@@ -349,7 +372,7 @@ class Space:
                     trainer_gpus=trainer_gpus, gen_gpus=gen_gpus, gen_tp=gen_tp, tags=tags,
                     alphas=sorted(set(alphas)), redundancies=sorted(set(redundancies)), rewards=rewards,
                     budget=budget, heuristic_affinity=_task_kinds(plan), compute_rank=rank, gen_ep=gen_ep,
-                    owned=owned, notes=notes)
+                    owned=owned, notes=notes, trainer_overrides=trainer_overrides, trainer_notes=trainer_notes)
         if not search_affinity:
             space.affinity_maps = []  # filled per candidate by the heuristic map only
         space.baseline = space.candidate_from_plan(plan)
