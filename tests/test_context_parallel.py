@@ -177,3 +177,18 @@ def test_the_planner_splits_a_context_too_long_for_the_scenarios_trainer() -> No
                    for n in range(cp // 2, 57, cp // 2))
     assert all(n % (tr.tp * cp * tr.pp) == 0 for n in space.trainer_gpus)
     assert f"splits each sequence over {cp} GPUs" in space.trainer_notes[0]
+
+
+def test_plan_writes_the_cp_it_needed_and_says_why(tmp_path) -> None:
+    from tests.test_planner import _small_plan_run
+
+    out = tmp_path / "plan.yaml"
+    res = _small_plan_run(out, "--confirm-seeds", "1", "--set", "tasks.FrozenLake.max_context_tokens=131072",
+                          "--budget-gpus", "24")
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert "trainer cp 2: the scenario's tp 2 · pp 1 · cp 1 holds no 131,072-token sequence on H800" in said
+    assert "(H800, tp 2, cp 2, pp 1)" in said
+    from rollart.plan import load_plan
+
+    assert load_plan(out).placement.trainer.cp == 2
