@@ -250,7 +250,9 @@ def summary_table(result: RunResult) -> Table:
                                 f"{sm.get('tokens_per_s', 0.0):,.0f} generated tokens/s")
     if sm.get("steady"):
         table.add_row("steady state", steady_text(sm["steady"], result.steps))
-    busy = " · ".join(f"{pool} {x:.0%}" for pool, x in sm.get("gpu_busy_fraction", {}).items())
+    batch = sm.get("decode_batch_mean") or {}
+    busy = " · ".join(f"{pool} {x:.0%}" + (f" (decode batch {batch[pool]:.1f})" if pool in batch else "")
+                      for pool, x in sm.get("gpu_busy_fraction", {}).items())
     table.add_row("GPU busy", busy or "-")
     spill = routing_text(sm)
     if spill:

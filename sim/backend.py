@@ -134,7 +134,7 @@ class SimBackend:
             if problems:
                 raise PlanError(problems)
         self.transfer = WeightTransferCost(full, measured)
-        self._kv_links: dict[tuple[str, str, int], tuple[float, float]] = {}
+        self._kv_pipes: dict[tuple[Any, ...], tuple[float, SharedPipe]] = {}  # PD hand-offs' paths (_kv_pipe)
         self.trainer_shares_host = measured is not None  # measured on the engines' host: it contends
         self.contention = self._host_contention()
         if self.scale > 1 and self.contention is not None:
@@ -543,7 +543,6 @@ class SimBackend:
         tokens = self.envs.response_tokens(self.plan.task(traj.task), traj.id, eff.max_new_tokens)
         if eff.prefill_worker is not None:
             prefill, decode = self.engines[eff.prefill_worker], self.engines[eff.worker]
-            latency, rate = self._kv_link(prefill, decode)
             kv_per_token = self.plan.model.kv_bytes_per_token
             remote = 0
             if prefill.prefix_cache and decode.prefix_cache and traj.id not in prefill.cache:
@@ -552,12 +551,12 @@ class SimBackend:
                 # its own copy it recomputes the last response's tokens with the turn, as before).
                 remote = min(decode.cache.get(traj.id, 0), eff.context_tokens)
                 if remote:
-                    yield self.env.timeout(latency + remote * kv_per_token / rate)
+                    yield from self._send_kv(decode, prefill, remote * kv_per_token)
             yield from self._run_request(prefill, traj.id, eff.context_tokens, 1, False, remote)
             # Only the KV the decode worker lacks crosses the link: its prefix cache still holds the
             # conversation up to its last turn (a KV connector loads just the tokens past the local hit).
             local = min(decode.cache.get(traj.id, 0), eff.context_tokens) if decode.prefix_cache else 0
-            yield self.env.timeout(latency + (eff.context_tokens - local) * kv_per_token / rate)
+            yield from self._send_kv(prefill, decode, (eff.context_tokens - local) * kv_per_token)
             if tokens > 1:
                 yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens + 1,
                                              tokens - 1, True)
@@ -565,17 +564,29 @@ class SimBackend:
             yield from self._run_request(self.engines[eff.worker], traj.id, eff.context_tokens, tokens, False)
         return GenOutcome(tokens=tokens)
 
-    def _kv_link(self, prefill: GenerationEngine, decode: GenerationEngine) -> tuple[float, float]:
-        """(latency s, bytes/s) of the KV hand-off between two PD workers (cached per pools and tp pair):
-        each GPU of the narrower one sends or takes its shard through its own port."""
+    def _send_kv(self, sender: GenerationEngine, receiver: GenerationEngine, nbytes: float) -> SimGen:
+        """Move ``nbytes`` of KV between two PD workers: the path's latency, then the bytes through the
+        path, shared with the hand-offs in flight on it (:meth:`_kv_pipe`)."""
+        latency, pipe = self._kv_pipe(sender, receiver)
+        yield self.env.timeout(latency)
+        yield from pipe.transfer(nbytes)
+
+    def _kv_pipe(self, sender: GenerationEngine, receiver: GenerationEngine) -> tuple[float, SharedPipe]:
+        """(latency s, shared pipe) of a KV transfer from one PD worker to another. In one cluster: the
+        sender's own ports, each GPU of the narrower worker sending its shard through its NIC, shared by
+        that worker's transfers in flight (a receiver taking from several senders at once is not
+        limited). Across clusters: the path between them in that direction, an aggregate rate shared by
+        every transfer crossing it (1/m of it under --scale-approx, which simulates 1/m of them)."""
         workers = self.ctl.proxy.workers
-        key = (prefill.pool, decode.pool, min(workers[prefill.id].tp, workers[decode.id].tp))
-        link = self._kv_links.get(key)
-        if link is None:
-            pools = self.plan.cluster.gpu_pools
-            link = self._kv_links[key] = self.transfer.kv_link(
-                pools[prefill.pool].cluster == pools[decode.pool].cluster, key[2])
-        return link
+        pools = self.plan.cluster.gpu_pools
+        src, dst = pools[sender.pool].cluster, pools[receiver.pool].cluster
+        narrower = min(workers[sender.id].tp, workers[receiver.id].tp)
+        key = ("ports", sender.id, narrower) if src == dst else ("between", src, dst)
+        found = self._kv_pipes.get(key)
+        if found is None:
+            latency, rate = self.transfer.kv_link(src == dst, narrower)
+            found = self._kv_pipes[key] = (latency, SharedPipe(self.env, rate / (1 if src == dst else self.scale)))
+        return found
 
     def _run_request(self, engine: GenerationEngine, traj_id: int, context: int, tokens: int,
                      prefilled: bool, remote: int = 0) -> SimGen:
@@ -761,6 +772,17 @@ class SimOutcome:
         gpus[tr.pool] = max(gpus.get(tr.pool, 0), tr.gpus) if b.switch is not None else gpus.get(tr.pool, 0) + tr.gpus
         return {pool: busy[pool] / (gpus[pool] * t) for pool in busy}
 
+    def decode_batch_mean(self) -> dict[str, float]:
+        """Per generation pool, the sequences an engine iteration decodes on average (Σ batch ÷
+        iterations over its engines): what "GPU busy" (time with any request) does not say, how full
+        the engines ran while busy (a pool 95 % busy at a batch of 3 has most of its decode rate left)."""
+        rows: dict[str, int] = {}
+        its: dict[str, int] = {}
+        for e in self.backend.engines:
+            rows[e.pool] = rows.get(e.pool, 0) + e.decode_rows
+            its[e.pool] = its.get(e.pool, 0) + e.it
+        return {pool: rows[pool] / its[pool] for pool in rows if its[pool]}
+
     def reward_gpu_busy_fraction(self) -> float | None:
         b = self.backend
         t = b.ctl.stats.steps[-1].end_s if b.ctl.stats.steps else self.elapsed_s
@@ -794,6 +816,7 @@ class SimOutcome:
         summary.update({
             "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
             "gpu_busy_fraction": self.gpu_busy_fraction(),
+            "decode_batch_mean": self.decode_batch_mean(),
             "reward_gpu_busy_fraction": self.reward_gpu_busy_fraction(),
             "serverless_gpu_seconds": self.serverless_gpu_seconds(),
             "serverless_cold_starts": b.serverless.cold_starts if b.serverless else 0,

@@ -109,6 +109,7 @@ class GenerationEngine:
         self._heap: list[tuple[int, int, Request]] = []
         self._seq = 0
         self.it = 0                 # decode iterations done
+        self.decode_rows = 0        # sequences those iterations decoded a token for (Σ batch over iterations)
         self.ctx_sum = 0            # total context of the running batch: the KV it holds
         self.preemptions = 0        # running requests preempted (KV freed, recomputed later)
         self.resumed_hit_tokens = 0  # of cache_hits_tokens, a preempted request's own KV found again
@@ -413,6 +414,7 @@ class GenerationEngine:
             self._span(f"step: prefill {lead * 1e3:.0f} ms, decode ×{k} (batch {batch})", t0, now)
         if k:  # _advance, inlined: this runs at every command and completion
             self.it += k
+            self.decode_rows += k * len(self.running)
             self.ctx_sum += k * len(self.running)
             if self.cache_tokens > self.capacity - self.ctx_sum:  # the batch grew into the cache
                 self._trim_cache()
@@ -497,6 +499,7 @@ class GenerationEngine:
         dt = self.cost.mixed_step_time(new_tokens, pairs, decoders,
                                        self._decode_context(transferred) if decoders else 0.0, prompts)
         self.prefill_tokens += new_tokens
+        self.decode_rows += decoders
         # _advance(1), inlined
         it = self.it = self.it + 1
         self.ctx_sum += len(running)

@@ -33,6 +33,7 @@ class SharedPipe:
         self._next_id = 0
         self._epoch = 0                    # the wake-up scheduled last; older ones do nothing
         self.peak = 0                      # most transfers in flight at once
+        self.admitted_bytes = 0.0          # bytes of every transfer started (an aborted one's whole size)
 
     def _advance(self) -> None:
         now = self.env.now
@@ -78,6 +79,7 @@ class SharedPipe:
         self._next_id += 1
         done = self.env.event()
         self._events[k] = done
+        self.admitted_bytes += nbytes
         heapq.heappush(self._heap, (self._v + nbytes, k))
         self.peak = max(self.peak, len(self._events))
         self._settle()

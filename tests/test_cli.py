@@ -29,7 +29,7 @@ def _rollart_exe() -> str:
 
 ROLLART = _rollart_exe()
 DEFAULT_YAML = str(default_scenario())
-SUMMARY_KEYS = ("step_time_s_mean", "trajectories_per_s", "tokens_per_s", "gpu_busy_fraction",
+SUMMARY_KEYS = ("step_time_s_mean", "trajectories_per_s", "tokens_per_s", "gpu_busy_fraction", "decode_batch_mean",
                 "aborted_stale", "aborted_redundant", "env_failures")
 
 

@@ -56,6 +56,30 @@ def test_preferred_pool_without_workers_falls_back() -> None:
     assert proxy.route("FrozenLake").pool == "h20"
 
 
+def test_pd_decode_stays_on_its_worker_when_the_affinity_pool_has_no_decode_workers() -> None:
+    """PD with prefill on H800 and decode on H20 under the paper's map (FrozenLake → h800): the map names
+    where FrozenLake prefills; its decode runs where decode workers are, sticky to the worker holding the
+    conversation, and is not counted as a spill (helper-84: every turn moved to the least-loaded H20,
+    handing the whole context's KV over again, and the report blamed a full h800)."""
+    ws = workers([("h800", "prefill"), ("h800", "prefill"), ("h20", "decode"), ("h20", "decode")], cap=10)
+    proxy = LLMProxy(ws, AFF)
+    ws[3].load = 4
+    assert proxy.route("FrozenLake", last_worker=3, role="decode").id == 3  # its cache, not the idler worker 2
+    assert proxy.route("FrozenLake", role="decode").id == 2
+    assert proxy.route("FrozenLake", last_worker=1, role="prefill").id == 1
+    assert proxy.routed_fallback == 0 and proxy.fallback_from == {}
+
+
+def test_a_spilled_conversation_keeps_its_worker_while_its_pool_is_full() -> None:
+    ws = workers([("h800", "both"), ("h20", "both"), ("h20", "both")], cap=4)
+    proxy = LLMProxy(ws, AFF)
+    ws[0].load, ws[2].load = 4, 2  # h800 full
+    assert proxy.route("FrozenLake", last_worker=2).id == 2  # its cache is on worker 2, not the idle 1
+    assert proxy.routed_fallback == 1
+    ws[0].load = 3  # h800 has room again: back to the preferred pool
+    assert proxy.route("FrozenLake", last_worker=2).id == 0
+
+
 def test_no_affinity_balances_over_all_pools() -> None:
     ws = workers([("h800", "both"), ("h20", "both")], cap=10)
     proxy = LLMProxy(ws, None)
@@ -103,7 +127,7 @@ def _scan_route(proxy: LLMProxy, tag: str, last_worker: int | None, role: str) -
     """The routing policy as a scan of every worker (the reference for the indexed router)."""
     pool = proxy.preferred_pool(tag)
     candidates = [w for w in proxy.workers if w.role == role]
-    preferred = candidates if pool is None else [w for w in candidates if w.pool == pool]
+    preferred = [w for w in candidates if w.pool == pool] or candidates  # none of the role there: every pool
     open_preferred = [w for w in preferred if not w.saturated]
     if open_preferred:
         for w in open_preferred:
@@ -112,6 +136,9 @@ def _scan_route(proxy: LLMProxy, tag: str, last_worker: int | None, role: str) -
         return min(open_preferred, key=lambda w: (w.load, w.id)).id
     others = [w for w in candidates if w not in preferred and not w.saturated]
     if others:
+        for w in others:
+            if w.id == last_worker:
+                return w.id
         return min(others, key=lambda w: (w.load, w.id)).id
     return min(preferred or candidates, key=lambda w: (w.load, w.id)).id
 

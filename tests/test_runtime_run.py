@@ -142,7 +142,9 @@ def test_cli_run_writes_the_same_contract_and_trace(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "run.json").read_text())
     assert data["backend"] == "runtime" and len(data["steps"]) == 3
     assert {"step_time_s_mean", "trajectories_per_s", "tokens_per_s", "gpu_busy_fraction", "aborted_stale",
-            "aborted_redundant", "env_failures"} <= set(data["summary"])
+            "aborted_redundant", "env_failures", "decode_batch_mean"} <= set(data["summary"])
+    # the torch engines say how many sequences each step decoded, as the simulator's engines do
+    assert data["summary"]["decode_batch_mean"] and all(b > 0 for b in data["summary"]["decode_batch_mean"].values())
     names = {e["args"]["name"] for e in json.loads((tmp_path / "run.trace.json").read_text())["traceEvents"]
              if e.get("name") == "process_name"}
     assert "trainer" in names and any(n.startswith("generation/") for n in names)

@@ -65,6 +65,24 @@ def test_pd_disaggregation_routes_prefill_and_decode_to_their_roles() -> None:
     assert all(e.busy_s > 0 for e in decode)
 
 
+PD_ACROSS = ["placement.pd_disaggregation=true", "algorithm.steps=4", "cluster.gpu_pools.h800.count=12",
+             "placement.generation=[{pool: h800, workers: 8, tp: 1, role: prefill},"
+             " {pool: h20, workers: 8, tp: 1, role: decode}]"]  # H800 in 'train', H20 in 'inference'
+
+
+def test_pd_hand_offs_across_clusters_share_the_path_between_them() -> None:
+    """Every KV hand-off from the H800 prefill workers to the H20 decode workers crosses the 200 Gb/s TCP
+    path between the clusters: several are in flight at once and together they move no more than its
+    rate allows (helper-84: each hand-off got the whole path, 8× its rate in all on the paper's layout, so
+    a path a tenth as fast changed throughput by 3 %)."""
+    out = run_sim(small_plan(PD_ACROSS), "rollart")
+    assert out.error is None
+    _, pipe = out.backend._kv_pipes[("between", "train", "inference")]  # prefill → decode (each way its own)
+    assert pipe.rate == pytest.approx(out.backend.transfer.kv_link(False, 1)[1])
+    assert pipe.peak > 1 and pipe.admitted_bytes > 0
+    assert pipe.admitted_bytes <= pipe.rate * out.backend.env.now
+
+
 def test_blocking_broadcast_exposes_more_weight_sync_than_the_bucketed_store() -> None:
     common = ["algorithm.steps=4", "cluster.links.cross_cluster.bandwidth_gbps=10"]  # a slow link shows it
     store = run_sim(small_plan([*common, "weight_sync.transport=bucketed_store"]), "rollart").to_result()
@@ -146,3 +164,16 @@ def test_the_summary_says_how_the_mode_moves_the_weights() -> None:
     assert sync == "blocking NCCL broadcast (mode sync does not use weight_sync.transport=bucketed_store)"
     plain = run_sim(small_plan(["weight_sync.transport=nccl_broadcast", "algorithm.steps=2"]), "sync")
     assert plain.to_result().summary["weight_sync"] == "blocking NCCL broadcast"
+
+
+def test_the_decode_batch_says_how_full_the_busy_engines_ran() -> None:
+    """"GPU busy" counts time with any request; the decode batch beside it is the sequences an engine step
+    decoded on average (helper-84: a pool 95 % busy decoded at a batch of 3). The same work on half the
+    H20 engines runs them fuller."""
+    full = run_sim(small_plan(), "rollart").to_result().summary
+    half = run_sim(small_plan(["placement.generation=[{pool: h800, workers: 2, tp: 2}, {pool: h20, workers: 4, "
+                               "tp: 1}]"]), "rollart").to_result().summary
+    for sm in (full, half):
+        assert set(sm["decode_batch_mean"]) == {"h800", "h20"}
+        assert all(0 < b <= 256 for b in sm["decode_batch_mean"].values())
+    assert half["decode_batch_mean"]["h20"] > 1.3 * full["decode_batch_mean"]["h20"]

@@ -104,13 +104,16 @@ class LLMProxy:
     Routing policy for a request of task tag ``t`` (and role r):
 
     1. the preferred pool is ``hw_affinity[t]``, else ``hw_affinity["default"]``, else every pool
-       (also when affinity is off);
+       (also when affinity is off); every pool with workers of role r when the named one has none
+       (PD disaggregation with prefill on H800 and decode on H20: the map names where a task's
+       prefill runs, and its decode goes where decode workers are, which is not a spill);
     2. the trajectory's previous worker, if it is in that pool and not saturated (its prefix
        cache holds the conversation so far);
     3. otherwise the least-loaded unsaturated worker of the preferred pool (ties: lowest id);
-    4. if the preferred pool is saturated (every worker's sequence slots or KV cache full) or
-       has no workers of role r, the least-loaded unsaturated worker of any other pool (a
-       compatible class: every worker serves the actor);
+    4. if the preferred pool is saturated (every worker's sequence slots or KV cache full), the
+       trajectory's previous worker if it is in another pool and not saturated (a conversation that
+       spilled keeps its cache while its pool is full), else the least-loaded unsaturated worker of
+       any other pool (a compatible class: every worker serves the actor);
     5. if everything is saturated, the least-loaded worker of the preferred pool (it queues).
     """
 
@@ -156,6 +159,8 @@ class LLMProxy:
         candidates = self._by_role.get(role)
         if not candidates:
             raise LookupError(f"no generation worker has role '{role}'")
+        if pool is not None and (pool, role) not in self._by_pool_role:
+            pool = None  # the pool named has no worker of this role: every pool with one is preferred
         index = self._index
         key = (pool, role)  # pool None: every pool
         heap = index.heaps.get(key)
@@ -163,20 +168,22 @@ class LLMProxy:
             best: WorkerInfo | None = heap[0][3]
         else:
             best = index.least_loaded(key)
+        last = self._by_id.get(last_worker) if last_worker is not None else None
+        if last is not None and (last.role != role or last.load >= last.max_num_seqs or (
+                last.kv_capacity_tokens is not None and last.kv_tokens >= last.kv_capacity_tokens)):
+            last = None  # another role's, or saturated: the conversation moves
         if best is not None:
             self.routed_preferred += 1
-            if last_worker is not None:
-                w = self._by_id.get(last_worker)
-                if w is not None and w.role == role and (pool is None or w.pool == pool) and not (
-                        w.load >= w.max_num_seqs or (w.kv_capacity_tokens is not None
-                                                     and w.kv_tokens >= w.kv_capacity_tokens)):  # saturated
-                    return w
+            if last is not None and (pool is None or last.pool == pool):
+                return last
             return best
         if pool is not None:
             others = [w for p in self._pools_of_role.get(role, ()) if p != pool
                       if (w := index.least_loaded((p, role))) is not None]
             if others:
                 self.fallback_from[pool] = self.fallback_from.get(pool, 0) + 1
+                if last is not None:  # spilled before and its worker there has room: its cache is there
+                    return last
                 return min(others, key=lambda w: (w.load, w.id))
         self.routed_preferred += 1
         preferred = candidates if pool is None else self._by_pool_role.get((pool, role), [])

@@ -728,9 +728,13 @@ class RuntimeOutcome:
         counts = ctl.outcome_counts()
         busy: dict[str, float] = {}
         n: dict[str, int] = {}
+        rows: dict[str, list[int]] = {}  # per pool: [sequences its engines' steps decoded, those steps]
         for w, s in zip(ctl.proxy.workers, self.worker_stats):
             busy[w.pool] = busy.get(w.pool, 0.0) + min(1.0, s.get("busy_seconds", 0.0) / max(elapsed, 1e-9)) * w.tp
             n[w.pool] = n.get(w.pool, 0) + w.tp
+            if "decode_rows" in s:
+                r = rows.setdefault(w.pool, [0, 0])
+                r[0], r[1] = r[0] + s["decode_rows"], r[1] + s.get("steps", 0)
         # the trainer's devices count on their pool as the simulator counts them: busy while
         # training or broadcasting weights
         tr = b.plan.placement.trainer
@@ -744,6 +748,7 @@ class RuntimeOutcome:
         summary.update({
             "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
             "gpu_busy_fraction": {p: busy[p] / n[p] for p in busy},
+            "decode_batch_mean": {p: r / k for p, (r, k) in rows.items() if k},
             "reward_gpu_busy_fraction": None,
             "aborted_stale": counts["aborted_stale"],
             "aborted_redundant": counts["aborted_redundant"],

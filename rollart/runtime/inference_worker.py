@@ -359,6 +359,8 @@ class InferenceWorker(SettlesHeap):
             self._stats["busy_seconds"] += time.perf_counter() - t0
             self._stats["steps"] += 1
             last = getattr(engine, "last_step", None)
+            if last and "decode_rows" in last:  # engines that say how many sequences a step decoded
+                self._stats["decode_rows"] = self._stats.get("decode_rows", 0) + last["decode_rows"]
             log = self._step_log  # read once: record_steps may swap it from the event loop
             if last and log is not None:
                 last["started"] = started
