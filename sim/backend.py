@@ -630,10 +630,11 @@ class SimBackend:
 
     def _broadcast(self, eff: BroadcastWeights) -> SimGen:
         """A blocking NCCL broadcast: the trainer GPUs drive it and every receiving engine sits in the
-        collective for its length (its loop runs the receive, not decode steps), then recomputes its
-        in-flight KV under the new weights (steps ③ and ⑤ in one pause; the UpdateWeights that
-        follows has nothing left to do). Engines colocated with the trainer loaded the weights in the
-        switch. A measured CPU hand-off only occupies the trainer (``broadcast_stalls_engines``)."""
+        collective for its length (its loop runs the receive, not decode steps); the trainer goes on
+        once every engine holds the weights, each then recomputing its in-flight KV under them on its
+        own (step ③ here; ⑤ after the resume, as the paper orders them; the UpdateWeights that follows
+        has nothing left to do). Engines colocated with the trainer loaded the weights in the switch.
+        A measured CPU hand-off only occupies the trainer (``broadcast_stalls_engines``)."""
         t = self.transfer.broadcast_s()
         events = [self.engines[wid].update_weights(t) for wid in self._receivers(eff.workers)] \
             if self.transfer.broadcast_stalls_engines else []
@@ -669,10 +670,11 @@ class SimBackend:
                 self.contention.trainer_job(started=False)
 
     def _update(self, eff: UpdateWeights) -> SimGen:
-        """Pulled weights (host memory) are swapped in, each engine's share over its host link, and
-        its in-flight KV recomputed. A GPU broadcast already did both (``_broadcast``); after a
-        measured CPU hand-off the engines pause here for the recompute (the measured broadcast
-        includes the load); colocated engines got the weights in the switch."""
+        """Pulled weights (host memory) are swapped in, each engine's share over its host link; returns
+        when every engine holds them (each recomputes its in-flight KV after, on its own). A GPU broadcast
+        already did it (``_broadcast``); after a measured CPU hand-off the engines pause here for the
+        recompute (the measured broadcast includes the load); colocated engines got the weights in the
+        switch."""
         if not eff.from_host and self.transfer.broadcast_stalls_engines:
             return
         events = [self.engines[wid].update_weights(

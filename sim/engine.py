@@ -183,6 +183,10 @@ class GenerationEngine:
         return req.wasted
 
     def update_weights(self, swap_s: float) -> simpy.Event:
+        """Swap new weights in (``swap_s`` seconds) once the iteration in progress ends, then recompute the
+        running requests' KV under them. The event fires when the weights are in, before the recompute:
+        the sender moves on (the paper's ④ resume comes before ⑤ recompute; SGLang's and vLLM's weight
+        update calls return once loaded) while the engine, busy recomputing, admits nothing new."""
         ev = self.env.event()
         self._updates.append((swap_s, ev))
         self._command()
@@ -616,8 +620,9 @@ class GenerationEngine:
     # ---- weight update (steps ③ and ⑤) --------------------------------------------------
 
     def _start_updates(self) -> None:
-        """Finish the interrupted iteration, swap the weights in, then recompute the KV of the
-        running requests under the new weights (one batched prefill). Not interruptible."""
+        """Finish the interrupted iteration, swap the weights in (the updates' events fire), then
+        recompute the KV of the running requests under the new weights (one batched prefill). Not
+        interruptible: requests routed here meanwhile wait for the recompute."""
         self._apply_aborts()
         updates, self._updates = self._updates, []
         swap = max(s for s, _ in updates)
@@ -633,12 +638,15 @@ class GenerationEngine:
         self._plan = None
         self._set_busy(True)
 
+        def loaded(_: object) -> None:
+            for _, ev in updates:
+                ev.succeed()
+
         def done(_: object) -> None:
             self._timer = None
             self._updating = False
             self._busy(t0, self.env.now, "weight swap {:.2f} s + KV recompute {:.2f} s", swap, recompute)
-            for _, ev in updates:
-                ev.succeed()
             self._next()
 
+        self.env.timeout(swap).callbacks.append(loaded)
         self._schedule(swap + recompute, done)

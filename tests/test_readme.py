@@ -41,7 +41,7 @@ class Spec:
 COMMANDS: dict[str, Spec] = {
     "rollart simulate": Spec(),
     "rollart simulate --steps 4": Spec(),
-    "rollart compare default --steps 4": Spec(extra=("--steps", "1")),
+    "rollart compare default --steps 8": Spec(extra=("--steps", "1")),
     "rollart simulate paper/qwen3-14b-128gpu --set algorithm.alpha=2 --set cluster.gpu_pools.h20.count=48":
         Spec(extra=("--steps", "1")),
     "rollart simulate --set tasks.CodeExec.env.failure_prob=0.05 --mode areal --json out.json --trace trace.json":
