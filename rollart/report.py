@@ -188,18 +188,19 @@ def _surplus_env_groups(plan: Any, mode: Any) -> str:
             "members) keeps every task in its share")
 
 
-def waste_summary(stats: Any) -> dict[str, Any]:
-    """Decode work thrown away by aborts (``stats``: :class:`~rollart.core.stats.RunStats`).
+def waste_summary(stats: Any, discarded: int = 0) -> dict[str, Any]:
+    """Decode work thrown away by aborts and failures (``stats``: :class:`~rollart.core.stats.RunStats`).
     ``wasted_tokens``: tokens the engines decoded for turns cut short by an abort (redundant or stale
-    trajectories), left out of ``tokens_per_s``, which counts returned turns only (the finished turns of
-    an aborted trajectory are in it); None where the backend cannot report a cut turn's partial output
-    (the Ray runtime: vLLM's abort returns none). ``wasted_token_share``: their share of all decoded
-    tokens (returned + wasted). GPU time is unaffected: the engines are charged for every iteration
-    they ran."""
+    trajectories), left out of ``tokens_per_s``, which counts returned turns only; None where the
+    backend cannot report a cut turn's partial output (the Ray runtime: vLLM's abort returns none).
+    ``discarded_tokens`` (``discarded``, :meth:`~rollart.core.controller.Controller.discarded_tokens`):
+    the returned turns of trajectories that ended untrained (aborted, failed), in ``tokens_per_s`` but
+    thrown away as well. ``wasted_token_share``: both as a share of all decoded tokens (returned + cut).
+    GPU time is unaffected: the engines are charged for every iteration they ran."""
     wasted = None if stats.wasted_unreported else stats.wasted_tokens
     decoded = stats.generated_tokens + (wasted or 0)
-    return {"wasted_tokens": wasted,
-            "wasted_token_share": None if wasted is None else (wasted / decoded if decoded else 0.0)}
+    share = None if wasted is None else ((wasted + discarded) / decoded if decoded else 0.0)
+    return {"wasted_tokens": wasted, "discarded_tokens": discarded, "wasted_token_share": share}
 
 
 def _pct(x: float) -> str:
@@ -268,12 +269,17 @@ def summary_table(result: RunResult) -> Table:
         table.add_row("serverless reward", f"{sm['serverless_gpu_seconds']:.0f} GPU·s billed "
                                            f"{'per request' if per_request else 'as instance time'}{share}, "
                                            f"{sm.get('serverless_cold_starts', 0)} cold starts{up}")
-    wasted = sm.get("wasted_tokens")
+    wasted, discarded = sm.get("wasted_tokens"), sm.get("discarded_tokens") or 0
+    thrown = []
+    if wasted:
+        thrown.append(f"{wasted:,} decoded for cut turns")
+    if discarded:
+        thrown.append(f"{discarded:,} in the finished turns of trajectories not trained")
     table.add_row("aborted", f"{sm['aborted_stale']} stale · {sm['aborted_redundant']} redundant · "
                              f"{sm['env_failures']} env failures"
                              + (f" · {sm['env_timeouts']} env timeouts" if sm.get("env_timeouts") else "")
-                             + (f" · {wasted:,} tokens decoded for cut turns, wasted "
-                                f"({sm['wasted_token_share']:.1%} of decoded tokens)" if wasted else ""))
+                             + (f" · tokens wasted: {' and '.join(thrown)} ({sm['wasted_token_share']:.1%} of "
+                                "decoded tokens)" if thrown and sm.get("wasted_token_share") is not None else ""))
     for pool, c in (sm.get("env_cores") or {}).items():
         wait = f" · envs waited {c['mean_wait_s']:.1f} s for cores on average" if c["mean_wait_s"] >= 0.05 else ""
         idle = (f" · billed for all {c['cores']:,g} (cluster.cpu_pools.{pool}.cores)"

@@ -578,7 +578,7 @@ class TailProbe:
 
 _EXTENSIVE = ("aborted_stale", "aborted_redundant", "env_failures", "env_call_errors", "routed_fallback", "routed_preferred",
               "kv_preemptions", "serverless_gpu_seconds", "serverless_cold_starts", "serverless_serving_s", "serverless_instance_s",
-              "tokens_per_s")
+              "tokens_per_s", "wasted_tokens", "discarded_tokens")
 
 
 def _with_tail(steps: list[Any], tail: "TailProbe | None") -> tuple[list[Any], float, int]:

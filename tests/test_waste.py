@@ -11,6 +11,7 @@ from rollart.core import mode_config
 from rollart.core.effects import Aborted
 from rollart.core.env_manager import _count_wasted
 from rollart.core.stats import RunStats
+from rollart.core.trajectory import TrajState
 from rollart.plan import load_plan
 from rollart.report import waste_summary
 from rollart.sim.backend import SimBackend
@@ -85,7 +86,30 @@ def test_wasted_tokens_close_the_decode_books(tmp_path: Path) -> None:
         + sum(e.aborted_decoded_tokens for e in out.backend.engines)
     assert sm["wasted_tokens"] > 0
     assert ctl.stats.generated_tokens + sm["wasted_tokens"] == engines_decoded
+    # one turn a trajectory: an aborted one returned nothing before its cut turn
+    assert sm["discarded_tokens"] == 0
     assert sm["wasted_token_share"] == pytest.approx(sm["wasted_tokens"] / engines_decoded)
+
+
+@pytest.mark.parametrize("keep_history", [True, False])
+def test_the_finished_turns_of_untrained_trajectories_are_wasted_too(keep_history: bool) -> None:
+    """Multi-turn tasks: a redundant trajectory aborted at its fifth turn threw its first four away as well
+    (helper-83: the default scenario's line said 6 % of decoded tokens where 25 % was discarded). Counted
+    the same whether the run keeps its trajectories or forgets them as they end."""
+    from tests.conftest import small_plan
+
+    plan = small_plan(["algorithm.steps=4"])
+    backend = SimBackend(plan, mode_config(plan), 0, keep_history=keep_history)
+    sm = backend.run().to_result().summary
+    kept = backend if keep_history else SimBackend(plan, mode_config(plan), 0, keep_history=True)
+    if not keep_history:
+        kept.run()
+    untrained = sum(t.generated_tokens for t in kept.ctl.trajectories
+                    if t.state.terminal and t.state is not TrajState.USED)
+    assert sm["discarded_tokens"] == untrained > 0
+    decoded = backend.ctl.stats.generated_tokens + sm["wasted_tokens"]
+    assert sm["wasted_token_share"] == pytest.approx((sm["wasted_tokens"] + sm["discarded_tokens"]) / decoded)
+    assert sm["discarded_tokens"] > sm["wasted_tokens"]  # here the finished turns outweigh the cut ones
 
 
 def test_a_backend_that_cannot_report_partial_tokens_gives_no_number() -> None:
@@ -94,9 +118,11 @@ def test_a_backend_that_cannot_report_partial_tokens_gives_no_number() -> None:
 
     ctl = Ctl()
     _count_wasted(ctl, Aborted("redundant", 250))
-    assert waste_summary(ctl.stats) == {"wasted_tokens": 250, "wasted_token_share": 0.2}
+    assert waste_summary(ctl.stats) == {"wasted_tokens": 250, "discarded_tokens": 0, "wasted_token_share": 0.2}
+    assert waste_summary(ctl.stats, 125)["wasted_token_share"] == 0.3
     _count_wasted(ctl, Aborted("redundant"))  # the Ray runtime: no partial output
-    assert waste_summary(ctl.stats) == {"wasted_tokens": None, "wasted_token_share": None}
+    assert waste_summary(ctl.stats, 125) == {"wasted_tokens": None, "discarded_tokens": 125,
+                                             "wasted_token_share": None}
     assert Aborted("x").partial_tokens is None and str(Aborted("x", 3)) == "x"
 
 

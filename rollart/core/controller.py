@@ -104,6 +104,7 @@ class Controller:
         self._n_groups = 0
         self._live: dict[int, Trajectory] = {}             # without history: not yet counted
         self._counted = {s.value: 0 for s in TrajState}  # without history: terminal, forgotten
+        self._discarded_tokens = 0  # without history: generated tokens of the forgotten ones never trained
         self.version = 0                 # trainer's policy version (train steps done)
         self.start_version = 0           # > 0 when resumed from a checkpoint
         self.published_version = 0       # newest version every worker has pulled
@@ -324,7 +325,17 @@ class Controller:
         done = [t for t in self._live.values() if t.state.terminal]
         for t in done:
             self._counted[t.state.value] += 1
+            if t.state is not TrajState.USED:
+                self._discarded_tokens += t.generated_tokens
             del self._live[t.id]
+
+    def discarded_tokens(self) -> int:
+        """Tokens generated for the finished turns of trajectories that ended without being trained
+        (aborted redundant or stale, failed): decode work thrown away with them, beside the cut turns'
+        (``stats.wasted_tokens``)."""
+        live = self.trajectories if self.keep_history else self._live.values()
+        return self._discarded_tokens + sum(t.generated_tokens for t in live
+                                            if t.state.terminal and t.state is not TrajState.USED)
 
     def outcome_counts(self) -> dict[str, int]:
         counts = dict(self._counted)

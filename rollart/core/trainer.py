@@ -99,6 +99,9 @@ def run_trainer(ctl: "Controller") -> Proc:
         t_train = ctl.now()
         yield TrainStep(batch, n)
         ctl.version = n + 1
+        # the window moved with the version: admission re-checks it now, so a rollout that must wait for the
+        # new weights (α = 0) is seen waiting from here, not only once they arrive (helper-83: reported idle)
+        ctl.buffer.changed.fire()
         ctl.tracer.trainer_span(f"train step {n}", t_train, ctl.now())
         stale = ctl.buffer.evict_stale(ctl.version)
         if stale:

@@ -744,7 +744,7 @@ class RuntimeOutcome:
         effects = b.driver.effects_handled if hasattr(b, "driver") else 0
         summary: dict[str, Any] = summary_from_steps(steps, b.mode.alpha)
         summary.update(task_share_summary(b.plan, steps, ctl.stats, b.mode))
-        summary.update(waste_summary(ctl.stats))
+        summary.update(waste_summary(ctl.stats, ctl.discarded_tokens()))
         summary.update({
             "tokens_per_s": ctl.stats.generated_tokens / elapsed if elapsed else 0.0,
             "gpu_busy_fraction": {p: busy[p] / n[p] for p in busy},
