@@ -516,3 +516,23 @@ def test_trainer_sizes_are_multiples_of_an_explicit_ep_per_stage():
     space = Space.from_plan(_deepseek_v3([{"pool": "h20", "workers": 2, "tp": 8}]), Budget(gpus=1024),
                             alphas=[1], redundancies=[0.0])
     assert space.trainer_gpus == [512]
+
+
+def test_a_winner_with_a_wide_window_says_staleness_is_not_priced():
+    """Speed alone ranks the widest α first (helper-83: α 4 at 1.93 against 1.26 trajectories/s at α 1, every
+    batch trained 4 versions stale): the plan says what the ranking leaves out and how to keep α narrow."""
+    from rollart.planner import Candidate, Evaluation
+    from rollart.planner.report import why_lines
+    from rollart.planner.search import PlanSearch
+
+    def ev(alpha: int) -> Evaluation:
+        c = Candidate("h800", 8, (("h20", 8, 1),), (), alpha, 0.25, SERVERLESS)
+        return Evaluation(c, 3, {"summary": {"mean_staleness": float(alpha), "steady": {
+            "settled": True, "trajectories_per_s": 1.0 + alpha, "breakdown_s_mean": {"generation": 1.0}}}})
+
+    for alpha, said in ((4, True), (1, False)):
+        result = PlanSearch([ev(alpha)], None, [], 1, 3, 0.0, "throughput", Budget(gpus=16), False)
+        lines = [line for line in why_lines(result) if "ranked by speed alone" in line]
+        assert bool(lines) == said
+        if said:
+            assert "4.00 versions stale" in lines[0] and "--alphas 0,1" in lines[0]

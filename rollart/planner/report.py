@@ -189,6 +189,14 @@ def why_lines(result: PlanSearch, top: int = 5) -> list[str]:
         if result.baseline is not None and rows[0].candidate != result.baseline.candidate \
                 and result.baseline.summary:
             out.append(f"#1 {reason(rows[0], result.baseline, 'the scenario placement')}")
+        best_alpha = rows[0].candidate.alpha
+        if best_alpha > 1:  # speed alone favours a wide window; what staleness costs the learning is not priced
+            staleness = rows[0].summary.get("mean_staleness")
+            trained = f", its batches trained {staleness:.2f} versions stale on average" if staleness is not None \
+                else ""
+            out.append(f"#1 α {best_alpha}: ranked by speed alone{trained}; what staleness costs convergence is "
+                       "not modelled (the paper trains at α = 1 for stability); --alphas 0,1 keeps the window "
+                       "narrow")
     return out
 
 
