@@ -335,7 +335,7 @@ def plan(
             space = Space.from_plan(plan_p, budget, step=gpu_step, tps=tps, alphas=alpha_list,
                                     redundancies=redundancy_list, search_affinity=not fixed_affinity,
                                     owned_counts=counts)
-            if space.trainer_overrides:  # a trainer layout the scenario's cannot train (a context too long for it)
+            if space.trainer_overrides:  # the layout every plan trains with, in the plan written and said
                 moved = moved + space.trainer_overrides
                 with sim_request_scale(math.inf if scale_approx else 1.0):
                     plan_p = plan_from_dict(data, moved)

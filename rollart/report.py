@@ -278,8 +278,9 @@ def summary_table(result: RunResult) -> Table:
     table.add_row("aborted", f"{sm['aborted_stale']} stale · {sm['aborted_redundant']} redundant · "
                              f"{sm['env_failures']} env failures"
                              + (f" · {sm['env_timeouts']} env timeouts" if sm.get("env_timeouts") else "")
-                             + (f" · tokens wasted: {' and '.join(thrown)} ({sm['wasted_token_share']:.1%} of "
-                                "decoded tokens)" if thrown and sm.get("wasted_token_share") is not None else ""))
+                             + (f" · tokens wasted: {' and '.join(thrown)}" if thrown else "")
+                             + (f" ({sm['wasted_token_share']:.1%} of decoded tokens)"
+                                if thrown and sm.get("wasted_token_share") is not None else ""))
     for pool, c in (sm.get("env_cores") or {}).items():
         wait = f" · envs waited {c['mean_wait_s']:.1f} s for cores on average" if c["mean_wait_s"] >= 0.05 else ""
         idle = (f" · billed for all {c['cores']:,g} (cluster.cpu_pools.{pool}.cores)"

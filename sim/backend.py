@@ -573,15 +573,17 @@ class SimBackend:
 
     def _kv_pipe(self, sender: GenerationEngine, receiver: GenerationEngine) -> tuple[float, SharedPipe]:
         """(latency s, shared pipe) of a KV transfer from one PD worker to another. In one cluster: the
-        sender's own ports, each GPU of the narrower worker sending its shard through its NIC, shared by
-        that worker's transfers in flight (a receiver taking from several senders at once is not
-        limited). Across clusters: the path between them in that direction, an aggregate rate shared by
-        every transfer crossing it (1/m of it under --scale-approx, which simulates 1/m of them)."""
+        ports of the narrower of the two (the sender's when as wide), each of its GPUs moving its shard
+        through its own NIC, shared by that worker's hand-offs in flight (the wider end's other ports are
+        not its limit; the wider end taking from or sending to several narrow ones at once is not limited).
+        Across clusters: the path between them in that direction, an aggregate rate shared by every
+        transfer crossing it (1/m of it under --scale-approx, which simulates 1/m of them)."""
         workers = self.ctl.proxy.workers
         pools = self.plan.cluster.gpu_pools
         src, dst = pools[sender.pool].cluster, pools[receiver.pool].cluster
-        narrower = min(workers[sender.id].tp, workers[receiver.id].tp)
-        key = ("ports", sender.id, narrower) if src == dst else ("between", src, dst)
+        narrow = receiver if workers[receiver.id].tp < workers[sender.id].tp else sender
+        narrower = workers[narrow.id].tp
+        key = ("ports", narrow.id) if src == dst else ("between", src, dst)
         found = self._kv_pipes.get(key)
         if found is None:
             latency, rate = self.transfer.kv_link(src == dst, narrower)
@@ -776,11 +778,14 @@ class SimOutcome:
 
     def decode_batch_mean(self) -> dict[str, float]:
         """Per generation pool, the sequences an engine iteration decodes on average (Σ batch ÷
-        iterations over its engines): what "GPU busy" (time with any request) does not say, how full
-        the engines ran while busy (a pool 95 % busy at a batch of 3 has most of its decode rate left)."""
+        iterations over its engines that decode: PD prefill workers are left out): what "GPU busy" (time
+        with any request) does not say, how full the engines ran while busy (a pool 95 % busy at a batch
+        of 3 has most of its decode rate left)."""
         rows: dict[str, int] = {}
         its: dict[str, int] = {}
-        for e in self.backend.engines:
+        for e, w in zip(self.backend.engines, self.backend.ctl.proxy.workers):
+            if w.role == "prefill":
+                continue
             rows[e.pool] = rows.get(e.pool, 0) + e.decode_rows
             its[e.pool] = its.get(e.pool, 0) + e.it
         return {pool: rows[pool] / its[pool] for pool in rows if its[pool]}

@@ -92,7 +92,7 @@ def test_the_ring_hides_behind_long_attention_as_nemo_measured_up_to_a_million_t
         link = tp_allreduce("H100", H100, cp, None, gpus, stride=tp) if cp > 1 else None
         c = TrainCost(LLAMA2_7B, H100, trainer, cp_link=link)
         lens = [seq] * dp * 64  # many micro-batches a rank: the pp-2 row's bubble 1/65
-        exposed = c._cp_exposed_s(seq * 64, 64, seq * seq * 64) if cp > 1 else 0.0
+        exposed = c._cp_sequence_s(seq) if cp > 1 else 0.0
         return _compute_s(c, lens) * gpus / sum(lens), exposed
 
     base, _ = per_token(4)
@@ -112,6 +112,19 @@ def test_the_ring_shows_where_the_attention_is_too_short_to_hide_it() -> None:
 
     assert step(4, 1024) > 1.4 * step(1, 1024)
     assert step(4, 131072) == pytest.approx(step(1, 131072), rel=0.01)
+
+
+def test_each_sequence_hides_its_ring_behind_its_own_attention_only() -> None:
+    """One rank (tp 4 · cp 4 on 16 H800) training fifteen 1K-token sequences and one of 128K: the long
+    sequence's attention cannot hide the short ones' ring steps (they run as their own micro-batches), so
+    the rank's time is the long one's plus the short ones' (helper-85: summed over the rank, the 128K
+    sequence's attention hid the 1K ones' exposed 0.42 s)."""
+    c = train_cost(QWEN8, H800, _trainer(gpus=16, tp=4, cp=4), "H800")
+    fixed = c.step_time([]) + c.dp_sync_s  # the optimizer step (no compute: no sync either)
+    shorts, long = [1024] * 15, [131072]
+    assert c.step_time(shorts) - fixed > 1.3 * (train_cost(QWEN8, H800, _trainer(gpus=16, tp=4), "H800")
+                                                 .step_time(shorts[:4]) - fixed)  # the ring shows at 1K
+    assert c.step_time(shorts + long) - c.step_time(long) == pytest.approx(c.step_time(shorts) - fixed, rel=1e-9)
 
 
 def test_cp_splits_the_tp_all_reduces_and_the_gradient_ring_keeps_dp_times_cp_members() -> None:

@@ -63,6 +63,8 @@ def test_pd_disaggregation_routes_prefill_and_decode_to_their_roles() -> None:
     assert all(e.prefill_tokens > 0 for e in prefill)
     assert sum(e.prefill_tokens for e in decode) == 0  # decode workers receive the KV, never prefill
     assert all(e.busy_s > 0 for e in decode)
+    # the decode batch is the decode workers': prefill-only h800 has none (it read 0.0, helper-85)
+    assert set(out.to_result().summary["decode_batch_mean"]) == {"h20"}
 
 
 PD_ACROSS = ["placement.pd_disaggregation=true", "algorithm.steps=4", "cluster.gpu_pools.h800.count=12",
@@ -211,3 +213,16 @@ def test_at_alpha_zero_the_asynchronous_transfer_the_rollout_waits_for_is_weight
     steps = run_sim(small_plan(["algorithm.alpha=0", "algorithm.steps=4"]), "rollart").to_result().steps
     for s in steps[1:]:
         assert s.breakdown_s["weight_sync"] > 1.0 and s.breakdown_s["idle"] < 0.1, s.breakdown_s
+
+
+def test_pd_hand_offs_inside_a_cluster_go_through_the_narrower_workers_ports() -> None:
+    """A tp-2 prefill worker handing KV to tp-1 decode workers in the same cluster: each hand-off is limited
+    by its decode worker's one port, not the prefill worker's (helper-85: all of them shared one port's
+    rate keyed on the sender)."""
+    out = run_sim(small_plan(["placement.pd_disaggregation=true", "cluster.gpu_pools.h20.cluster=train",
+                              "placement.generation=[{pool: h800, workers: 2, tp: 2, role: prefill},"
+                              " {pool: h20, workers: 8, tp: 1, role: decode}]"]), "rollart")
+    decoders = {w.id for w in out.backend.ctl.proxy.workers if w.role == "decode"}
+    ports = [k for k in out.backend._kv_pipes if k[0] == "ports"]
+    assert ports and all(k[1] in decoders for k in ports)
+    assert not any(k[0] == "between" for k in out.backend._kv_pipes)

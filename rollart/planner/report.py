@@ -189,7 +189,7 @@ def why_lines(result: PlanSearch, top: int = 5) -> list[str]:
         if result.baseline is not None and rows[0].candidate != result.baseline.candidate \
                 and result.baseline.summary:
             out.append(f"#1 {reason(rows[0], result.baseline, 'the scenario placement')}")
-        best_alpha = rows[0].candidate.alpha
+        best_alpha = getattr(rows[0].candidate, "alpha", 0)
         if best_alpha > 1:  # speed alone favours a wide window; what staleness costs the learning is not priced
             staleness = rows[0].summary.get("mean_staleness")
             trained = f", its batches trained {staleness:.2f} versions stale on average" if staleness is not None \

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from rollart.plan import apply_overrides
 from rollart.planner.space import Budget, Candidate, Space
 from rollart.report import plan_rates
 from rollart.sweep.runner import RayPool, SerialPool
@@ -200,10 +201,13 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
            confirm_seeds: int = 2,
            on_rung: Callable[[str, int], None] | None = None, on_done: Callable[[], None] | None = None) -> PlanSearch:
     """Search ``space`` (see the module docstring). ``base`` is the scenario data the candidates
-    are applied to (overrides already in it); ``pool`` runs the simulations (entered here);
-    ``confirm_seeds``: further seeds the ``finalists`` best are re-run at, ranked by their mean."""
+    are applied to (overrides already in it; the space's ``trainer_overrides`` are applied here);
+    ``pool`` runs the simulations (entered here); ``confirm_seeds``: further seeds the ``finalists``
+    best are re-run at, ranked by their mean."""
     if objective not in OBJECTIVES:
         raise ValueError(f"--objective: unknown objective '{objective}'; objectives are: {', '.join(OBJECTIVES)}")
+    if space.trainer_overrides:  # a trainer layout the scenario's cannot train: every candidate takes it
+        base = apply_overrides(base, space.trainer_overrides)
     t0 = time.perf_counter()
     full = full_steps or int(base["algorithm"]["steps"])
     rng = random.Random(seed)

@@ -375,7 +375,8 @@ class Space:
                     owned=owned, notes=notes, trainer_overrides=trainer_overrides, trainer_notes=trainer_notes)
         if not search_affinity:
             space.affinity_maps = []  # filled per candidate by the heuristic map only
-        space.baseline = space.candidate_from_plan(plan)
+        # the scenario's own placement is the reference, unless its trainer layout cannot train the context
+        space.baseline = None if trainer_overrides else space.candidate_from_plan(plan)
         return space
 
     def candidate_from_plan(self, plan: Plan) -> Candidate | None:

@@ -732,7 +732,7 @@ class RuntimeOutcome:
         for w, s in zip(ctl.proxy.workers, self.worker_stats):
             busy[w.pool] = busy.get(w.pool, 0.0) + min(1.0, s.get("busy_seconds", 0.0) / max(elapsed, 1e-9)) * w.tp
             n[w.pool] = n.get(w.pool, 0) + w.tp
-            if "decode_rows" in s:
+            if "decode_rows" in s and w.role != "prefill":  # PD prefill workers decode nothing
                 r = rows.setdefault(w.pool, [0, 0])
                 r[0], r[1] = r[0] + s["decode_rows"], r[1] + s.get("steps", 0)
         # the trainer's devices count on their pool as the simulator counts them: busy while

@@ -125,7 +125,7 @@ class TrainCost:
     * a MoE with ep > 1 (:func:`trainer_ep`), given ``all_to_all`` = the (α, β, where) of a group
       inside one NVLink domain and of one across domains, the expert-parallel dispatch + combine of
       every MoE layer: 5 · m_r · (stage k's share of the MoE layers) ·
-      :func:`~rollart.sim.costs.moe.all_to_all_s` over a group of ep GPUs each sending its T_r / (m_r · tp)
+      :func:`~rollart.sim.costs.moe.all_to_all_s` over a group of ep GPUs each sending its T_r / (m_r · tp · cp)
       tokens of a micro-batch (sequence parallel splits a rank's tokens over its tp GPUs) to their k experts' GPUs and back, NVLink within the GPU type's
       ``nvlink_domain`` (an HGX node of 8, an NVL72 rack of 72), the cluster's network across domains.
       The ep groups are consecutive GPUs over all the trainer's (a stage is a contiguous block, and ep
@@ -133,7 +133,7 @@ class TrainCost:
       64–79) the worst group's smallest piece sets the off-domain share
       (:func:`~rollart.sim.costs.moe.effective_domain`), and the step waits for that group;
     * cp > 1, given ``cp_link`` = (α s, bytes/s, where) of a ring of cp GPUs tp apart, the context-parallel
-      ring steps of every layer beyond the attention they overlap (:meth:`_cp_exposed_s`); the tp all-reduces
+      ring steps of every layer beyond the attention they overlap (:meth:`_cp_sequence_s`); the tp all-reduces
       and ep all-to-alls above then carry a GPU's 1/cp of the rank's tokens.
 
     Once a step, dp·cp > 1: the data-parallel gradient reduce-scatter (fp32) and weight all-gather (bf16)
@@ -199,7 +199,7 @@ class TrainCost:
             # a tp group all-reduces the activations of its 1/cp of the rank's tokens
             self._allreduce = (calls * alpha, calls * m.hidden * 2.0 * 2 * (tp - 1) / tp / beta / cp)
             self.source += f"; tp {tp} all-reduces on {where}"
-        # (seconds a micro-batch, seconds a rank token) of one layer's context-parallel ring steps, each
+        # (seconds a sequence, seconds a sequence's token) of one ring step of a layer's context-parallel ring
         self._cp_ring: tuple[float, float] | None = None
         if cp > 1 and cp_link is not None:
             alpha, beta, where = cp_link
@@ -247,18 +247,20 @@ class TrainCost:
         w = self._attention_weight if attention_weight is None else attention_weight
         return self._linear_per_token * tokens + w * self._attention_per_sq * squares
 
-    def _ranks(self, seq_lens: list[int]) -> list[tuple[float, int, int, int, int]]:
-        """(work, tokens, sequences, Σ s², longest s) of each data-parallel rank with work (work:
-        :meth:`_work`), sequences dealt longest first to the least-loaded rank (longest-processing-time
-        packing: the busiest rank exceeds an even share by less than its last sequence's work); one
-        sequence a rank when there are no more than ranks."""
+    def _ranks(self, seq_lens: list[int]) -> list[tuple[float, int, int, int, int, float]]:
+        """(work, tokens, sequences, Σ s², longest s, Σ ring exposure) of each data-parallel rank with
+        work (work: :meth:`_work`; ring exposure: :meth:`_cp_sequence_s`, 0 without cp), sequences dealt
+        longest first to the least-loaded rank (longest-processing-time packing: the busiest rank exceeds
+        an even share by less than its last sequence's work); one sequence a rank when there are no more
+        than ranks."""
+        ring = self._cp_sequence_s if self._cp_ring is not None else (lambda s: 0.0)
         if len(seq_lens) <= self.dp:
-            return [(self._work(s, s * s), s, 1, s * s, s) for s in seq_lens]
-        ranks = [(0.0, 0, 0, 0, 0)] * self.dp
+            return [(self._work(s, s * s), s, 1, s * s, s, ring(s)) for s in seq_lens]
+        ranks = [(0.0, 0, 0, 0, 0, 0.0)] * self.dp
         for s in sorted(seq_lens, reverse=True):
-            work, tokens, seqs, squares, longest = ranks[0]
+            work, tokens, seqs, squares, longest, exposed = ranks[0]
             heapq.heapreplace(ranks, (work + self._work(s, s * s), tokens + s, seqs + 1, squares + s * s,
-                                      max(longest, s)))
+                                      max(longest, s), exposed + ring(s)))
         return ranks
 
     def busiest_rank_flops(self, seq_lens: list[int]) -> float:
@@ -285,20 +287,19 @@ class TrainCost:
         pp = self.trainer.pp
         return (pp - 1) / (micro_batches + pp - 1)
 
-    def _stage_comm_s(self, tokens: int, micro_batches: int, squares: int = 0) -> list[float]:
+    def _stage_comm_s(self, tokens: int, micro_batches: int, exposed: float = 0.0) -> list[float]:
         """Seconds a GPU of each pipeline stage of a rank training ``tokens`` in ``micro_batches`` waits
         for its tensor-parallel all-reduces (its layers') and expert-parallel all-to-alls (its MoE
-        layers' share of the model's), not overlapped with compute, and for what of its context-parallel
-        ring steps the attention over ``squares`` (its sequences' squared lengths) does not hide
-        (:meth:`_cp_exposed_s`)."""
+        layers' share of the model's), not overlapped with compute, and for ``exposed`` seconds a layer
+        of context-parallel ring steps its attention does not hide (:meth:`_cp_sequence_s`, summed over
+        its sequences)."""
         layers = self.stage_layers
         t = [0.0] * len(layers)
         if self._allreduce is not None:
             per_micro_batch, per_token = self._allreduce
             one_layer = micro_batches * per_micro_batch + tokens * per_token
             t = [n * one_layer for n in layers]
-        if self._cp_ring is not None:
-            exposed = self._cp_exposed_s(tokens, micro_batches, squares)
+        if exposed:
             t = [a + n * exposed for a, n in zip(t, layers)]
         if self._all_to_all is not None:
             # all_to_all_s takes a whole group's tokens (a "worker" of ep GPUs in ep ranks): each GPU's
@@ -311,35 +312,37 @@ class TrainCost:
             t = [a + whole * share for a, share in zip(t, self._moe_share)]
         return t
 
-    def _cp_exposed_s(self, tokens: int, micro_batches: int, squares: int) -> float:
-        """Seconds one layer's context-parallel ring steps add to a GPU of a rank training ``tokens`` in
-        ``micro_batches`` (sequences' squared lengths summing to ``squares``): each of the cp − 1 steps moves
-        a chunk's keys and values while the GPU computes attention over the chunk it holds, a 1/cp of its
-        attention, so a step costs max(0, c − a/cp) beyond the compute: (cp − 1) · max(0, c − a/cp), c the
-        step's :data:`CP_RING_CALLS` latencies a micro-batch and :data:`CP_KV_CHUNKS` chunks at the ring's
-        rate, a the layer's attention time on the GPU. Long sequences hide it (attention grows with s², the
-        chunk with s); short ones on a slow ring pay it."""
+    def _cp_sequence_s(self, s: int) -> float:
+        """Seconds one layer's context-parallel ring steps add to a GPU for one sequence of ``s`` tokens:
+        each of the cp − 1 steps moves a chunk's keys and values while the GPU computes the attention over
+        the chunk it holds, a 1/cp of its attention, so a step costs max(0, c − a/cp) beyond the compute:
+        (cp − 1) · max(0, c − a/cp), c the step's :data:`CP_RING_CALLS` latencies and :data:`CP_KV_CHUNKS`
+        chunks at the ring's rate, a the layer's attention time for the sequence on the GPU. Each sequence
+        hides its own ring behind its own attention (a micro-batch is one by default; packed ones pay each
+        sequence's latencies): long ones hide it (attention grows with s², the chunk with s), short ones on a
+        slow ring pay it, whatever else the rank trains."""
         cp = self.trainer.cp
-        per_micro_batch, per_token = self._cp_ring
-        step = micro_batches * per_micro_batch + tokens * per_token
-        attention = self._attention_weight * self._attention_per_sq * squares / self.model.layers \
+        per_call, per_token = self._cp_ring
+        attention = self._attention_weight * self._attention_per_sq * s * s / self.model.layers \
             / (self.trainer.tp * cp) / (self._peak / self.trainer.gpus)
-        return (cp - 1) * max(0.0, step - attention / cp)
+        return (cp - 1) * max(0.0, per_call + s * per_token - attention / cp)
 
-    def _comm_s(self, tokens: int, micro_batches: int, squares: int = 0) -> float:
+    def _comm_s(self, tokens: int, micro_batches: int, exposed: float = 0.0) -> float:
         """The busiest stage's communication (pp 1: the rank's)."""
-        return max(self._stage_comm_s(tokens, micro_batches, squares))
+        return max(self._stage_comm_s(tokens, micro_batches, exposed))
 
-    def _stage_s(self, work: float, tokens: int, micro_batches: int, squares: int) -> float:
+    def _stage_s(self, work: float, tokens: int, micro_batches: int, squares: int, exposed: float = 0.0) -> float:
         """Seconds the busiest pipeline stage of a rank computes and communicates for ``tokens`` tokens in
-        ``micro_batches`` micro-batches (pp 1: the rank's whole ``work``, :meth:`_work`)."""
-        comm = self._stage_comm_s(tokens, micro_batches, squares)
+        ``micro_batches`` micro-batches (pp 1: the rank's whole ``work``, :meth:`_work`; ``exposed``: its
+        sequences' ring exposure a layer, :meth:`_cp_sequence_s`)."""
+        comm = self._stage_comm_s(tokens, micro_batches, exposed)
         if self.trainer.pp == 1:
             return self.dp * work / self._peak + comm[0]
         return max(self.dp * self.trainer.pp * f / self._peak + c
                    for f, c in zip(self.stage_flops(tokens, squares, self._attention_weight), comm))
 
-    def _longest_micro_batch_s(self, tokens: int, seqs: int, squares: int, longest: int) -> float:
+    def _longest_micro_batch_s(self, tokens: int, seqs: int, squares: int, longest: int,
+                               exposed: float = 0.0) -> float:
         """The busiest stage's seconds for the rank's longest micro-batch: the one holding its longest
         sequence, with the rest of its :meth:`sequences_per_micro_batch` at the mean of the others (an
         expected value: with ``micro_batches`` set, the data order can pack longer ones beside it)."""
@@ -348,18 +351,21 @@ class TrainCost:
         rest = max(1, seqs - 1)
         mb_tokens = round(longest + others * (tokens - longest) / rest)
         mb_squares = round(longest * longest + others * (squares - longest * longest) / rest)
-        return self._stage_s(self._work(mb_tokens, mb_squares), mb_tokens, 1, mb_squares)
+        own = self._cp_sequence_s(longest) if exposed else 0.0
+        mb_exposed = own + others * max(0.0, exposed - own) / rest
+        return self._stage_s(self._work(mb_tokens, mb_squares), mb_tokens, 1, mb_squares, mb_exposed)
 
-    def _rank_s(self, work: float, tokens: int, seqs: int, squares: int, longest: int) -> float:
+    def _rank_s(self, work: float, tokens: int, seqs: int, squares: int, longest: int,
+                exposed: float = 0.0) -> float:
         """One rank's time at its busiest stage's pace (compute and communication together) plus its pipeline's
         fill and drain: Σ tᵢ + (pp − 1) · max tᵢ over its micro-batches (the makespan of pp identical
         stages in line, whatever their order; with equal micro-batches Σ t / (1 − bubble)). The longest
         micro-batch must cross every stage: with lengths this uneven the mean would undercount it."""
         m = self.micro_batches(seqs)
-        stage = self._stage_s(work, tokens, m, squares)
+        stage = self._stage_s(work, tokens, m, squares, exposed)
         if self.trainer.pp == 1:
             return stage
-        longest_s = max(stage / m, self._longest_micro_batch_s(tokens, seqs, squares, longest))
+        longest_s = max(stage / m, self._longest_micro_batch_s(tokens, seqs, squares, longest, exposed))
         return stage + (self.trainer.pp - 1) * longest_s
 
     def step_time(self, seq_lens: list[int]) -> float:
