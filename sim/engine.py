@@ -418,8 +418,9 @@ class GenerationEngine:
             self._span(f"step: prefill {lead * 1e3:.0f} ms, decode ×{k} (batch {batch})", t0, now)
         if k:  # _advance, inlined: this runs at every command and completion
             self.it += k
-            self.decode_rows += k * len(self.running)
-            self.ctx_sum += k * len(self.running)
+            rows = k * len(self.running)
+            self.decode_rows += rows
+            self.ctx_sum += rows
             if self.cache_tokens > self.capacity - self.ctx_sum:  # the batch grew into the cache
                 self._trim_cache()
         if self._carry == 0 and self._heap and self._heap[0][0] <= self.it:  # something to complete

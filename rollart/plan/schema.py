@@ -549,6 +549,16 @@ class TrainerPlacement(_Strict):
             raise ValueError(f"placement.trainer.mfu_measured_on: unknown GPU type '{self.mfu_measured_on}'")
         return GpuType(**GPU_PRESETS[preset])
 
+    @property
+    def rank_gpus(self) -> int:
+        """GPUs of one data-parallel rank: tp · cp · pp (one model replica, its sequences split over cp)."""
+        return self.tp * self.cp * self.pp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: gpus / (tp · cp · pp), at least one."""
+        return max(1, self.gpus // self.rank_gpus)
+
     def ep_problems(self, model: ModelSpec) -> list[str]:
         """One-line plan errors for an explicit ``ep`` the model or the placement cannot take."""
         if self.ep is None or self.ep == 1:
@@ -884,7 +894,7 @@ def _cross_problems(plan: Plan) -> list[str]:
     if plan.model.max_context_tokens is not None:
         out.append("model.max_context_tokens: read for reward_model only (the judge's window); the policy's "
                    "context is each task's max_context_tokens")
-    rank = p.trainer.tp * p.trainer.cp * p.trainer.pp  # the GPUs of one data-parallel rank
+    rank = p.trainer.rank_gpus
     if p.trainer.gpus % rank:
         named = "tp × cp × pp" if p.trainer.cp > 1 else "tp × pp"
         out.append(f"placement.trainer.gpus: {p.trainer.gpus} is not a multiple of {named} = {rank}")

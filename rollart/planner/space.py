@@ -248,11 +248,11 @@ class Space:
         def trainer_sizes(t: TrainerPlacement) -> tuple[list[int], list[int], int]:
             """(the trainer sizes the budget allows, those whose GPUs hold its state, the step between sizes)."""
             # whole tp·cp·pp-GPU data-parallel ranks; an explicit ep must divide the GPUs of a pipeline stage too
-            whole = _lcm(t.tp * t.cp * t.pp, (t.ep or 1) * t.pp)
+            whole = _lcm(t.rank_gpus, (t.ep or 1) * t.pp)
             unit = _lcm(step, whole)
             # a data-parallel rank needs a sequence of the batch to train: beyond batch · tp · cp · pp GPUs a
             # trainer only idles (a review's 100,000-GPU budget came back as 12,500 ranks for 64 sequences)
-            tmax = min(trainer_max(), plan.algorithm.batch_size * t.tp * t.cp * t.pp)
+            tmax = min(trainer_max(), plan.algorithm.batch_size * t.rank_gpus)
             sizes = sorted({n for n in range(unit, tmax + 1, unit)}
                            | ({t.gpus} if t.gpus <= tmax and t.gpus % whole == 0 else set()))
             if t.profile is not None:  # a measured trainer ran: it holds its state

@@ -184,7 +184,7 @@ class TrainCost:
             linear, attention = self.stages[-1]  # the lm_head, a vocab × hidden GEMM, on the last stage
             self.stages[-1] = (linear + LINEAR_FLOPS_PER_PARAM_TOKEN * m.vocab * m.hidden, attention)
         cp = trainer.cp  # a rank's sequences are split over cp GPUs: each computes 1/cp of their tokens
-        self.dp = max(1, trainer.gpus // (trainer.tp * cp * trainer.pp))
+        self.dp = trainer.dp
         self.mfu, mfu_source = effective_mfu(trainer, gpu, gpu_name)
         self._peak = trainer.gpus * gpu.tflops_bf16 * 1e12 * self.mfu
         tp = trainer.tp
@@ -203,7 +203,7 @@ class TrainCost:
         self._cp_ring: tuple[float, float] | None = None
         if cp > 1 and cp_link is not None:
             alpha, beta, where = cp_link
-            self._cp_ring = (CP_RING_CALLS * alpha, CP_KV_CHUNKS * kv_bytes_per_token(m, tp) / cp / beta)
+            self._cp_ring = (CP_RING_CALLS * alpha, CP_KV_CHUNKS * ring_kv_bytes_per_token(m, tp) / cp / beta)
             self.source += f"; cp {cp} ring attention on {where}, each step beside the attention of the chunk held"
         domain = gpu.nvlink_domain
         self.ep = trainer_ep(m, trainer, domain)
@@ -389,9 +389,10 @@ RECOMPUTED_LAYER_BYTES_PER_TOKEN_HIDDEN = 34
 LOGIT_BYTES = 2 + 4
 
 
-def kv_bytes_per_token(model: ModelSpec, tp: int) -> float:
+def ring_kv_bytes_per_token(model: ModelSpec, tp: int) -> float:
     """Bytes of one layer's keys and values a token has on one of a tensor-parallel group's ``tp`` GPUs in
-    training (BF16): grouped-query attention's kv_heads (at least one a GPU) × head_dim each; MLA trains
+    training (BF16), what a context-parallel ring step moves (not the serving KV cache,
+    ``ModelSpec.kv_bytes_per_token``): grouped-query attention's kv_heads (at least one a GPU) × head_dim each; MLA trains
     non-absorbed, every head with its own key (head_dim + the rotary part) and value (v_head_dim)."""
     if model.mla:
         return 2.0 * model.heads / tp * (model.head_dim + model.qk_rope_head_dim + model.value_head_dim)
@@ -458,8 +459,7 @@ def micro_batch_sequences(trainer: TrainerPlacement, batch_size: int | None = No
     ceil(ceil(batch_size / dp) / micro_batches), dp = gpus / (tp·cp·pp). ``batch_size`` None (not known): one."""
     if batch_size is None:
         return 1
-    dp = max(1, trainer.gpus // (trainer.tp * trainer.cp * trainer.pp))
-    return sequences_per_micro_batch(trainer, math.ceil(batch_size / dp))
+    return sequences_per_micro_batch(trainer, math.ceil(batch_size / trainer.dp))
 
 
 def sequences_per_micro_batch(trainer: TrainerPlacement, seqs: int) -> int:
@@ -500,7 +500,7 @@ def trainer_memory_problems(model: ModelSpec, gpu_name: str, gpu: GpuType, train
     need = trainer_memory_gib(model, trainer, seq_tokens, gpu.nvlink_domain, batch_size)
     per_micro_batch = micro_batch_sequences(trainer, batch_size)
     act = activation_gib(model, trainer, seq_tokens, per_micro_batch)
-    rank = trainer.tp * trainer.cp * trainer.pp  # one data-parallel rank's GPUs
+    rank = trainer.rank_gpus
     fit = next((g for g in (2 ** k for k in range(20))
                 if trainer_fits(model, gpu, trainer.model_copy(update={"gpus": g * rank}),
                                 seq_tokens, batch_size)), None)
