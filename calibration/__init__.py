@@ -147,7 +147,7 @@ def _shipped_kernel_profile(gpu_name: str | None, gpu: "GpuType") -> "Path | Non
 
 def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, profile: str | None = None,  # noqa: ANN201
                     ep: int = 1, network: "Link | None" = None, memory_utilization: float = 0.90,
-                    domain: int | None = None):
+                    domain: int | None = None, bounded: bool = True, fp8_compute: bool = True):
     """The generation cost model for ``tp`` GPUs of type ``gpu_name`` serving ``model``, with ``ep``
     expert-parallel ranks (MoE) whose all-to-all, like the tensor-parallel ring, crosses ``network`` (the
     cluster's link) where a worker does not fit one NVLink domain (the GPU type's ``nvlink_domain``); the
@@ -155,7 +155,14 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     collectives see where it straddles a domain boundary (:func:`~rollart.sim.costs.moe.worker_domain`:
     the backend lays a generation group's workers out as ``tp`` consecutive GPUs each from a domain
     boundary, so of 4 × tp 32 on 128 GPUs of 72-GPU racks the third, on GPUs 64–95, gets 8 and crosses the
-    network); None: the GPU type's ``nvlink_domain`` (a worker alone, from a boundary)."""
+    network); None: the GPU type's ``nvlink_domain`` (a worker alone, from a boundary).
+
+    A shipped kernel profile is held under the same floors as a custom type's (``bounded``; see
+    :func:`custom_generation_cost`): each step at most its price on every preset the type matches or beats in
+    each timing figure, and an FP8 model's at most its price served weight-only. The derived profiles (H100,
+    H200, B200, GB200) borrow the H800's measured FP8 GEMM launch cost (9.6 µs against the H20's 4.6 µs),
+    which alone would price an FP8 MoE's batch-1 decode on them slower than on the H20 they beat in every
+    figure. ``fp8_compute`` False prices FP8 weights weight-only (W8A16) on a profile with FP8 GEMM timings."""
     from rollart.calibration.cost import EngineProfileGeneration, KernelProfileGeneration
     from rollart.calibration.links import inter_node_link, rdma_between_nodes
     from rollart.calibration.profiles import EngineProfile, TrainProfile
@@ -178,7 +185,17 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     if isinstance(loaded, EngineProfile):
         return EngineProfileGeneration(model, gpu, tp, loaded, origin,  # measured end to end: as measured
                                        memory_utilization=memory_utilization, ep=ep)
-    return KernelProfileGeneration(model, gpu, tp, loaded, origin, ep, network, memory_utilization, domain)
+    args = (model, gpu, tp, loaded, origin, ep, network, memory_utilization, domain)
+    if profile is not None or not bounded:  # a profile the user gives is priced as measured
+        return KernelProfileGeneration(*args, fp8_compute=fp8_compute)
+    floors = _dominated_floors(model, gpu, tp, ep, network, memory_utilization, domain)
+    if model.weight_dtype != "bf16" and loaded.fp8_tensor_cores and loaded.gemm_fp8 is not None and fp8_compute:
+        floors.append((f"{gpu_name} served weight-only", KernelProfileGeneration(*args, fp8_compute=False)))
+    if floors:
+        from rollart.calibration.cost import BoundedGeneration
+
+        return BoundedGeneration(*args, floors=floors)
+    return KernelProfileGeneration(*args)
 
 
 def bounding_presets(gpu: "GpuType", fields: tuple[str, ...]) -> list[tuple[str, bool, bool]]:
@@ -196,6 +213,30 @@ def bounding_presets(gpu: "GpuType", fields: tuple[str, ...]) -> list[tuple[str,
     return out
 
 
+def _dominated_floors(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network: "Link | None",
+                      memory_utilization: float, domain: int | None) -> list[tuple[str, object]]:
+    """(name, cost model) of every preset with a shipped kernel profile that ``gpu`` matches or beats in each
+    timing figure ``model``'s steps depend on, priced by its own profile as measured (unbounded) with ``gpu``'s
+    NVLink domain and memory, and for an FP8 model on a preset with FP8 tensor cores also served weight-only.
+    Matching or beating is transitive, so this flat set bounds as a chain of bounded presets would, at one
+    level of cost models."""
+    from rollart.plan.presets import GPU_PRESETS
+
+    fp8 = model.weight_dtype != "bf16"
+    floors = []
+    for preset, below, _ in bounding_presets(gpu, TIMING_FIELDS if fp8 else BF16_TIMING_FIELDS):
+        if not below:
+            continue
+        twin = gpu.model_copy(update={f: GPU_PRESETS[preset].get(f) for f in TIMING_FIELDS})
+        floors.append((preset, generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization,
+                                               domain, bounded=False)))
+        if fp8 and GPU_PRESETS[preset].get("tflops_fp8"):
+            floors.append((f"{preset} served weight-only",
+                           generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization, domain,
+                                           bounded=False, fp8_compute=False)))
+    return floors
+
+
 def _preset_bounds(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network: "Link | None",
                    memory_utilization: float, domain: int | None) -> tuple[list[tuple[str, object]], list[object]]:
     """(floors, ceilings): the cost models of every preset with a shipped kernel profile that ``gpu`` matches
@@ -203,19 +244,17 @@ def _preset_bounds(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network
     less) in each timing figure ``model``'s steps depend on (``BF16_TIMING_FIELDS`` for BF16 weights, else
     ``TIMING_FIELDS``); each priced by its own profile with ``gpu``'s NVLink domain and memory (neither is a
     kernel's speed), so that it differs from the preset only where the plan lays workers out differently
-    (:func:`bounding_presets`)."""
+    (:func:`bounding_presets`); the floors as :func:`_dominated_floors` gives them, weight-only ones too."""
     from rollart.plan.presets import GPU_PRESETS
 
     fields = BF16_TIMING_FIELDS if model.weight_dtype == "bf16" else TIMING_FIELDS
-    floors, above_it = [], []
-    for preset, below, above in bounding_presets(gpu, fields):
-        twin = gpu.model_copy(update={f: GPU_PRESETS[preset].get(f) for f in TIMING_FIELDS})
-        cost = generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization, domain)
-        if below:
-            floors.append((preset, cost))
+    above_it = []
+    for preset, _, above in bounding_presets(gpu, fields):
         if above:
-            above_it.append(cost)
-    return floors, above_it
+            twin = gpu.model_copy(update={f: GPU_PRESETS[preset].get(f) for f in TIMING_FIELDS})
+            above_it.append(generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization, domain,
+                                            bounded=False))
+    return _dominated_floors(model, gpu, tp, ep, network, memory_utilization, domain), above_it
 
 
 def custom_generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, ep: int = 1,  # noqa: ANN201

@@ -63,7 +63,7 @@ _TOKEN_MEMO = 1 << 14  # entries of KernelProfileGeneration._token_terms' memo (
 class KernelProfileGeneration:
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: KernelProfile, origin: str,
                  ep: int = 1, network: Link | None = None, memory_utilization: float = 0.90,
-                 domain: int | None = None):
+                 domain: int | None = None, fp8_compute: bool = True):
         self.model, self.tp, self.ep, self.profile = model, tp, ep, profile
         # GPUs on one NVLink; wider groups cross self._network. ``domain``: this worker's smallest piece
         # where it straddles a domain boundary (moe.worker_domain), else the GPU type's
@@ -134,13 +134,14 @@ class KernelProfileGeneration:
         # reads at the BF16 GEMM's rate: weight-only quantisation).
         if model.weight_dtype == "bf16":
             self._linear, dtype = self._bf16, "BF16 weights"
-        elif profile.gemm_fp8 is not None and profile.fp8_tensor_cores:
+        elif profile.gemm_fp8 is not None and profile.fp8_tensor_cores and fp8_compute:
             self._linear = (dict(profile.gemm_fp8.params), profile.peak_tflops_fp8 * 1e12, FP8_BYTES)
             dtype = "FP8 weights (FP8 GEMM compute)"
-        else:
+        else:  # ``fp8_compute`` False: the engine serves FP8 weights weight-only (W8A16) on FP8 tensor cores too
             self._linear = (dict(profile.gemm.params), self._peak, (2.0, 1.0, 2.0))
-            dtype = ("FP8 weights (no FP8 timings: BF16 compute)" if profile.fp8_tensor_cores
-                     else "FP8 weights (no FP8 tensor cores: BF16 compute)")
+            dtype = ("FP8 weights (no FP8 tensor cores: BF16 compute)" if not profile.fp8_tensor_cores
+                     else "FP8 weights (no FP8 timings: BF16 compute)" if profile.gemm_fp8 is None
+                     else "FP8 weights served weight-only (BF16 compute)")
         # MoE expert layers: the linear layers' terms times the measured grouped ÷ dense GEMM factors
         # (one grouped launch over many small expert weights); e_max and e_mem stay ≤ 1
         self._experts = self._linear

@@ -66,7 +66,8 @@ def _overview() -> None:
             parts["derived" if c.derived else "measured"].append(label)
         fe = profile.fit_error
         table.add_row(name, f"{profile.gpu} kernels",
-                      f"prefill {_pct(fe.prefill_mape_heldout)} · decode {_pct(fe.decode_mape_heldout)}",
+                      f"prefill {_pct(fe.prefill_mape_heldout)} · decode {_pct(fe.decode_mape_heldout)}"
+                      + ("" if parts["measured"] else " (other GPUs' rows)"),
                       f"measured: {', '.join(parts['measured']) or 'none'} · derived: "
                       f"{', '.join(parts['derived']) or 'none'} · assumed: iteration overhead "
                       f"{profile.iteration_overhead_s * 1e3:g} ms")
@@ -182,6 +183,9 @@ def show(name: Optional[str] = typer.Argument(None, help="a shipped profile (h80
                       f"{profile.peak_tflops_bf16:g} TFLOP/s BF16, {profile.hbm_tbps:g} TB/s")
         for term, dtype, how in term_lines(profile):
             console.print(f"[bold]term[/] {term}: dtype {dtype} · {how}", soft_wrap=True, highlight=False)
+        bound = _floors_line(profile.gpu)
+        if bound:
+            console.print(f"[bold]floors[/]: {bound}", soft_wrap=True, highlight=False)
     console.print(f"[bold]source[/]: {profile.source}")
     for a in profile.assumptions:
         console.print(f"[bold]assumption[/]: {a}", soft_wrap=True)
@@ -193,6 +197,29 @@ def show(name: Optional[str] = typer.Argument(None, help="a shipped profile (h80
         except ValueError as exc:
             _fail(f"--plot: {exc}")
         console.print(f"[dim]wrote {plot}[/]")
+
+
+def _floors_line(gpu_name: str) -> str:
+    """What holds a shipped kernel profile's steps down (``calibration.generation_cost``): the presets its
+    datasheet matches or beats, and for FP8 weights the weight-only path; '' where nothing does."""
+    from rollart.calibration import BF16_TIMING_FIELDS, TIMING_FIELDS, bounding_presets
+    from rollart.plan.presets import GPU_PRESETS, canonical_gpu
+    from rollart.plan.schema import GpuType
+
+    preset = canonical_gpu(gpu_name)
+    if preset is None:
+        return ""
+    gpu = GpuType(**GPU_PRESETS[preset])
+    parts = []
+    bf16, fp8 = ([p for p, below, _ in bounding_presets(gpu, fields) if below]
+                 for fields in (BF16_TIMING_FIELDS, TIMING_FIELDS))
+    for label, beaten in ((("BF16 and FP8", bf16),) if bf16 == fp8 else (("BF16", bf16), ("FP8", fp8))):
+        if beaten:
+            parts.append(f"{label} weights: each step at most its price on {', '.join(beaten)} (every timing "
+                         "figure matched or beaten)")
+    if gpu.tflops_fp8:
+        parts.append("FP8 weights: at most their price served weight-only (BF16 compute, 1-byte weight reads)")
+    return "; ".join(parts)
 
 
 @calibrate_app.command()

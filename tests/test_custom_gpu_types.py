@@ -179,3 +179,65 @@ def test_a_sheet_no_preset_bounds_is_its_references_composition() -> None:
     small = GpuType(tflops_bf16=120, tflops_fp8=240, hbm_tbps=0.9, memory_gb=48, nvlink_gbps=100)
     slow = generation_cost(m, "L20ish", small, 1)
     assert "at least on the presets that beat it" in slow.source
+
+
+def _beaten(preset: str, fp8: bool) -> list[str]:
+    """The presets with a shipped profile that ``preset`` matches or beats in every timing figure."""
+    from rollart.calibration import BF16_TIMING_FIELDS, bounding_presets
+    fields = TIMING_FIELDS if fp8 else BF16_TIMING_FIELDS
+    return [p for p, below, _ in bounding_presets(GpuType(**GPU_PRESETS[preset]), fields) if below]
+
+
+SHIPPED_PAIRS = [(a, b, dtype) for dtype in ("bf16", "fp8") for a in MEASURED for b in _beaten(a, dtype == "fp8")]
+
+
+@pytest.mark.parametrize(("preset", "beaten", "dtype"), SHIPPED_PAIRS)
+@pytest.mark.parametrize(("model", "tp"), [("Qwen3-8B", 1), ("Qwen3-8B", 8), ("Qwen3-30B-A3B", 8),
+                                           ("Qwen3-32B", 4)])
+def test_a_shipped_preset_is_never_priced_slower_than_one_it_beats(preset, beaten, dtype, model, tp) -> None:
+    """A shipped preset at least as good as another in every timing figure (H200 and the H20, B200 and the
+    H100, ...) prices no step slower than it. Before, the derived H100/H200/B200/GB200 profiles kept the
+    H800's measured FP8 GEMM launch cost (9.6 µs against the H20's 4.6 µs) with no floor: Qwen3-30B-A3B in
+    FP8 at tp 8 decoded a batch of 1 in 6.92 ms on an H200 against 6.24 ms on the H20, and 202 such pairs
+    of steps were priced the wrong way round."""
+    m = _spec(model, dtype)
+    mine = generation_cost(m, preset, GpuType(**GPU_PRESETS[preset]), tp)
+    theirs = generation_cost(m, beaten, GpuType(**GPU_PRESETS[beaten]), tp)
+    for a, b in zip(_steps(mine), _steps(theirs)):
+        assert a <= b * TOL
+
+
+@pytest.mark.parametrize("preset", [p for p in MEASURED if GPU_PRESETS[p].get("tflops_fp8")])
+@pytest.mark.parametrize(("model", "tp"), [("Qwen3-8B", 1), ("Qwen3-8B", 8), ("Qwen3-30B-A3B", 8)])
+def test_a_shipped_presets_fp8_weights_are_never_slower_than_its_bf16_weights(preset, model, tp) -> None:
+    """FP8 weights halve the bytes a weight-bound step reads; an engine that finds the FP8 GEMM's launch
+    slower than the weight read it saves serves them weight-only (BF16 compute, 1-byte reads), so no step
+    of an FP8 model is slower than the same BF16 model's. Before, Qwen3-30B-A3B on a B200 at tp 8 decoded a
+    batch of 1 in 6.88 ms in FP8 against 6.35 ms in BF16; the source names the weight-only floor."""
+    gpu = GpuType(**GPU_PRESETS[preset])
+    fp8 = generation_cost(_spec(model, "fp8"), preset, gpu, tp)
+    bf16 = generation_cost(_spec(model, "bf16"), preset, gpu, tp)
+    for a, b in zip(_steps(fp8), _steps(bf16)):
+        assert a <= b * TOL
+    assert f"{preset} served weight-only" in fp8.source
+
+
+def test_a_profile_the_user_gives_is_priced_as_measured() -> None:
+    """The floors hold the shipped profiles to their datasheets; a kernel profile named in the plan is the
+    user's own measurement and is priced as it is, unbounded."""
+    from rollart.calibration.cost import KernelProfileGeneration
+    m = _spec("Qwen3-30B-A3B", "fp8")
+    path = str(shipped_profile_path("H200"))
+    cost = generation_cost(m, "H200", GpuType(**GPU_PRESETS["H200"]), 8, path)
+    assert type(cost) is KernelProfileGeneration and "at most its price" not in cost.source
+
+
+def test_calibrate_show_names_the_floors_a_shipped_profile_is_held_under() -> None:
+    """`rollart calibrate show b200` says which presets hold its steps down and that FP8 weights may be
+    served weight-only; a preset that beats none (H800) names the weight-only floor alone."""
+    from rollart.cli_calibrate import _floors_line
+    b200 = _floors_line("B200")
+    assert "at most its price on H800, H20, H100, H200, A100" in b200 and "served weight-only" in b200
+    assert _floors_line("H800") == ("FP8 weights: at most their price served weight-only (BF16 compute, 1-byte "
+                                    "weight reads)")
+    assert _floors_line("A100") == ""  # no FP8 tensor cores, beats no preset
