@@ -185,12 +185,13 @@ def test_ep_is_validated_against_gpus_and_experts() -> None:
            "vocab: 1000, moe_experts: 8, moe_active_experts: 2}")
     assert small_plan([moe, "placement.generation.0.ep=2"]).placement.generation[0].ep == 2
     six = moe.replace("moe_experts: 8", "moe_experts: 6")
-    for overrides in ([moe, "placement.generation.0.ep=4"],  # generation 0 has tp 2
-                      [six, "placement.generation.0.tp=4", "placement.generation.0.ep=4"],  # 4 ∤ 6 experts
-                      ["placement.generation.0.ep=2"]):  # the default model is dense
+    for overrides, words in (([moe, "placement.generation.0.ep=4"], "must divide"),  # generation 0 has tp 2
+                             ([six, "placement.generation.0.tp=4", "placement.generation.0.ep=4"], "6 experts"),
+                             (["placement.generation.0.ep=2"], "is dense (no experts to split)")):  # dense default
         with pytest.raises(PlanError) as err:
             small_plan(overrides)
-        assert [p for p in err.value.problems if p.startswith("placement.generation.0.ep: ")], err.value.problems
+        assert [p for p in err.value.problems if p.startswith("placement.generation.0.ep: ") and words in p], \
+            err.value.problems
 
 
 @pytest.mark.parametrize("profile", ["datasheet", None])

@@ -903,9 +903,12 @@ def _cross_problems(plan: Plan) -> list[str]:
     for i, g in enumerate(p.generation):
         if plan.model.heads % g.tp:
             out.append(f"placement.generation.{i}.tp: {g.tp} does not divide the model's {plan.model.heads} heads")
-        if g.ep > 1 and (not plan.model.moe_experts or g.tp % g.ep or plan.model.moe_experts % g.ep):
+        if g.ep > 1 and not plan.model.moe_experts:
+            out.append(f"placement.generation.{i}.ep: {g.ep} expert-parallel ranks, but {plan.model.name} is dense "
+                       "(no experts to split): set ep 1 or leave it out")
+        elif g.ep > 1 and (g.tp % g.ep or plan.model.moe_experts % g.ep):
             out.append(f"placement.generation.{i}.ep: {g.ep} must divide the worker's {g.tp} GPUs (tp) and the model's "
-                       f"{plan.model.moe_experts} experts" + ("" if plan.model.moe_experts else " (a dense model has none)"))
+                       f"{plan.model.moe_experts} experts")
     if p.pd_disaggregation:
         roles = {g.role for g in p.generation}
         if "prefill" not in roles or "decode" not in roles:
