@@ -107,8 +107,17 @@ class SimBackend:
         self.tracer = tracer or NullTracer()
         # keep_history=False: memory follows what is in flight (ctl.trajectories/batches stay empty)
         # the clock, read at every effect: getattr(env, "_now") through C calls only (= env.now)
+        # the dedicated judges' busy seconds at each step's end, so their utilisation can be read over the
+        # steps a run's step time is (the steady window), not only over the whole run
+        self.judge_busy_at_step: list[float] = []
+
+        def step_ended(record: StepRecord) -> None:
+            self.judge_busy_at_step.append(sum(e.busy_until(self.env.now) for e in self.judges))
+            if on_step is not None:
+                on_step(record)
+
         self.ctl = Controller(plan, mode, clock=partial(getattr, self.env, "_now"), tracer=self.tracer,
-                              on_step=on_step, keep_history=keep_history)
+                              on_step=step_ended, keep_history=keep_history)
         self.tail = TailProbe(self.ctl, self.scale) if self.scale > 1 else None  # the tail the subset misses
         self.envs = EnvModel(seed)
         self.effects_handled = 0
@@ -797,6 +806,19 @@ class SimOutcome:
             return None
         return sum(min(e.busy_until(t), t) for e in b.judges) / (len(b.judges) * t)
 
+    def reward_gpu_busy_steady_fraction(self, from_step: int) -> float | None:
+        """The dedicated judges' busy share over the steps from ``from_step`` on (the summary's steady window,
+        what its step time and throughput are read over)."""
+        b = self.backend
+        steps, snaps = b.ctl.stats.steps, b.judge_busy_at_step
+        first = next((i for i, r in enumerate(steps) if r.step >= from_step), None)
+        if not b.judges or first is None or len(snaps) != len(steps):
+            return None
+        span = steps[-1].end_s - steps[first].start_s
+        if span <= 0:
+            return None
+        return (snaps[-1] - (snaps[first - 1] if first else 0.0)) / (len(b.judges) * span)
+
     def serverless_gpu_seconds(self) -> float:
         return self.backend.serverless.billed_s if self.backend.serverless else 0.0
 
@@ -825,6 +847,7 @@ class SimOutcome:
             "gpu_busy_fraction": self.gpu_busy_fraction(),
             "decode_batch_mean": self.decode_batch_mean(),
             "reward_gpu_busy_fraction": self.reward_gpu_busy_fraction(),
+            "reward_gpu_busy_steady_fraction": self.reward_gpu_busy_steady_fraction(summary["steady"]["from_step"]),
             "serverless_gpu_seconds": self.serverless_gpu_seconds(),
             "serverless_cold_starts": b.serverless.cold_starts if b.serverless else 0,
             # of the billed GPU·s, those serving calls (the rest: cold starts, and idle warm time when

@@ -46,6 +46,12 @@ def test_reward_gpus_are_placed_exactly_when_the_mode_sends_reward_to_them(overr
     if notes:
         who = f"mode {mode}" if r.where == "dedicated" else "placement.reward.where=serverless"
         assert notes[0].startswith(f"placement.reward.gpus=4: {who} sends") and "not placed or billed" in notes[0]
+    # a plan that asks for a serverless judge but keeps GPUs a baseline judges on is told so: before, Sync and
+    # AReaL-style judged on them and billed them without a word
+    where = [n for n in unused_settings(plan, cfg) if n.startswith("placement.reward.where")]
+    assert len(where) == (used and r.where == "serverless")
+    if where:
+        assert f"mode {mode} judges on the plan's dedicated GPUs" in where[0] and "gpus=0" in where[0]
 
 
 def test_a_plan_only_check_counts_them_and_a_run_without_a_mode_is_the_plans_own():

@@ -841,3 +841,27 @@ def test_runner_watchdog_spares_a_slow_but_computing_simulation():
         while time.monotonic() < end:  # a 10 % duty cycle: 5 ms of CPU every 50 ms
             _spin_cpu(0.005)
             time.sleep(0.045)
+
+
+def test_judge_utilisation_is_checked_over_the_steady_steps_and_per_trajectory():
+    """The §2 judge check reads the judges' busy share over the steps its step time is read over (the run's
+    steady window), not the whole run: 4 steps whose first an env timeout stretched gave 2.7 % whole-run and
+    4.6 % steady. The per-trajectory row divides the draw of timeouts out: share × 4 GPUs ÷ throughput, beside
+    the paper's 0.85 (366 s step) and 1.19 (513 s) judge GPU·s a trajectory."""
+    from rollart.report import RunResult
+    from rollart.reproduce.experiments.reward import SWE_PROFILE_JUDGED, _analyse_reward
+
+    recs = [_rec(0, 0, 1500, trajs=128), _rec(1, 1500, 1900, trajs=128), _rec(2, 1900, 2300, trajs=128)]
+    summary = {"reward_gpu_busy_fraction": 0.027, "reward_gpu_busy_steady_fraction": 0.046}
+    o = Outcome(Variant("v", "x", "sync", SWE_PROFILE_JUDGED, params={"config": "sync-swe-profile"}), None,
+                RunResult("s", "sync", 0, "sim", recs, summary), None, 0.0, 3)
+    section = _analyse_reward([o])
+    check = next(c for c in section.checks if "judge utilisation" in c.figure)
+    assert check.simulated == "4.6 %" and check.deviation == pytest.approx(0.046 / 0.074 - 1)
+    row = next(r for r in section.comparison.rows if r[0].startswith("judge GPU·s per judged trajectory"))
+    assert row[1].startswith(f"{0.046 * 4 / (256 / 800):.2f} · ")  # throughput over steps 1-2: 256 in 800 s
+    assert "0.85" in row[2] and "1.19" in row[2]
+    # a result written before the steady figure existed falls back to the whole run's
+    del summary["reward_gpu_busy_steady_fraction"]
+    old = next(c for c in _analyse_reward([o]).checks if "judge utilisation" in c.figure)
+    assert old.simulated == "2.7 %"

@@ -19,6 +19,25 @@ def test_dedicated_reward_gpus_queue_judge_calls_and_report_busy_fraction() -> N
     assert result.summary["serverless_gpu_seconds"] == 0
 
 
+def test_judge_utilisation_is_read_over_the_steps_the_step_time_is() -> None:
+    """The steady figure covers the steps past the first, as the step time and throughput do: the judges'
+    busy seconds at each step's end are kept, and the window's share is their difference over its span. A
+    run whose first step an env timeout stretched (the §2 SWE step's) read 2.7 % over the whole run and
+    4.6 % over the steps its step time was read over; the reproduce check compared the first with the
+    second's step time."""
+    out = run_sim(small_plan([*DEDICATED, "algorithm.steps=4"]), "sync")
+    sm = out.to_result().summary
+    steps, snaps = out.backend.ctl.stats.steps, out.backend.judge_busy_at_step
+    assert len(snaps) == len(steps) == 4 and snaps == sorted(snaps) and snaps[-1] > 0
+    first = sm["steady"]["from_step"]
+    assert first == 1
+    window = (snaps[-1] - snaps[first - 1]) / (4 * (steps[-1].end_s - steps[first].start_s))
+    assert sm["reward_gpu_busy_steady_fraction"] == pytest.approx(window)
+    whole = snaps[-1] / (4 * steps[-1].end_s)
+    assert sm["reward_gpu_busy_fraction"] == pytest.approx(whole)
+    assert sm["reward_gpu_busy_steady_fraction"] != pytest.approx(whole)  # the two windows differ here
+
+
 def test_serverless_reward_cold_starts_and_bills_gpu_seconds() -> None:
     out = run_sim(small_plan(), "rollart")
     platform = out.backend.serverless

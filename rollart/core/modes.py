@@ -120,6 +120,10 @@ def unused_settings(plan: Plan, mode: ModeConfig) -> list[str]:
             who = f"mode {mode.name}" if r.where == "dedicated" else "placement.reward.where=serverless"
             why = f"{who} sends LLM-judge calls to the serverless platform"
         notes.append(f"placement.reward.gpus={r.gpus}: {why}; the {r.gpus} {r.pool} GPUs are not placed or billed")
+    elif r.gpus > 0 and r.where == "serverless":  # used: the baselines judge on dedicated GPUs the plan places
+        notes.append(f"placement.reward.where=serverless: mode {mode.name} judges on the plan's dedicated GPUs "
+                     f"({r.gpus} {r.pool}, placement.reward.gpus), as its baseline does; set "
+                     "placement.reward.gpus=0 to judge serverless")
     for t in plan.tasks:  # a cache for images that are never pulled: the calibrated reset already holds the pull
         if t.env.image_cache_hit > 0 and t.env.image_gb <= 0:
             pool = t.env.pool or next(iter(plan.cluster.cpu_pools), "<pool>")

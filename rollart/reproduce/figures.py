@@ -22,6 +22,13 @@ def steady(o: Outcome) -> list[StepRecord]:
     return [r for r in o.records if r.step >= first]
 
 
+def busy_share(o: Outcome) -> float | None:
+    """The dedicated judges' busy share over the steps the step time is read over (the steady window);
+    a result without that figure (written before it existed): over the whole run."""
+    steady = o.summary.get("reward_gpu_busy_steady_fraction")
+    return steady if steady is not None else o.summary.get("reward_gpu_busy_fraction")
+
+
 def mean(xs: Iterable[float]) -> float:
     xs = list(xs)
     return sum(xs) / len(xs) if xs else math.nan

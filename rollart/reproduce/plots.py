@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rollart.reproduce.checks import tally  # noqa: E402
-from rollart.reproduce.figures import mean, ratio, share  # noqa: E402
+from rollart.reproduce.figures import busy_share, mean, ratio, share  # noqa: E402
 from rollart.reproduce.model import Outcome  # noqa: E402
 
 COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
@@ -239,7 +239,7 @@ def reward(outs: list[Outcome], path: Path, items: list[tuple[str, str]], thr: C
     util = []
     for k, _ in both:
         o = _find(outs, config=k)
-        u = o.summary.get("reward_gpu_busy_fraction") if o else None
+        u = busy_share(o) if o else None
         util.append(100 * u if u is not None else math.nan)
     colors = [COLORS[0]] * len(items) + [COLORS[1]] * len(util_only)
     b = ax1.bar(range(len(both)), [_nz(u) for u in util], 0.6, color=colors, edgecolor="black", linewidth=0.5)

@@ -750,6 +750,7 @@ class RuntimeOutcome:
             "gpu_busy_fraction": {p: busy[p] / n[p] for p in busy},
             "decode_batch_mean": {p: r / k for p, (r, k) in rows.items() if k},
             "reward_gpu_busy_fraction": None,
+            "reward_gpu_busy_steady_fraction": None,
             "aborted_stale": counts["aborted_stale"],
             "aborted_redundant": counts["aborted_redundant"],
             "env_failures": ctl.stats.env_failures,
