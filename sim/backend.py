@@ -328,7 +328,7 @@ class SimBackend:
         plan = self.plan
         cost = generation_cost(plan.reward_model, gpu_name, plan.cluster.gpu_type(gpu_name), tp, profile,
                                network=plan.cluster.links.get("intra_cluster"), domain=domain)
-        judged = max(t.max_context_tokens for t in plan.llm_judged_tasks)
+        judged = max(t.judge_reads(t.max_context_tokens) for t in plan.llm_judged_tasks)
         out = plan.placement.reward.output_tokens
         longest = judge_input_tokens(judged, self.judge_window, out) + out
         if cost.kv_capacity_tokens < longest:
@@ -618,7 +618,8 @@ class SimBackend:
         if task.reward == "rule":
             yield self.env.timeout(self.envs.rule_reward_s(task, traj.id))
             return 0.0  # the simulator models time, not scores (None would mean a failed call)
-        n_in = judge_input_tokens(traj.context_tokens, self.judge_window, self.plan.placement.reward.output_tokens)
+        n_in = judge_input_tokens(task.judge_reads(traj.context_tokens), self.judge_window,
+                                  self.plan.placement.reward.output_tokens)
         if self.serverless is not None:
             yield from self.serverless.call(n_in)
         else:

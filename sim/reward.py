@@ -21,9 +21,10 @@ def judge_window(model: ModelSpec) -> int:
 
 
 def judge_input_tokens(context_tokens: int, window: int = JUDGE_MAX_INPUT_TOKENS, output_tokens: int = 0) -> int:
-    """An LLM judge scores the whole trajectory (prompt, every turn, the answer), so its prompt is
-    the trajectory's context, cut only where the judge's own context ``window`` must still hold the
-    ``output_tokens`` of its verdict (an engine refuses a prompt plus max_tokens past max_model_len)."""
+    """An LLM judge's prompt: the ``context_tokens`` it reads (by default the whole trajectory: prompt, every
+    turn, the answer; a task's ``judge_input_tokens`` where set, ``TaskSpec.judge_reads``), cut only where the
+    judge's own context ``window`` must still hold the ``output_tokens`` of its verdict (an engine refuses a
+    prompt plus max_tokens past max_model_len)."""
     return max(1, min(context_tokens, window - output_tokens))
 
 

@@ -245,3 +245,22 @@ def test_pd_hand_offs_inside_a_cluster_go_through_the_narrower_workers_ports() -
     ports = [k for k in out.backend._kv_pipes if k[0] == "ports"]
     assert ports and all(k[1] in decoders for k in ports)
     assert not any(k[0] == "between" for k in out.backend._kv_pipes)
+
+
+def test_a_task_judge_input_sets_what_each_judge_call_reads() -> None:
+    """An LLM judge reads the whole trajectory unless the task says it reads less (``judge_input_tokens``: the
+    question, a reference and the final answer): the judges' busy time falls with what they read, the window
+    still cuts what is longer, and a rule-scored task refuses the field."""
+    from rollart.sim.reward import judge_input_tokens
+
+    whole = run_sim(small_plan([*DEDICATED, "algorithm.steps=3"]), "sync")
+    short = run_sim(small_plan([*DEDICATED, "algorithm.steps=3", "tasks.GEM-Math.judge_input_tokens=50"]), "sync")
+    busy = [sum(e.busy_s for e in out.backend.judges) for out in (whole, short)]
+    assert 0 < busy[1] < 0.8 * busy[0]
+    task = short.backend.plan.task("GEM-Math")
+    assert task.judge_reads(9_000) == 50 and whole.backend.plan.task("GEM-Math").judge_reads(9_000) == 9_000
+    assert judge_input_tokens(small_plan(["tasks.GEM-Math.judge_input_tokens=99999"]).task("GEM-Math")
+                              .judge_reads(10), 32_768, 64) == 32_768 - 64
+    with pytest.raises(PlanError) as err:
+        small_plan(["tasks.FrozenLake.judge_input_tokens=100"])  # FrozenLake is scored by rules
+    assert any(p.startswith("tasks.FrozenLake") and "judge_input_tokens" in p for p in err.value.problems)

@@ -454,6 +454,10 @@ class TaskSpec(_Strict):
     max_context_tokens: Annotated[int, Field(gt=0, le=10_000_000)] = 32768
     env: EnvSpec
     reward: Literal["rule", "llm_judge"] = "rule"
+    judge_input_tokens: Annotated[int, Field(gt=0, le=10_000_000)] | None = Field(None, description=(
+        "tokens the LLM judge reads per call for this task (llm_judge only): unset, the whole trajectory (prompt, "
+        "every turn, the answer, chains of thought included) up to the judge's window; set it where the judge "
+        "prompt holds less, e.g. the question, a reference answer and the final answer"))
     rule_reward_s: Distribution = Field(
         default_factory=lambda: Constant(value=DEFAULT_RULE_REWARD_S),
         description="seconds a rule reward takes, its env holding its cores meanwhile: a regex or answer check "
@@ -470,7 +474,15 @@ class TaskSpec(_Strict):
         if self.reward != "rule" and self.rule_reward_time_set:
             raise ValueError("rule_reward_s is a rule reward's time; this task's reward is llm_judge (priced by "
                              "the reward model): drop rule_reward_s or set reward: rule")
+        if self.reward == "rule" and self.judge_input_tokens is not None:
+            raise ValueError("judge_input_tokens is what the LLM judge reads; this task's reward is rule: drop "
+                             "judge_input_tokens or set reward: llm_judge")
         return self
+
+    def judge_reads(self, context_tokens: int) -> int:
+        """The tokens the LLM judge reads for a trajectory of ``context_tokens``, before its window cuts them:
+        ``judge_input_tokens`` where set, else the whole trajectory."""
+        return self.judge_input_tokens if self.judge_input_tokens is not None else context_tokens
 
     @field_validator("turns", "prompt_tokens", "obs_tokens", "response_tokens", "rule_reward_s", mode="before")
     @classmethod
