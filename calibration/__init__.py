@@ -145,9 +145,14 @@ def _shipped_kernel_profile(gpu_name: str | None, gpu: "GpuType") -> "Path | Non
     return shipped_profile_path(preset)
 
 
+class StepOverheadOnEngineProfile(ValueError):
+    """A plan states an engine step overhead for GPUs an engine profile prices (it measured its own)."""
+
+
 def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, profile: str | None = None,  # noqa: ANN201
                     ep: int = 1, network: "Link | None" = None, memory_utilization: float = 0.90,
-                    domain: int | None = None, bounded: bool = True, fp8_compute: bool = True):
+                    domain: int | None = None, bounded: bool = True, fp8_compute: bool = True,
+                    step_overhead_s: float | None = None):
     """The generation cost model for ``tp`` GPUs of type ``gpu_name`` serving ``model``, with ``ep``
     expert-parallel ranks (MoE) whose all-to-all, like the tensor-parallel ring, crosses ``network`` (the
     cluster's link) where a worker does not fit one NVLink domain (the GPU type's ``nvlink_domain``); the
@@ -162,14 +167,18 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     each timing figure, and an FP8 model's at most its price served weight-only. The derived profiles (H100,
     H200, B200, GB200) borrow the H800's measured FP8 GEMM launch cost (9.6 µs against the H20's 4.6 µs),
     which alone would price an FP8 MoE's batch-1 decode on them slower than on the H20 they beat in every
-    figure. ``fp8_compute`` False prices FP8 weights weight-only (W8A16) on a profile with FP8 GEMM timings."""
+    figure. ``fp8_compute`` False prices FP8 weights weight-only (W8A16) on a profile with FP8 GEMM timings.
+    ``step_overhead_s``: the engine's fixed cost a step where the plan states it, for the kernel profile's
+    assumed ``iteration_overhead_s`` (the floors take it too); an engine profile measured its own."""
     from rollart.calibration.cost import EngineProfileGeneration, KernelProfileGeneration
     from rollart.calibration.links import inter_node_link, rdma_between_nodes
     from rollart.calibration.profiles import EngineProfile, TrainProfile
     from rollart.sim.costs.gpu import RooflineEfficiency, RooflineGeneration
 
     def roofline() -> RooflineGeneration:
-        return RooflineGeneration(model, gpu, tp, RooflineEfficiency(memory_utilization=memory_utilization),
+        eff = RooflineEfficiency(memory_utilization=memory_utilization) if step_overhead_s is None else \
+            RooflineEfficiency(memory_utilization=memory_utilization, iteration_overhead_s=step_overhead_s)
+        return RooflineGeneration(model, gpu, tp, eff,
                                   ep=ep, network=inter_node_link(network), domain=domain,
                                   rdma=rdma_between_nodes(network))
 
@@ -177,25 +186,31 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
         return roofline()
     path = Path(profile) if profile else _shipped_kernel_profile(gpu_name, gpu)
     if path is None:  # no timings of this GPU: the measured reference's efficiencies on its datasheet
-        return custom_generation_cost(model, gpu_name, gpu, tp, ep, network, memory_utilization, domain)
+        return custom_generation_cost(model, gpu_name, gpu, tp, ep, network, memory_utilization, domain,
+                                      step_overhead_s)
     loaded = _load(str(path.resolve()))
     origin = path.name if profile is None else str(path)
     if isinstance(loaded, TrainProfile):
         raise ValueError(f"{path} is a train profile: give it to placement.trainer.profile, not to a GPU pool")
     if isinstance(loaded, EngineProfile):
+        if step_overhead_s is not None:
+            raise StepOverheadOnEngineProfile(f"{path.name} is an engine profile, measured end to end with its "
+                                              "engine's own step overhead: drop step_overhead_ms or price the pool "
+                                              "with a kernel profile")
         return EngineProfileGeneration(model, gpu, tp, loaded, origin,  # measured end to end: as measured
                                        memory_utilization=memory_utilization, ep=ep)
     args = (model, gpu, tp, loaded, origin, ep, network, memory_utilization, domain)
     if profile is not None or not bounded:  # a profile the user gives is priced as measured
-        return KernelProfileGeneration(*args, fp8_compute=fp8_compute)
-    floors = _dominated_floors(model, gpu, tp, ep, network, memory_utilization, domain)
+        return KernelProfileGeneration(*args, fp8_compute=fp8_compute, step_overhead_s=step_overhead_s)
+    floors = _dominated_floors(model, gpu, tp, ep, network, memory_utilization, domain, step_overhead_s)
     if model.weight_dtype != "bf16" and loaded.fp8_tensor_cores and loaded.gemm_fp8 is not None and fp8_compute:
-        floors.append((f"{gpu_name} served weight-only", KernelProfileGeneration(*args, fp8_compute=False)))
+        floors.append((f"{gpu_name} served weight-only",
+                       KernelProfileGeneration(*args, fp8_compute=False, step_overhead_s=step_overhead_s)))
     if floors:
         from rollart.calibration.cost import BoundedGeneration
 
-        return BoundedGeneration(*args, floors=floors)
-    return KernelProfileGeneration(*args)
+        return BoundedGeneration(*args, floors=floors, step_overhead_s=step_overhead_s)
+    return KernelProfileGeneration(*args, step_overhead_s=step_overhead_s)
 
 
 def bounding_presets(gpu: "GpuType", fields: tuple[str, ...]) -> list[tuple[str, bool, bool]]:
@@ -214,7 +229,8 @@ def bounding_presets(gpu: "GpuType", fields: tuple[str, ...]) -> list[tuple[str,
 
 
 def _dominated_floors(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network: "Link | None",
-                      memory_utilization: float, domain: int | None) -> list[tuple[str, object]]:
+                      memory_utilization: float, domain: int | None,
+                      step_overhead_s: float | None = None) -> list[tuple[str, object]]:
     """(name, cost model) of every preset with a shipped kernel profile that ``gpu`` matches or beats in each
     timing figure ``model``'s steps depend on, priced by its own profile as measured (unbounded) with ``gpu``'s
     NVLink domain and memory, and for an FP8 model on a preset with FP8 tensor cores also served weight-only.
@@ -229,16 +245,17 @@ def _dominated_floors(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, netw
             continue
         twin = gpu.model_copy(update={f: GPU_PRESETS[preset].get(f) for f in TIMING_FIELDS})
         floors.append((preset, generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization,
-                                               domain, bounded=False)))
+                                               domain, bounded=False, step_overhead_s=step_overhead_s)))
         if fp8 and GPU_PRESETS[preset].get("tflops_fp8"):
             floors.append((f"{preset} served weight-only",
                            generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization, domain,
-                                           bounded=False, fp8_compute=False)))
+                                           bounded=False, fp8_compute=False, step_overhead_s=step_overhead_s)))
     return floors
 
 
 def _preset_bounds(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network: "Link | None",
-                   memory_utilization: float, domain: int | None) -> tuple[list[tuple[str, object]], list[object]]:
+                   memory_utilization: float, domain: int | None,
+                   step_overhead_s: float | None = None) -> tuple[list[tuple[str, object]], list[object]]:
     """(floors, ceilings): the cost models of every preset with a shipped kernel profile that ``gpu`` matches
     or beats (floors: no step may cost more) or that matches or beats ``gpu`` (ceilings: no step may cost
     less) in each timing figure ``model``'s steps depend on (``BF16_TIMING_FIELDS`` for BF16 weights, else
@@ -253,13 +270,13 @@ def _preset_bounds(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network
         if above:
             twin = gpu.model_copy(update={f: GPU_PRESETS[preset].get(f) for f in TIMING_FIELDS})
             above_it.append(generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization, domain,
-                                            bounded=False))
-    return _dominated_floors(model, gpu, tp, ep, network, memory_utilization, domain), above_it
+                                            bounded=False, step_overhead_s=step_overhead_s))
+    return _dominated_floors(model, gpu, tp, ep, network, memory_utilization, domain, step_overhead_s), above_it
 
 
 def custom_generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, ep: int = 1,  # noqa: ANN201
                            network: "Link | None" = None, memory_utilization: float = 0.90,
-                           domain: int | None = None):
+                           domain: int | None = None, step_overhead_s: float | None = None):
     """The generation cost model of a GPU type without kernel timings of its own (``generation_cost``'s
     third case): :func:`transfer_reference`'s measured efficiencies on its datasheet, held between the
     presets that bound its datasheet.
@@ -295,15 +312,15 @@ def custom_generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp
         ref_fp8 = GPU_PRESETS[ref].get("tflops_fp8")
         tflops_fp8 = ref_fp8 * gpu.tflops_bf16 / GPU_PRESETS[ref]["tflops_bf16"] if ref_fp8 else None
     moved = _transferred(gpu_name, ref, gpu.tflops_bf16, gpu.hbm_tbps, gpu.nvlink_gbps, tflops_fp8)
-    floors, ceilings = _preset_bounds(model, gpu, tp, ep, network, memory_utilization, domain)
+    floors, ceilings = _preset_bounds(model, gpu, tp, ep, network, memory_utilization, domain, step_overhead_s)
     if fp8 and gpu.tflops_fp8 is not None:
         floors.append((f"{gpu_name} served weight-only",
                        generation_cost(model, gpu_name, gpu.model_copy(update={"tflops_fp8": None}), tp, None, ep,
-                                       network, memory_utilization, domain)))
+                                       network, memory_utilization, domain, step_overhead_s=step_overhead_s)))
     args = (model, gpu, tp, moved, f"{gpu_name} datasheet", ep, network, memory_utilization, domain)
     if floors or ceilings:
-        return BoundedGeneration(*args, floors=floors, ceilings=ceilings)
-    return KernelProfileGeneration(*args)
+        return BoundedGeneration(*args, floors=floors, ceilings=ceilings, step_overhead_s=step_overhead_s)
+    return KernelProfileGeneration(*args, step_overhead_s=step_overhead_s)
 
 
 # GPUs in the ring the shipped NCCL all-reduce fits were measured on (an 8×H100 DGX, calibration.datasets)

@@ -63,8 +63,11 @@ _TOKEN_MEMO = 1 << 14  # entries of KernelProfileGeneration._token_terms' memo (
 class KernelProfileGeneration:
     def __init__(self, model: ModelSpec, gpu: GpuType, tp: int, profile: KernelProfile, origin: str,
                  ep: int = 1, network: Link | None = None, memory_utilization: float = 0.90,
-                 domain: int | None = None, fp8_compute: bool = True):
+                 domain: int | None = None, fp8_compute: bool = True, step_overhead_s: float | None = None):
         self.model, self.tp, self.ep, self.profile = model, tp, ep, profile
+        # the engine's fixed cost a step (scheduling, sampling, launches the CUDA graph does not hide): the
+        # profile's assumption unless the plan states its engine's (placement.generation[].step_overhead_ms)
+        self.step_overhead_s = profile.iteration_overhead_s if step_overhead_s is None else step_overhead_s
         # GPUs on one NVLink; wider groups cross self._network. ``domain``: this worker's smallest piece
         # where it straddles a domain boundary (moe.worker_domain), else the GPU type's
         self._domain = gpu.nvlink_domain if domain is None else domain
@@ -199,6 +202,9 @@ class KernelProfileGeneration:
                           "efficiencies applied to its datasheet" if borrowed else "")
                        + (f", compute at {self._compute_share:g} of them (what {profile.gpu} is measured to sustain "
                           "of its peak, calibration/sustained.py)" if self._compute_share < 1.0 else ""))
+        if step_overhead_s is not None:
+            self.source += f"; engine step overhead {step_overhead_s * 1e3:g} ms (the plan's, for the assumed " \
+                           f"{profile.iteration_overhead_s * 1e3:g})"
         self.source += straddle_note(tp, gpu.nvlink_domain, self._domain)
 
     def _gemms(self, m: float, shapes: list[tuple[float, float]], kind: tuple | None = None) -> float:
@@ -320,7 +326,7 @@ class KernelProfileGeneration:
             gemms += self._rank_extra(new_tokens * (f - 1) / self.ep, new_tokens / self.ep)
             allreduce = self._allreduce(new_tokens, new_tokens * f / self.ep, "normal")
         layers = self.model.layers * (gemms + attn)
-        return (self.profile.iteration_overhead_s + layers + self._gemms(1, self._lm_head, self._bf16)
+        return (self.step_overhead_s + layers + self._gemms(1, self._lm_head, self._bf16)
                 + allreduce)
 
     def mixed_step_time(self, new_tokens: int, attention_pairs: float, decode_batch: int,
@@ -346,7 +352,7 @@ class KernelProfileGeneration:
         if self.ep > 1:  # the busiest rank's prompts and decoding sequences, not an even share
             allreduce = self._allreduce(tokens, new_tokens * f / self.ep + busiest_rank_sequences(decode_batch, self.ep),
                                         "normal")
-        return (self.profile.iteration_overhead_s + self.model.layers * (gemms + attn) + lm_head + allreduce)
+        return (self.step_overhead_s + self.model.layers * (gemms + attn) + lm_head + allreduce)
 
     def _token_terms(self, tokens: float) -> tuple[float, float]:
         """(one layer's linear layers and element-wise kernels, the step's all-reduces and all-to-alls) for a step over
@@ -378,7 +384,7 @@ class KernelProfileGeneration:
             # fixed for the batch (its occupancy term), so the line stays linear in x
             per_token_compute, per_token_memory = self._per_cached_token(batch)
             seqs = busiest_rank_sequences(batch, self.ep)
-            fixed = self.profile.iteration_overhead_s + m.layers * (self._layer_tokens(batch) + p["t0"]
+            fixed = self.step_overhead_s + m.layers * (self._layer_tokens(batch) + p["t0"]
                                                                      + p["t_seq"] * seqs) \
                 + self._gemms(seqs, self._lm_head, self._bf16) + self._allreduce(batch, seqs)
             # attention is compute- or bandwidth-bound per cached token: the larger slope wins
@@ -395,8 +401,9 @@ class BoundedGeneration(KernelProfileGeneration):
     context (:class:`~rollart.sim.costs.gpu.EnvelopeLine`): at most every floor's, and at least every
     ceiling's where that does not break a floor."""
 
-    def __init__(self, *args, floors: list[tuple[str, object]], ceilings: list[object] = ()) -> None:  # noqa: ANN002
-        super().__init__(*args)
+    def __init__(self, *args, floors: list[tuple[str, object]], ceilings: list[object] = (),  # noqa: ANN002
+                 **kwargs) -> None:  # noqa: ANN003
+        super().__init__(*args, **kwargs)
         self._floors = [cost for _, cost in floors]
         self._ceilings = list(ceilings)
         self._bounded_lines: dict[int, EnvelopeLine] = {}

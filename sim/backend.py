@@ -16,7 +16,7 @@ import simpy
 from simpy.core import StopSimulation
 from simpy.events import NORMAL, EventPriority
 
-from rollart.calibration import generation_cost, train_cost
+from rollart.calibration import StepOverheadOnEngineProfile, generation_cost, train_cost
 from rollart.calibration.cost import ProfiledTrainCost
 from rollart.core import Controller, RunAborted, build_workers
 from rollart.core.effects import (Abort, Aborted, AcquireEnv, BroadcastWeights, ComputeReward, EnvClose, EnvOutcome,
@@ -84,6 +84,11 @@ class _ImagePull:
 
     def __init__(self, key: tuple[str, int]):
         self.key, self.proc, self.waiters = key, None, 0
+
+
+def ms_to_s(ms: float | None) -> float | None:
+    """Milliseconds a plan states as seconds; None (unset) stays None."""
+    return None if ms is None else ms / 1e3
 
 
 class SimBackend:
@@ -213,7 +218,9 @@ class SimBackend:
         try:
             cost = generation_cost(plan.model, gpu_name, plan.cluster.gpu_type(gpu_name), g.tp, pool.profile,
                                    g.ep, plan.cluster.links.get("intra_cluster"), g.gpu_memory_utilization,
-                                   domain)
+                                   domain, step_overhead_s=ms_to_s(g.step_overhead_ms))
+        except StepOverheadOnEngineProfile as exc:
+            raise PlanError([f"placement.generation.{gi}.step_overhead_ms: {exc}"]) from None
         except (OSError, ValueError) as exc:
             raise PlanError([f"cluster.gpu_pools.{g.pool}.profile: {exc}"]) from None
         longest = plan.longest_context_tokens
@@ -326,8 +333,12 @@ class SimBackend:
         see, :meth:`_worker_domain`; None: the GPU type's); a plan error naming ``field`` when it cannot hold
         the longest judge call (as a generation worker must hold the longest context)."""
         plan = self.plan
-        cost = generation_cost(plan.reward_model, gpu_name, plan.cluster.gpu_type(gpu_name), tp, profile,
-                               network=plan.cluster.links.get("intra_cluster"), domain=domain)
+        try:
+            cost = generation_cost(plan.reward_model, gpu_name, plan.cluster.gpu_type(gpu_name), tp, profile,
+                                   network=plan.cluster.links.get("intra_cluster"), domain=domain,
+                                   step_overhead_s=ms_to_s(plan.placement.reward.step_overhead_ms))
+        except StepOverheadOnEngineProfile as exc:
+            raise PlanError([f"placement.reward.step_overhead_ms: {exc}"]) from None
         judged = max(t.judge_reads(t.max_context_tokens) for t in plan.llm_judged_tasks)
         out = plan.placement.reward.output_tokens
         longest = judge_input_tokens(judged, self.judge_window, out) + out

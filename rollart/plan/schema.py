@@ -588,6 +588,14 @@ class TrainerPlacement(_Strict):
         return out
 
 
+# An engine's fixed cost a step on a kernel-profile-priced pool (scheduling, sampling, what the CUDA graph does
+# not hide): unset, the profile's assumed iteration_overhead_s (3 ms, vLLM 0.8); set it to the engine's own
+StepOverheadMs = Annotated[float | None, Field(None, ge=0, le=1000, description=(
+    "the engine's fixed milliseconds a step (scheduling, sampling, launches a CUDA graph does not hide) where a "
+    "kernel profile prices the GPUs: unset, the profile's assumed 3 ms (vLLM 0.8); an engine with less host "
+    "work a step (SGLang, ~1.5 ms) sets its own. An engine profile measured its own and refuses it"))]
+
+
 class GenerationGroup(_Strict):
     pool: str
     workers: Count
@@ -600,6 +608,7 @@ class GenerationGroup(_Strict):
         "share of each GPU's memory the engine may use (vLLM's gpu_memory_utilization): weights, activations and "
         "the KV cache; what is left after weights and activations holds the KV cache. 0.90 is vLLM's default; "
         "ROLL's agentic example configs set 0.8"))
+    step_overhead_ms: StepOverheadMs = None
 
 
 class RewardPlacement(_Strict):
@@ -613,6 +622,7 @@ class RewardPlacement(_Strict):
     output_tokens: Annotated[int, Field(gt=0, le=32_768)] = Field(64, description=(
         "tokens the LLM judge writes per call, dedicated or serverless (assumed: a short verdict; ROLL's Qwen2.5-7B "
         "RLVR judge prompt asks for a bare YES or NO, about 2)"))
+    step_overhead_ms: StepOverheadMs = None
 
 
 class Placement(_Strict):
