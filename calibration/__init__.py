@@ -209,8 +209,8 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
     if floors:
         from rollart.calibration.cost import BoundedGeneration
 
-        return BoundedGeneration(*args, floors=floors, step_overhead_s=step_overhead_s)
-    return KernelProfileGeneration(*args, step_overhead_s=step_overhead_s)
+        return BoundedGeneration(*args, floors=floors, fp8_compute=fp8_compute, step_overhead_s=step_overhead_s)
+    return KernelProfileGeneration(*args, fp8_compute=fp8_compute, step_overhead_s=step_overhead_s)
 
 
 def bounding_presets(gpu: "GpuType", fields: tuple[str, ...]) -> list[tuple[str, bool, bool]]:

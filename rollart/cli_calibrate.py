@@ -183,7 +183,10 @@ def show(name: Optional[str] = typer.Argument(None, help="a shipped profile (h80
                       f"{profile.peak_tflops_bf16:g} TFLOP/s BF16, {profile.hbm_tbps:g} TB/s")
         for term, dtype, how in term_lines(profile):
             console.print(f"[bold]term[/] {term}: dtype {dtype} · {how}", soft_wrap=True, highlight=False)
-        bound = _floors_line(profile.gpu)
+        from rollart.calibration.profiles import shipped_profile_path
+
+        shipped = shipped_profile_path(profile.gpu)  # a profile YAML of the user's is priced as measured
+        bound = _floors_line(profile.gpu) if shipped is not None and shipped.resolve() == path.resolve() else ""
         if bound:
             console.print(f"[bold]floors[/]: {bound}", soft_wrap=True, highlight=False)
     console.print(f"[bold]source[/]: {profile.source}")

@@ -110,8 +110,6 @@ class SimBackend:
         self.mode = mode
         self.env = simpy.Environment()
         self.tracer = tracer or NullTracer()
-        # keep_history=False: memory follows what is in flight (ctl.trajectories/batches stay empty)
-        # the clock, read at every effect: getattr(env, "_now") through C calls only (= env.now)
         # the dedicated judges' busy seconds at each step's end, so their utilisation can be read over the
         # steps a run's step time is (the steady window), not only over the whole run
         self.judge_busy_at_step: list[float] = []
@@ -121,6 +119,8 @@ class SimBackend:
             if on_step is not None:
                 on_step(record)
 
+        # keep_history=False: memory follows what is in flight (ctl.trajectories/batches stay empty)
+        # the clock, read at every effect: getattr(env, "_now") through C calls only (= env.now)
         self.ctl = Controller(plan, mode, clock=partial(getattr, self.env, "_now"), tracer=self.tracer,
                               on_step=step_ended, keep_history=keep_history)
         self.tail = TailProbe(self.ctl, self.scale) if self.scale > 1 else None  # the tail the subset misses
@@ -352,7 +352,9 @@ class SimBackend:
             raise PlanError([f"{field}: the reward model {m.name} ({_held_weights(m, 1, tp)}) leaves "
                              f"{cost.kv_capacity_tokens} KV tokens on {tp} × {gpu_name}, less than one {longest}-token "
                              "judge call (the longest judged context, up to the judge's window, plus "
-                             f"placement.reward.output_tokens); raise {field}" + _fp8_hint(m, "reward_model", holds)])
+                             f"placement.reward.output_tokens); raise {field}, or set tasks.<task>."
+                             "judge_input_tokens where the judge reads less than the whole trajectory"
+                             + _fp8_hint(m, "reward_model", holds)])
         return cost
 
     # ---- driving core processes --------------------------------------------------------------

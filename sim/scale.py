@@ -662,6 +662,28 @@ def env_groups_tail_warning(steps: list[Any]) -> str:
             "without --scale-approx for this plan")
 
 
+def _judge_busy_over_corrected_steps(summary: dict, subset: dict, before: list[Any], after: list[Any]) -> None:
+    """The dedicated judges' busy shares over the tail-corrected run: the same busy seconds over the longer
+    spans (the judges are idle in the time the correction adds). The steady share keeps its meaning only
+    while the window starts at the same step; where the correction moved it, the figure is dropped (None)."""
+    if not before or not after:
+        return
+    if subset.get("reward_gpu_busy_fraction") is not None and after[-1].end_s > 0:
+        summary["reward_gpu_busy_fraction"] = subset["reward_gpu_busy_fraction"] * before[-1].end_s / after[-1].end_s
+    steady = subset.get("reward_gpu_busy_steady_fraction")
+    if steady is None:
+        return
+    first_before, first_after = subset["steady"]["from_step"], summary["steady"]["from_step"]
+
+    def span(steps: list[Any], first: int) -> float:
+        start = next((s.start_s for s in steps if s.step >= first), steps[-1].end_s)
+        return steps[-1].end_s - start
+
+    new_span = span(after, first_after)
+    summary["reward_gpu_busy_steady_fraction"] = (steady * span(before, first_before) / new_span
+                                                  if first_before == first_after and new_span > 0 else None)
+
+
 def scale_result(result: Any, full_plan: Plan, m: int, simulated_plan: Plan, tail: "TailProbe | None" = None) -> Any:
     """The simulated 1/m result as the full plan's: extensive figures × m, each batch's wait
     corrected for the tail (``tail``, see :func:`cohort_done_s`), cost on the full plan."""
@@ -687,6 +709,7 @@ def scale_result(result: Any, full_plan: Plan, m: int, simulated_plan: Plan, tai
     if added_s and elapsed:
         summary["tokens_per_s"] = summary["tokens_per_s"] * elapsed / (elapsed + added_s)  # a rate over the longer run
         summary["simulated_s"] = elapsed + added_s
+    _judge_busy_over_corrected_steps(summary, result.summary, result.steps, steps)
     summary["trajectories"] = {k: v * m for k, v in summary["trajectories"].items()}
     if not missing_prices(full_plan, mode) and steps:
         # the subset's peak share of its pool's cores, on the full pool (a plan that writes no cpu_pools is

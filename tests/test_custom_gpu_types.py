@@ -241,3 +241,18 @@ def test_calibrate_show_names_the_floors_a_shipped_profile_is_held_under() -> No
     assert _floors_line("H800") == ("FP8 weights: at most their price served weight-only (BF16 compute, 1-byte "
                                     "weight reads)")
     assert _floors_line("A100") == ""  # no FP8 tensor cores, beats no preset
+
+
+def test_calibrate_show_prints_floors_only_for_the_shipped_profile(tmp_path) -> None:
+    """A copy of a shipped profile given as a YAML is the user's own, priced as measured: no floors line."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    rollart = str(Path(sys.executable).parent / "rollart")
+    mine = tmp_path / "mine.yaml"
+    shutil.copy(shipped_profile_path("B200"), mine)
+    shipped = subprocess.run([rollart, "calibrate", "show", "b200"], capture_output=True, text=True)
+    own = subprocess.run([rollart, "calibrate", "show", str(mine)], capture_output=True, text=True)
+    assert shipped.returncode == own.returncode == 0
+    assert "floors:" in shipped.stdout and "floors:" not in own.stdout

@@ -105,6 +105,13 @@ def test_a_real_run_names_the_fields_only_the_simulator_prices() -> None:
     notes = simulator_only_settings(small_plan([*PULL, "cluster.cpu_pools.env.image_pull_gbps=10",
                                                 "tasks.CodeExec.rule_reward_s=20"]))
     assert [n.split(":")[0] for n in notes] == ["tasks.CodeExec.env.image_gb", "tasks.CodeExec.rule_reward_s"]
+    # the engine's step overhead and what a judge reads are cost-model figures too
+    notes = simulator_only_settings(small_plan(["tasks.GEM-Math.judge_input_tokens=500",
+                                                "placement.generation.1.step_overhead_ms=1.5",
+                                                "placement.reward.step_overhead_ms=2"]))
+    assert [n.split(":")[0] for n in notes] == ["tasks.GEM-Math.judge_input_tokens",
+                                                "placement.generation.1.step_overhead_ms",
+                                                "placement.reward.step_overhead_ms"]
 
 
 def test_gigabyte_pulls_arriving_apart_all_finish() -> None:

@@ -67,6 +67,19 @@ def test_candidates_apply_to_valid_plans_sized_to_what_they_place():
         assert all(plan.placement.hw_affinity[tag] == pool for tag, pool in c.affinity)
 
 
+def test_a_candidate_keeps_the_scenarios_judge_engine_settings():
+    """Where the judge runs is the planner's choice; what its engine is (verdict tokens, calls batched, step
+    overhead) is the scenario's and survives into every candidate, serverless or dedicated. Before, apply
+    rebuilt placement.reward from where/pool/gpus/tp alone and dropped the rest."""
+    judge = ["placement.reward.output_tokens=2", "placement.reward.max_num_seqs=1",
+             "placement.reward.step_overhead_ms=1.5"]
+    space, base = small_space(extra=judge)
+    for c in space.enumerate():
+        if c.reward in (SERVERLESS, ("dedicated", "h20", 2)) and c.alpha == 1 and c.redundancy == 0:
+            r = plan_from_dict(c.apply(base)).placement.reward
+            assert (r.output_tokens, r.max_num_seqs, r.step_overhead_ms) == (2, 1, 1.5), c.label()
+
+
 def test_neighbours_and_random_candidates_stay_within_the_budget():
     space, _ = small_space()
     rng = random.Random(0)

@@ -257,3 +257,24 @@ def test_a_long_run_matches_full_simulation_with_fewer_groups_per_batch() -> Non
                     for s in LONG_APPROX_SEEDS])
     assert approx[0] == pytest.approx(full[0], rel=0.03), "steady step time"
     assert approx[1] == pytest.approx(full[1], rel=0.03), "steady trained tokens per second"
+
+
+def test_judge_busy_shares_follow_the_tail_corrected_steps() -> None:
+    """The correction adds time in which the judges idle: the same busy seconds over the longer spans; where it
+    moved the steady window's first step, the steady share (of another window) is dropped, not carried over."""
+    from rollart.core.stats import StepRecord
+    from rollart.sim.scale import _judge_busy_over_corrected_steps
+
+    def rec(i: int, start: float, end: float) -> StepRecord:
+        return StepRecord(i, start, end, {}, 8, 0, 0.0)
+
+    before = [rec(0, 0, 100), rec(1, 100, 200), rec(2, 200, 300)]
+    after = [rec(0, 0, 100), rec(1, 100, 250), rec(2, 250, 400)]  # 100 s added past the first step
+    subset = {"reward_gpu_busy_fraction": 0.3, "reward_gpu_busy_steady_fraction": 0.2, "steady": {"from_step": 1}}
+    summary = {"steady": {"from_step": 1}}
+    _judge_busy_over_corrected_steps(summary, subset, before, after)
+    assert summary["reward_gpu_busy_fraction"] == pytest.approx(0.3 * 300 / 400)
+    assert summary["reward_gpu_busy_steady_fraction"] == pytest.approx(0.2 * 200 / 300)
+    moved = {"steady": {"from_step": 2}}
+    _judge_busy_over_corrected_steps(moved, subset, before, after)
+    assert moved["reward_gpu_busy_steady_fraction"] is None

@@ -435,3 +435,19 @@ def test_calibrate_show_reads_train_and_step_fitted_engine_profiles(tmp_path: Pa
                            str(tmp_path / "e.png")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "e.png").stat().st_size > 0
+
+
+def test_the_calibrated_plan_drops_a_stated_engine_step_overhead(tmp_path: Path) -> None:
+    """`validate` prices every generation pool with the measured engine profile, which holds its engine's own
+    step overhead: a plan's `step_overhead_ms` (generation groups, and the judge on a swapped pool) is dropped,
+    not refused by the simulator nor counted twice. Before, such a plan could not be validated."""
+    from rollart.calibration.engine_fit import fit_engine_csv
+    from rollart.validate.main import calibrated_plan
+    from tests.test_calibration import _engine_csv
+
+    plan = load_plan(resolve("local/validate-sync"), ["algorithm.steps=2", "placement.generation.0.step_overhead_ms=1.5"])
+    _engine_csv(tmp_path / "e.csv")
+    save_profile(fit_engine_csv(tmp_path / "e.csv", gpu="cpu", model=plan.run_model.name), tmp_path / "e.yaml")
+    sim_plan = calibrated_plan(plan, tmp_path / "e.yaml", _train_profile(tmp_path))
+    assert all(g.step_overhead_ms is None for g in sim_plan.placement.generation)
+    assert run_sim(sim_plan).to_result().error is None

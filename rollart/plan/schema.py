@@ -592,8 +592,9 @@ class TrainerPlacement(_Strict):
 # not hide): unset, the profile's assumed iteration_overhead_s (3 ms, vLLM 0.8); set it to the engine's own
 StepOverheadMs = Annotated[float | None, Field(None, ge=0, le=1000, description=(
     "the engine's fixed milliseconds a step (scheduling, sampling, launches a CUDA graph does not hide) where a "
-    "kernel profile prices the GPUs: unset, the profile's assumed 3 ms (vLLM 0.8); an engine with less host "
-    "work a step (SGLang, ~1.5 ms) sets its own. An engine profile measured its own and refuses it"))]
+    "kernel profile prices the GPUs: unset, the profile's assumed 3 ms (vLLM 0.8; the datasheet roofline, "
+    "profile: datasheet, assumes 4 ms); an engine with less host work a step (SGLang, ~1.5 ms) sets its own. An "
+    "engine profile measured its own and refuses it"))]
 
 
 class GenerationGroup(_Strict):

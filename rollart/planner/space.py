@@ -125,11 +125,14 @@ class Candidate:
         biggest = max(self.gen, key=lambda g: g[1])[0]
         pl["hw_affinity"] = {**{tag: pool for tag, pool in self.affinity}, "default": biggest}
         old_reward = pl.get("reward") or {}
+        # what the judge's engine is (verdict tokens, batching, step overhead) stays the scenario's
+        kept = {k: v for k, v in old_reward.items() if k not in ("where", "pool", "gpus", "tp")}
         if self.reward[0] == "serverless":
-            pl["reward"] = {"where": "serverless"}
+            pl["reward"] = {"where": "serverless", **kept}
         else:
             pl["reward"] = {"where": "dedicated", "pool": self.reward[1], "gpus": self.reward[2],
-                            "tp": int(old_reward.get("tp", 1)) if old_reward.get("where") == "dedicated" else 1}
+                            "tp": int(old_reward.get("tp", 1)) if old_reward.get("where") == "dedicated" else 1,
+                            **kept}
         alg = d["algorithm"]
         alg["alpha"] = self.alpha
         alg["redundancy"] = self.redundancy

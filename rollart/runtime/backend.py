@@ -63,6 +63,15 @@ def simulator_only_settings(plan: Any) -> list[str]:
             notes.append(f"tasks.{t.name}.env.image_gb: a real run's envs pull no image (simulator only)")
         if t.rule_reward_time_set:
             notes.append(f"tasks.{t.name}.rule_reward_s: a real run times its reward functions (simulator only)")
+        if t.judge_input_tokens is not None:
+            notes.append(f"tasks.{t.name}.judge_input_tokens: a real run sends its scorer the trajectory it has "
+                         "(simulator only)")
+    for i, g in enumerate(plan.placement.generation):
+        if g.step_overhead_ms is not None:
+            notes.append(f"placement.generation.{i}.step_overhead_ms: a real run's engines take the steps they "
+                         "take (simulator only)")
+    if plan.placement.reward.step_overhead_ms is not None:
+        notes.append("placement.reward.step_overhead_ms: a real run's judge takes the steps it takes (simulator only)")
     return notes
 
 

@@ -60,6 +60,12 @@ def calibrated_plan(plan: Plan, engine: Path, train: Path, host: Path | None = N
     data = plan.model_dump(mode="json", exclude_unset=True)
     for g in plan.placement.generation:
         data["cluster"]["gpu_pools"][g.pool]["profile"] = str(engine)
+    # the engine profile measured its engine's own step overhead: a stated one would be counted twice
+    for g in data["placement"].get("generation") or []:
+        g.pop("step_overhead_ms", None)
+    reward = data["placement"].get("reward") or {}
+    if reward.get("pool") in {g.pool for g in plan.placement.generation}:
+        reward.pop("step_overhead_ms", None)
     data["placement"]["trainer"]["profile"] = str(train)
     if host is not None and host.is_file():
         measured = yaml.safe_load(host.read_text())

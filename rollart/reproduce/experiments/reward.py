@@ -85,7 +85,7 @@ def _analyse_reward(outs: list[Outcome]) -> Section:
         rows.append([label, fs(step_s(o)), fr(throughput(o)), fp(util, 1) if util is not None else NA,
                      fs(billed / n) if billed else NA, fp(serving) if math.isfinite(serving) else NA,
                      str(o.summary.get("serverless_cold_starts") or NA), f"${cost:.2f}" if cost is not None else NA])
-    table = MdTable(["reward placement", "step s", "traj/s", "reward GPU busy", "serverless GPU·s / step",
+    table = MdTable(["reward placement", "step s", "traj/s", "reward GPU busy (steady steps)", "serverless GPU·s / step",
                      "billed GPU·s serving calls", "cold starts", "cost per 1k trajectories"], rows)
     comparison = MdTable(["quantity", "simulated", "paper"], [
         ["utilisation of 4 dedicated reward GPUs (7B judge), four-task mix",
