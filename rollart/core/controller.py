@@ -114,6 +114,9 @@ class Controller:
         # [start, end] spans in which admission held new rollouts back until the workers served newer
         # weights (end None while open): a slow publish shows as weight sync on the critical path
         self.weights_awaited: list[list[float | None]] = []
+        # the trainer's own blocking syncs of the last few steps, (start, end): seconds already in a step's
+        # weight_sync, which a trajectory held for the weights meanwhile must not count again
+        self.trainer_syncs: deque[tuple[float, float]] = deque(maxlen=8)
         self.rolling = 0                 # trajectories on an env manager (spawned, not yet closed)
         self.env_freed = Signal("env.freed")
         self.finished = False            # the trainer is done, or the backend is stopping the run
@@ -243,7 +246,7 @@ class Controller:
                              f"without one succeeding (last: {traj.error}); check failure_prob and timeout_s")
 
     def record_step(self, n: int, start: float, end: float, groups: list[Group], batch: tuple[Trajectory, ...],
-                    wait_start: float, wait_end: float, sync_s: float, train_s: float) -> None:
+                    wait_start: float, wait_end: float, sync_s: float, train_s: float, pre_sync_s: float = 0.0) -> None:
         # The critical trajectory finished last; among those a gate released together (Sync's reward
         # after the batch) it is the one that waited least at the gate, i.e. the one the gate waited for.
         critical = max(batch, key=lambda t: (round(t.finished_at or 0.0, 3), -_gate_wait(t), t.id))
@@ -253,10 +256,18 @@ class Controller:
             breakdown["idle"] -= awaited
             breakdown["weight_sync"] += awaited
             self.weights_awaited = [w for w in self.weights_awaited if w[1] is None or w[1] > wait_end]
+        if pre_sync_s > 0:  # the trainer's blocking syncs: before get_batch (ROLL's order) or after it
+            self.trainer_syncs.append((wait_start - pre_sync_s, wait_start))
+        if sync_s - pre_sync_s > 0:
+            self.trainer_syncs.append((wait_end, wait_end + sync_s - pre_sync_s))
         if critical.held_for_weights is not None:  # started late for the weights, held before this window
             held_from, held_to = critical.held_for_weights
-            # its gaps inside the window are awaited_on_path's above; what it lost before it is not yet counted
-            before = max(0.0, min(held_to, wait_start) - held_from)
+            # its gaps inside the window are awaited_on_path's above; what it lost before it is not yet counted,
+            # except while the trainer's own blocking sync ran (this step's or an earlier one's): those seconds
+            # are a step's sync_s already (helper-88: a 21.9 s broadcast read as 43.8 s, in two steps' records)
+            end_held = min(held_to, wait_start)
+            before = max(0.0, end_held - held_from) - sum(max(0.0, min(end_held, b) - max(held_from, a))
+                                                         for a, b in self.trainer_syncs)
             if before > 0:
                 _move_to_weight_sync(breakdown, critical.segments, wait_start, wait_end, before)
         breakdown["weight_sync"] += sync_s

@@ -89,6 +89,7 @@ def run_trainer(ctl: "Controller") -> Proc:
         sync_s = 0.0
         if rotate and not ctl.mode.async_weight_transfer:  # async: publish() updates when the pull lands
             sync_s += yield from sync_weights(ctl, n)
+        pre_sync_s = sync_s  # the trainer's own sync before get_batch: [wait_start − pre_sync_s, wait_start]
         wait_start = ctl.now()
         groups: list[Group] = yield from get_batch(ctl, n)
         wait_end = ctl.now()
@@ -109,5 +110,5 @@ def run_trainer(ctl: "Controller") -> Proc:
         if ctl.mode.async_weight_transfer:
             yield Spawn(publish(ctl, ctl.version))
         end = ctl.now()
-        ctl.record_step(n, step_start, end, groups, batch, wait_start, wait_end, sync_s, end - t_train)
+        ctl.record_step(n, step_start, end, groups, batch, wait_start, wait_end, sync_s, end - t_train, pre_sync_s)
         step_start = end
