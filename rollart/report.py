@@ -162,6 +162,10 @@ def task_share_summary(plan: Any, steps: list[StepRecord], stats: Any, mode: Any
             causes.append(f"its env failed {failed:,} trajectories{knob}")
         if timeouts:
             causes.append(f"{timeouts:,} of its env calls timed out (tasks.{t.name}.env.timeout_s={t.env.timeout_s:g})")
+            if t.env.image_gb > 0:  # a reset waits for its image: a slow pull times out the reset (helper-88)
+                pool = t.env.pool or next(iter(plan.cluster.cpu_pools), "<pool>")
+                causes.append(f"its resets first pull a {t.env.image_gb:g} GB image through "
+                              f"cluster.cpu_pools.{pool}.image_pull_gbps, which a timed-out reset pulls again")
         why = ("; ".join(causes) + "; fix the env or remove the task from tasks") if causes else \
             ("no env failures: its groups finished after the other tasks' had filled the batches (slower "
              "episodes, or evicted as stale); the other tasks were trained in its place"

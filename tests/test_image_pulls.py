@@ -248,3 +248,14 @@ def test_a_group_draws_its_cache_hit_once() -> None:
     groups = {g for g in range(32) if not backend.envs.image_cached(plan.tasks[0], g)}
     assert 0 < r.summary["env_cores"]["env"]["image_pulls"] < 32
     assert r.summary["env_cores"]["env"]["image_pulls"] == len(groups)
+
+
+def test_a_task_starved_by_slow_pulls_is_told_the_pull_rate_too() -> None:
+    """A 20 GB image through a 1 Gb/s pool times resets out; the task-mix warning named only the env's
+    timeout and "fix the env". It now names the image and the pool's image_pull_gbps (helper-88)."""
+    plan = small_plan(["algorithm.steps=4", "algorithm.batch_size=64", "tasks.CodeExec.env.image_gb=20",
+                       "cluster.cpu_pools.env.image_pull_gbps=1",
+                       "tasks.CodeExec.env.failure_prob=0"])
+    warnings = run_sim(plan, "rollart").to_result().summary["warnings"]
+    code = [w for w in warnings if w.startswith("CodeExec:")]
+    assert code and "20 GB image through cluster.cpu_pools.env.image_pull_gbps" in code[0], warnings

@@ -600,3 +600,17 @@ def test_the_judges_tp_must_divide_the_reward_models_heads() -> None:
     assert "8 does not divide the reward model's 28 heads" in line
     line = only_line(problems_of(["cluster.serverless.tp=3"]), "cluster.serverless.tp:")
     assert "3 does not divide the reward model's 28 heads" in line
+
+
+@pytest.mark.parametrize(("override", "words"), [
+    ("cluster.links.cross_cluster.bandwidth_gbps=1e-30", "cluster.links.cross_cluster.bandwidth_gbps"),
+    ("cluster.links.cross_cluster.latency_us=1e308", "cluster.links.cross_cluster.latency_us"),
+    ("cluster.links.cross_cluster.kind=nvlink", "kind nvlink joins GPUs inside one server"),
+])
+def test_absurd_links_are_refused_naming_the_field(override: str, words: str) -> None:
+    """A 1e-30 Gb/s link ran 2 steps to a normal-looking result, and a 1e308 µs latency ended as
+    "algorithm.max_sim_hours: did not finish"; an NVLink between clusters gave 2.9 Tb/s (helper-88)."""
+    from tests.conftest import small_plan
+    with pytest.raises(PlanError) as err:
+        small_plan([override])
+    assert any(words in p for p in err.value.problems), err.value.problems

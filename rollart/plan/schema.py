@@ -155,8 +155,9 @@ class Serverless(_Strict):
 
 class Link(_Strict):
     kind: Literal["tcp", "rdma", "ib", "nvlink", "pcie"]
-    bandwidth_gbps: PosFloat | None = None
-    latency_us: NonNegFloat | None = None
+    # 1 Mb/s to 10 Pb/s (cross_cluster is the aggregate the clusters exchange: thousands of NICs), up to 10 s
+    bandwidth_gbps: Annotated[float, Field(ge=0.001, le=1e7)] | None = None
+    latency_us: Annotated[float, Field(ge=0, le=1e7)] | None = None
 
     def _default(self, field: str) -> float:
         """Unset numbers come from the calibrated link table, else the presets."""
@@ -196,6 +197,15 @@ class Cluster(_Strict):
     cpu_pools: dict[str, CpuPool] = Field(default_factory=lambda: {"env": CpuPool(cores=4096)})
     serverless: Serverless | None = Field(default_factory=Serverless)
     links: dict[str, Link] = Field(default_factory=_default_links)
+
+    @field_validator("links")
+    @classmethod
+    def _cross_cluster_is_a_network(cls, links: dict[str, Link]) -> dict[str, Link]:
+        cross = links.get("cross_cluster")
+        if cross is not None and cross.kind in ("nvlink", "pcie"):
+            raise ValueError(f"cross_cluster: kind {cross.kind} joins GPUs inside one server, not two clusters; "
+                             "use tcp, rdma or ib")
+        return links
 
     def gpu_type(self, name: str) -> GpuType:
         """Resolve a GPU name (custom types win over presets of the same name)."""
@@ -420,7 +430,9 @@ class EnvSpec(_Strict):
     step_retry_backoff_s: NonNegFloat | None = Field(
         None, description="the same for a failed env.step (re-running a command in a live sandbox is not "
                           "starting a new one); retry_backoff_s when omitted")
-    cpu_cores: PosFloat = 1.0
+    cpu_cores: PosFloat = Field(1.0, description=(
+        "cores one env reserves for its whole episode, from reset to close, LLM turns included (a container's "
+        "CPU request): a pool holds at most cores ÷ cpu_cores envs at once, however idle they are"))
     pool: str | None = Field(None, description="CPU pool; the first one when omitted")
     image_gb: NonNegFloat = Field(0.0, description=(
         "GB an env pulls before its first reset (its image's layers missing from the node), through its "
