@@ -165,7 +165,7 @@ def task_share_summary(plan: Any, steps: list[StepRecord], stats: Any, mode: Any
             if t.env.image_gb > 0:  # a reset waits for its image: a slow pull times out the reset (helper-88)
                 pool = t.env.pool or next(iter(plan.cluster.cpu_pools), "<pool>")
                 causes.append(f"its resets first pull a {t.env.image_gb:g} GB image through "
-                              f"cluster.cpu_pools.{pool}.image_pull_gbps, which a timed-out reset pulls again")
+                              f"cluster.cpu_pools.{pool}.image_pull_gbps, a pull a reset's timeout_s cuts off")
         why = ("; ".join(causes) + "; fix the env or remove the task from tasks") if causes else \
             ("no env failures: its groups finished after the other tasks' had filled the batches (slower "
              "episodes, or evicted as stale); the other tasks were trained in its place"
@@ -292,6 +292,8 @@ def summary_table(result: RunResult) -> Table:
                 else "")
         pulls = (f" · {c['image_pulls']:,} image pulls, {c['mean_pull_s']:.1f} s mean, up to {c['peak_pulls']:,} at once"
                  if c.get("image_pulls") else "")
+        if c.get("image_pulls_abandoned"):  # cut off by reset timeouts: a retry resumes them
+            pulls += f" · {c['image_pulls_abandoned']:,} cut off by a reset's timeout (resumed on retry)"
         table.add_row("env cores", f"{pool}: at most {c['peak_held_share']:.0%} of {c['cores']:,g} held{wait}{idle}{pulls}")
     for warning in sm.get("warnings") or ():
         table.add_row(Text("warning", style="not dim bold yellow"), Text(f"task mix: {warning}", style="bold yellow"))

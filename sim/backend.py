@@ -292,7 +292,11 @@ class SimBackend:
         self._images: dict[tuple[str, int], Any] = {}
         self._image_of: dict[int, tuple[str, int]] = {}  # per open trajectory: the (pool, image) it runs
         self._image_users: dict[tuple[str, int], int] = {}
+        # per (pool, image) still open: bytes an abandoned pull had moved, which the next pull does not move
+        # again (a registry client keeps the layers it fetched: containerd's content store)
+        self._image_partial: dict[tuple[str, int], float] = {}
         self.pull_s: dict[str, list[float]] = {}  # per pool: [seconds the finished pulls took, how many]
+        self.pulls_abandoned: dict[str, int] = {}  # per pool: pulls every waiting reset gave up on
         # per pool: the most cores held at once, and [seconds envs queued for cores, envs that took cores]
         self.cpu_peak: dict[str, float] = dict.fromkeys(self.cpu, 0.0)
         self.cpu_wait: dict[str, list[float]] = {name: [0.0, 0] for name in self.cpu}
@@ -516,10 +520,15 @@ class SimBackend:
 
     def _pull(self, pull: _ImagePull, nbytes: float) -> SimGen:
         pool, t0 = pull.key[0], self.env.now
+        had = self._image_partial.get(pull.key, 0.0)
+        moved = [0.0]
         try:
-            yield from self.image_pipes[pool].transfer(nbytes)
-        except simpy.Interrupt:  # every reset waiting for it gave up: the bytes moved so far are lost
+            yield from self.image_pipes[pool].transfer(nbytes - had, moved)
+        except simpy.Interrupt:  # every reset waiting for it gave up: the bytes moved so far stay for a retry
+            self._image_partial[pull.key] = had + moved[0]
+            self.pulls_abandoned[pool] = self.pulls_abandoned.get(pool, 0) + 1
             return
+        self._image_partial.pop(pull.key, None)
         done = self.pull_s.setdefault(pool, [0.0, 0])  # an abandoned pull is not a pull's time
         done[0] += self.env.now - t0
         done[1] += 1
@@ -552,6 +561,7 @@ class SimBackend:
             else:  # no open env runs the image any more
                 del self._image_users[image]
                 self._images.pop(image, None)
+                self._image_partial.pop(image, None)
         held = self._holding_cpu.pop(eff.traj.id, None)
         if held is not None:
             yield self.cpu[held[0]].put(held[1])
@@ -880,7 +890,7 @@ class SimOutcome:
             # hit rate above counts a resumed request's own KV found in the cache, as vLLM counts it
             "kv_preemptions": sum(e.preemptions for e in b.engines),
             "kv_preempted_reuse_share": self.preempted_reuse_share(),
-            "weight_sync": weight_sync_summary(b.plan, b.mode),
+            "weight_sync": weight_sync_summary(b.plan, b.mode) + b.transfer.bucket_cost_note(b.mode.async_weight_transfer),
             "unused_settings": unused_settings(b.plan, b.mode),
             # per CPU pool: its cores, the largest share of them envs held at once, and the mean time an
             # env queued for its cores (shown as the step breakdown's env_queue where it was critical)
@@ -890,7 +900,9 @@ class SimOutcome:
                                  # mean time, and the most at once
                                  **({"image_pulls": int(done[1]), "mean_pull_s": done[0] / done[1],
                                      "peak_pulls": b.image_pipes[pool].peak}
-                                    if (done := b.pull_s.get(pool)) and done[1] else {})}
+                                    if (done := b.pull_s.get(pool)) and done[1] else {}),
+                                 **({"image_pulls_abandoned": b.pulls_abandoned[pool]}
+                                    if b.pulls_abandoned.get(pool) else {})}
                           for pool, w in b.cpu_wait.items()},
             "routed_fallback": ctl.proxy.routed_fallback,
             "routed_preferred": ctl.proxy.routed_preferred,

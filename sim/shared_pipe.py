@@ -70,11 +70,13 @@ class SharedPipe:
             self._v = max(self._v, target)  # the transfer it was scheduled for is through, whatever the rounding
             self._settle()
 
-    def transfer(self, nbytes: float) -> Generator[Any, Any, None]:
-        """Move ``nbytes`` through the pipe; returns when they are through (0 bytes: at once)."""
+    def transfer(self, nbytes: float, moved: list[float] | None = None) -> Generator[Any, Any, None]:
+        """Move ``nbytes`` through the pipe; returns when they are through (0 bytes: at once). Interrupted,
+        it leaves the bytes it had moved in ``moved[0]`` (where given) and re-raises."""
         if nbytes <= 0:
             return
         self._advance()
+        v0 = self._v
         k = self._next_id
         self._next_id += 1
         done = self.env.event()
@@ -90,4 +92,6 @@ class SharedPipe:
                 self._advance()
                 del self._events[k]
                 self._settle()
+            if moved is not None:
+                moved[0] = min(nbytes, max(0.0, self._v - v0))
             raise
