@@ -294,7 +294,10 @@ def summary_table(result: RunResult) -> Table:
                  if c.get("image_pulls") else "")
         if c.get("image_pulls_abandoned"):  # cut off by reset timeouts: a retry resumes them
             pulls += f" · {c['image_pulls_abandoned']:,} cut off by a reset's timeout (resumed on retry)"
-        table.add_row("env cores", f"{pool}: at most {c['peak_held_share']:.0%} of {c['cores']:,g} held{wait}{idle}{pulls}")
+        busy = (f" · {c['mean_held_share']:.0%} held on average, {c['computing_share_of_held']:.0%} of that in env "
+                f"calls" if c.get("mean_held_share") else "")
+        table.add_row("env cores", f"{pool}: at most {c['peak_held_share']:.0%} of {c['cores']:,g} held{busy}{wait}"
+                                   f"{idle}{pulls}")
     for warning in sm.get("warnings") or ():
         table.add_row(Text("warning", style="not dim bold yellow"), Text(f"task mix: {warning}", style="bold yellow"))
     if "cost_usd_per_hour" in sm:

@@ -300,6 +300,11 @@ class SimBackend:
         # per pool: the most cores held at once, and [seconds envs queued for cores, envs that took cores]
         self.cpu_peak: dict[str, float] = dict.fromkeys(self.cpu, 0.0)
         self.cpu_wait: dict[str, list[float]] = {name: [0.0, 0] for name in self.cpu}
+        # per pool: [cores held now, core-seconds held so far, when that was brought up to date] and the
+        # core-seconds envs computed in (resets, steps, rule rewards): what sizing the pool needs, beside
+        # what the envs reserve for their episodes
+        self.cpu_held: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in self.cpu}
+        self.cpu_busy_s: dict[str, float] = dict.fromkeys(self.cpu, 0.0)
 
     def _build_reward(self) -> None:
         plan, mode = self.plan, self.mode
@@ -393,6 +398,7 @@ class SimBackend:
                     if kind is EnvStep:  # = _env_step
                         task = tasks[effect.traj.task]
                         latency, send = envs.step(task, effect.traj.id)
+                        self._computing(task, latency)
                         overhead = step_overhead.get(task.name)
                         if overhead is None:
                             overhead = step_overhead[task.name] = self._env_pool(task).step_overhead_s
@@ -462,10 +468,22 @@ class SimBackend:
                     get.cancel()
                 raise
             self._holding_cpu[traj.id] = (pool, task.env.cpu_cores)
+            self._note_held(pool, task.env.cpu_cores)
             wait = self.cpu_wait[pool]
             wait[0] += self.env.now - t0
             wait[1] += 1
             self.cpu_peak[pool] = max(self.cpu_peak[pool], cores.capacity - cores.level)
+
+    def _note_held(self, pool: str, change: float) -> None:
+        """Integrate the cores ``pool``'s envs held up to now, then change what they hold by ``change``."""
+        held = self.cpu_held[pool]
+        held[1] += held[0] * (self.env.now - held[2])
+        held[0] += change
+        held[2] = self.env.now
+
+    def _computing(self, task: Any, seconds: float) -> None:
+        """An env computed ``seconds`` on its cores (a reset, a step, a rule reward)."""
+        self.cpu_busy_s[task.env.pool or self._default_cpu_pool] += seconds * task.env.cpu_cores
 
     def _env_reset(self, eff: EnvReset) -> SimGen:
         """One reset attempt. A sandbox start that pulls its image is under the start-up timeout (ROLL's
@@ -493,6 +511,7 @@ class SimBackend:
                 pull.waiters -= 1
                 left = timeout_s - (self.env.now - t0)
         latency, outcome = self.envs.reset(task, traj.id, left)
+        self._computing(task, latency)
         yield self.env.timeout(latency + self._env_pool(task).reset_overhead_s)
         return outcome
 
@@ -546,6 +565,7 @@ class SimBackend:
     def _env_step(self, eff: EnvStep) -> SimGen:
         task = self.plan.task(eff.traj.task)
         latency, outcome = self.envs.step(task, eff.traj.id)
+        self._computing(task, latency)
         yield self.env.timeout(latency + self._env_pool(task).step_overhead_s)
         return outcome
 
@@ -564,6 +584,7 @@ class SimBackend:
                 self._image_partial.pop(image, None)
         held = self._holding_cpu.pop(eff.traj.id, None)
         if held is not None:
+            self._note_held(held[0], -held[1])
             yield self.cpu[held[0]].put(held[1])
         self.envs.forget(eff.traj.id)
         for wid in (eff.traj.last_worker, eff.traj.last_prefill_worker):  # PD: the prefill worker's copy too
@@ -639,7 +660,9 @@ class SimBackend:
         traj = eff.traj
         task = self.plan.task(traj.task)
         if task.reward == "rule":
-            yield self.env.timeout(self.envs.rule_reward_s(task, traj.id))
+            seconds = self.envs.rule_reward_s(task, traj.id)
+            self._computing(task, seconds)
+            yield self.env.timeout(seconds)
             return 0.0  # the simulator models time, not scores (None would mean a failed call)
         n_in = judge_input_tokens(task.judge_reads(traj.context_tokens), self.judge_window,
                                   self.plan.placement.reward.output_tokens)
@@ -843,6 +866,33 @@ class SimOutcome:
             return None
         return (snaps[-1] - (snaps[first - 1] if first else 0.0)) / (len(b.judges) * span)
 
+    def env_cores_summary(self, elapsed: float) -> dict[str, dict[str, Any]]:
+        """Per CPU pool: its cores, the largest share of them envs held at once, the mean time an env queued
+        for its cores (the step breakdown's env_queue where it was critical); the mean share held and, of
+        the core-seconds held, the share envs computed in (resets, steps, rule rewards): an env reserves its
+        cores for its episode, LLM turns included, so a pool sized to the envs' computing needs far fewer;
+        and image pulls (of the simulated subset under --scale-approx): how many, their mean time, the most
+        at once, and those a reset's timeout cut off."""
+        b = self.backend
+        out: dict[str, dict[str, Any]] = {}
+        for pool, w in b.cpu_wait.items():
+            held = b.cpu_held[pool]
+            now = max(b.env.now, elapsed)  # the cores are integrated to the clock, which may pass the last step
+            area = held[1] + held[0] * max(0.0, now - held[2])
+            capacity = b.cpu[pool].capacity
+            c: dict[str, Any] = {"cores": b.full_plan.cluster.cpu_pools[pool].cores,
+                                 "peak_held_share": b.cpu_peak[pool] / capacity,
+                                 "mean_wait_s": w[0] / w[1] if w[1] else 0.0,
+                                 "mean_held_share": area / (capacity * now) if now > 0 else 0.0,
+                                 "computing_share_of_held": min(1.0, b.cpu_busy_s[pool] / area) if area > 0 else 0.0}
+            done = b.pull_s.get(pool)
+            if done and done[1]:
+                c.update(image_pulls=int(done[1]), mean_pull_s=done[0] / done[1], peak_pulls=b.image_pipes[pool].peak)
+            if b.pulls_abandoned.get(pool):
+                c["image_pulls_abandoned"] = b.pulls_abandoned[pool]
+            out[pool] = c
+        return out
+
     def serverless_gpu_seconds(self) -> float:
         return self.backend.serverless.billed_s if self.backend.serverless else 0.0
 
@@ -892,18 +942,7 @@ class SimOutcome:
             "kv_preempted_reuse_share": self.preempted_reuse_share(),
             "weight_sync": weight_sync_summary(b.plan, b.mode) + b.transfer.bucket_cost_note(b.mode.async_weight_transfer),
             "unused_settings": unused_settings(b.plan, b.mode),
-            # per CPU pool: its cores, the largest share of them envs held at once, and the mean time an
-            # env queued for its cores (shown as the step breakdown's env_queue where it was critical)
-            "env_cores": {pool: {"cores": b.full_plan.cluster.cpu_pools[pool].cores, "peak_held_share": b.cpu_peak[pool] / b.cpu[pool].capacity,
-                                 "mean_wait_s": w[0] / w[1] if w[1] else 0.0,
-                                 # image pulls (of the simulated subset under --scale-approx): how many, their
-                                 # mean time, and the most at once
-                                 **({"image_pulls": int(done[1]), "mean_pull_s": done[0] / done[1],
-                                     "peak_pulls": b.image_pipes[pool].peak}
-                                    if (done := b.pull_s.get(pool)) and done[1] else {}),
-                                 **({"image_pulls_abandoned": b.pulls_abandoned[pool]}
-                                    if b.pulls_abandoned.get(pool) else {})}
-                          for pool, w in b.cpu_wait.items()},
+            "env_cores": self.env_cores_summary(elapsed),
             "routed_fallback": ctl.proxy.routed_fallback,
             "routed_preferred": ctl.proxy.routed_preferred,
             "routed_fallback_from": dict(ctl.proxy.fallback_from),

@@ -51,3 +51,21 @@ def test_every_breakdown_part_has_a_colour_and_a_name_wherever_parts_are_shown()
 
     for shown in (COLORS, NAMES, SHORT):
         assert set(BREAKDOWN_KEYS) <= set(shown)
+
+
+def test_the_pool_reports_what_its_envs_hold_on_average_and_compute_in() -> None:
+    """An env reserves its cores for its whole episode, LLM turns included: the core-seconds held are
+    integrated over the run and split from those spent in env calls (resets, steps, rule rewards), so a
+    buyer sees how far the reservation exceeds the computing (helper-88: 8 cores slowed envs needing 1.6
+    CPU-s a step 4.6×, and nothing said why). Slower env calls compute a larger share of what is held."""
+    only = ["algorithm.steps=3", "tasks.GEM-Math.share=1e-6", "tasks.CodeExec.share=1e-6"]  # FrozenLake alone
+    fast = run_sim(small_plan([*only, "tasks.FrozenLake.env.step=0.05"]), "rollart")
+    slow = run_sim(small_plan([*only, "tasks.FrozenLake.env.step=1.0"]), "rollart")
+    c_fast, c_slow = (o.to_result().summary["env_cores"]["env"] for o in (fast, slow))
+    for c in (c_fast, c_slow):
+        assert 0 < c["mean_held_share"] <= c["peak_held_share"] and 0 < c["computing_share_of_held"] < 1
+    assert c_slow["computing_share_of_held"] > 2 * c_fast["computing_share_of_held"]
+    # the integral by hand: every env holds its cores from its first reset to its close
+    b = fast.backend
+    held, busy = b.cpu_held["env"], b.cpu_busy_s["env"]
+    assert held[0] >= 0 and busy > 0 and held[1] > busy
