@@ -74,7 +74,7 @@ def test_json_carries_shares_and_warnings(tmp_path) -> None:
 
 
 def _plan(shares: dict[str, float]) -> SimpleNamespace:
-    env = SimpleNamespace(failure_prob=0.0, timeout_s=30.0)
+    env = SimpleNamespace(failure_prob=0.0, timeout_s=30.0, image_gb=0.0)  # a task that pulls no image
     return SimpleNamespace(tasks=[SimpleNamespace(name=n, share=s, env=env) for n, s in shares.items()],
                            algorithm=SimpleNamespace(group_size=8))
 
