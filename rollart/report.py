@@ -293,7 +293,7 @@ def summary_table(result: RunResult) -> Table:
         pulls = (f" · {c['image_pulls']:,} image pulls, {c['mean_pull_s']:.1f} s mean, up to {c['peak_pulls']:,} at once"
                  if c.get("image_pulls") else "")
         if c.get("image_pulls_abandoned"):  # cut off by reset timeouts: a retry resumes them
-            pulls += f" · {c['image_pulls_abandoned']:,} cut off by a reset's timeout (resumed on retry)"
+            pulls += f" · {c['image_pulls_abandoned']:,} cut off (a reset's timeout or an abort; a retry resumes them)"
         busy = (f" · {c['mean_held_share']:.0%} held on average, {c['computing_share_of_held']:.0%} of that in env "
                 f"calls" if c.get("mean_held_share") else "")
         table.add_row("env cores", f"{pool}: at most {c['peak_held_share']:.0%} of {c['cores']:,g} held{busy}{wait}"

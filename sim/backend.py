@@ -294,9 +294,9 @@ class SimBackend:
         self._image_users: dict[tuple[str, int], int] = {}
         # per (pool, image) still open: bytes an abandoned pull had moved, which the next pull does not move
         # again (a registry client keeps the layers it fetched: containerd's content store)
-        self._image_partial: dict[tuple[str, int], float] = {}
+        self._image_partial: dict[tuple[str, int], tuple[float, float]] = {}
         self.pull_s: dict[str, list[float]] = {}  # per pool: [seconds the finished pulls took, how many]
-        self.pulls_abandoned: dict[str, int] = {}  # per pool: pulls every waiting reset gave up on
+        self.pulls_abandoned: dict[str, int] = {}  # per pool: pulls every waiting reset gave up on (timed out, aborted)
         # per pool: the most cores held at once, and [seconds envs queued for cores, envs that took cores]
         self.cpu_peak: dict[str, float] = dict.fromkeys(self.cpu, 0.0)
         self.cpu_wait: dict[str, list[float]] = {name: [0.0, 0] for name in self.cpu}
@@ -539,17 +539,18 @@ class SimBackend:
 
     def _pull(self, pull: _ImagePull, nbytes: float) -> SimGen:
         pool, t0 = pull.key[0], self.env.now
-        had = self._image_partial.get(pull.key, 0.0)
+        had, spent = self._image_partial.get(pull.key, (0.0, 0.0))  # bytes and seconds of cut-off attempts
         moved = [0.0]
         try:
             yield from self.image_pipes[pool].transfer(nbytes - had, moved)
         except simpy.Interrupt:  # every reset waiting for it gave up: the bytes moved so far stay for a retry
-            self._image_partial[pull.key] = had + moved[0]
             self.pulls_abandoned[pool] = self.pulls_abandoned.get(pool, 0) + 1
+            if self._image_users.get(pull.key):  # an open env may retry; none left: the entry would outlive them
+                self._image_partial[pull.key] = (had + moved[0], spent + self.env.now - t0)
             return
         self._image_partial.pop(pull.key, None)
-        done = self.pull_s.setdefault(pool, [0.0, 0])  # an abandoned pull is not a pull's time
-        done[0] += self.env.now - t0
+        done = self.pull_s.setdefault(pool, [0.0, 0])  # a pull's time: its cut-off attempts' and this one's
+        done[0] += spent + self.env.now - t0
         done[1] += 1
         if self._images.get(pull.key) is pull:
             self._images[pull.key] = True

@@ -179,6 +179,9 @@ def test_one_deadline_covers_the_image_pull_and_the_reset() -> None:
     # and no pull ever finished (helper-88: a cliff between 2 and 4 Gb/s)
     pools = r.summary["env_cores"]["env"]
     assert pools["image_pulls_abandoned"] > 0 and pools["image_pulls"] > 0
+    # a resumed pull's time is its cut-off attempts' and its own: at 0.2 Gb/s 1 GB takes 40 s (it read 10 s,
+    # the remainder's time, helper-90)
+    assert pools["mean_pull_s"] >= 40.0 - 1e-6
     # a pull that fits leaves the reset only what is left of the deadline: still at most timeout_s
     attempts, r = _reset_attempts(["tasks.CodeExec.env.image_gb=1", "cluster.cpu_pools.env.image_pull_gbps=2.5",
                                    "tasks.CodeExec.env.timeout_s=30"])
@@ -284,3 +287,15 @@ def test_a_cut_off_transfer_reports_the_bytes_it_moved() -> None:
     env.process(cut())
     env.run()
     assert moved[0] == pytest.approx(40.0) and not pipe._events
+
+
+def test_bytes_of_a_pull_no_open_env_can_resume_are_not_kept() -> None:
+    """A pull cut off after its group's last env closed (retries used up, or aborted) keeps nothing: the
+    group's image key is never used again, and a week-long run would keep one entry per such group
+    (helper-90: 3 left behind in 6 steps)."""
+    plan = small_plan(["algorithm.steps=6", "algorithm.batch_size=64", "tasks.CodeExec.env.image_gb=40",
+                       "cluster.cpu_pools.env.image_pull_gbps=0.5", "tasks.CodeExec.env.failure_prob=0"])
+    out = run_sim(plan, "rollart")
+    b = out.backend
+    assert out.to_result().summary["env_cores"]["env"].get("image_pulls_abandoned", 0) > 0
+    assert set(b._image_partial) <= set(b._image_users)

@@ -605,7 +605,7 @@ def test_the_judges_tp_must_divide_the_reward_models_heads() -> None:
 @pytest.mark.parametrize(("override", "words"), [
     ("cluster.links.cross_cluster.bandwidth_gbps=1e-30", "cluster.links.cross_cluster.bandwidth_gbps"),
     ("cluster.links.cross_cluster.latency_us=1e308", "cluster.links.cross_cluster.latency_us"),
-    ("cluster.links.cross_cluster.kind=nvlink", "kind nvlink joins GPUs inside one server"),
+    ("cluster.links.cross_cluster.kind=nvlink", "cross_cluster.kind: nvlink joins GPUs inside one server"),
 ])
 def test_absurd_links_are_refused_naming_the_field(override: str, words: str) -> None:
     """A 1e-30 Gb/s link ran 2 steps to a normal-looking result, and a 1e308 µs latency ended as

@@ -116,7 +116,8 @@ class Controller:
         self.weights_awaited: list[list[float | None]] = []
         # the trainer's own blocking syncs of the last few steps, (start, end): seconds already in a step's
         # weight_sync, which a trajectory held for the weights meanwhile must not count again
-        self.trainer_syncs: deque[tuple[float, float]] = deque(maxlen=8)
+        # (a hold lasts at most the α + 1 versions a trajectory may wait for: 32 spans cover any α the plans use)
+        self.trainer_syncs: deque[tuple[float, float]] = deque(maxlen=32)
         self.rolling = 0                 # trajectories on an env manager (spawned, not yet closed)
         self.env_freed = Signal("env.freed")
         self.finished = False            # the trainer is done, or the backend is stopping the run

@@ -203,7 +203,7 @@ class Cluster(_Strict):
     def _cross_cluster_is_a_network(cls, links: dict[str, Link]) -> dict[str, Link]:
         cross = links.get("cross_cluster")
         if cross is not None and cross.kind in ("nvlink", "pcie"):
-            raise ValueError(f"cross_cluster: kind {cross.kind} joins GPUs inside one server, not two clusters; "
+            raise ValueError(f"cross_cluster.kind: {cross.kind} joins GPUs inside one server, not two clusters; "
                              "use tcp, rdma or ib")
         return links
 
