@@ -200,12 +200,12 @@ def generation_cost(model: "ModelSpec", gpu_name: str, gpu: "GpuType", tp: int, 
         return EngineProfileGeneration(model, gpu, tp, loaded, origin,  # measured end to end: as measured
                                        memory_utilization=memory_utilization, ep=ep)
     args = (model, gpu, tp, loaded, origin, ep, network, memory_utilization, domain)
-    if profile is not None or not bounded:  # a profile the user gives is priced as measured
-        return KernelProfileGeneration(*args, fp8_compute=fp8_compute, step_overhead_s=step_overhead_s)
-    floors = _dominated_floors(model, gpu, tp, ep, network, memory_utilization, domain, step_overhead_s)
-    if model.weight_dtype != "bf16" and loaded.fp8_tensor_cores and loaded.gemm_fp8 is not None and fp8_compute:
-        floors.append((f"{gpu_name} served weight-only",
-                       KernelProfileGeneration(*args, fp8_compute=False, step_overhead_s=step_overhead_s)))
+    floors = []
+    if profile is None and bounded:  # a profile the user gives is priced as measured
+        floors = _dominated_floors(model, gpu, tp, ep, network, memory_utilization, domain, step_overhead_s)
+        if model.weight_dtype != "bf16" and loaded.fp8_tensor_cores and loaded.gemm_fp8 is not None and fp8_compute:
+            floors.append((f"{gpu_name} served weight-only",
+                           KernelProfileGeneration(*args, fp8_compute=False, step_overhead_s=step_overhead_s)))
     if floors:
         from rollart.calibration.cost import BoundedGeneration
 
@@ -228,6 +228,20 @@ def bounding_presets(gpu: "GpuType", fields: tuple[str, ...]) -> list[tuple[str,
     return out
 
 
+def beaten_presets(gpu: "GpuType", fp8: bool) -> list[str]:
+    """The presets with a shipped kernel profile that ``gpu`` matches or beats in every timing figure a
+    model's steps depend on (``TIMING_FIELDS`` for FP8 weights, ``BF16_TIMING_FIELDS`` for BF16)."""
+    return [p for p, below, _ in bounding_presets(gpu, TIMING_FIELDS if fp8 else BF16_TIMING_FIELDS) if below]
+
+
+def _preset_twin(gpu: "GpuType", preset: str) -> "GpuType":
+    """``gpu`` with ``preset``'s timing figures: the preset priced by its own profile, with ``gpu``'s NVLink
+    domain and memory (neither is a kernel's speed)."""
+    from rollart.plan.presets import GPU_PRESETS
+
+    return gpu.model_copy(update={f: GPU_PRESETS[preset].get(f) for f in TIMING_FIELDS})
+
+
 def _dominated_floors(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network: "Link | None",
                       memory_utilization: float, domain: int | None,
                       step_overhead_s: float | None = None) -> list[tuple[str, object]]:
@@ -240,10 +254,8 @@ def _dominated_floors(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, netw
 
     fp8 = model.weight_dtype != "bf16"
     floors = []
-    for preset, below, _ in bounding_presets(gpu, TIMING_FIELDS if fp8 else BF16_TIMING_FIELDS):
-        if not below:
-            continue
-        twin = gpu.model_copy(update={f: GPU_PRESETS[preset].get(f) for f in TIMING_FIELDS})
+    for preset in beaten_presets(gpu, fp8):
+        twin = _preset_twin(gpu, preset)
         floors.append((preset, generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization,
                                                domain, bounded=False, step_overhead_s=step_overhead_s)))
         if fp8 and GPU_PRESETS[preset].get("tflops_fp8"):
@@ -262,15 +274,10 @@ def _preset_bounds(model: "ModelSpec", gpu: "GpuType", tp: int, ep: int, network
     ``TIMING_FIELDS``); each priced by its own profile with ``gpu``'s NVLink domain and memory (neither is a
     kernel's speed), so that it differs from the preset only where the plan lays workers out differently
     (:func:`bounding_presets`); the floors as :func:`_dominated_floors` gives them, weight-only ones too."""
-    from rollart.plan.presets import GPU_PRESETS
-
     fields = BF16_TIMING_FIELDS if model.weight_dtype == "bf16" else TIMING_FIELDS
-    above_it = []
-    for preset, _, above in bounding_presets(gpu, fields):
-        if above:
-            twin = gpu.model_copy(update={f: GPU_PRESETS[preset].get(f) for f in TIMING_FIELDS})
-            above_it.append(generation_cost(model, preset, twin, tp, None, ep, network, memory_utilization, domain,
-                                            bounded=False, step_overhead_s=step_overhead_s))
+    above_it = [generation_cost(model, preset, _preset_twin(gpu, preset), tp, None, ep, network, memory_utilization,
+                                domain, bounded=False, step_overhead_s=step_overhead_s)
+                for preset, _, above in bounding_presets(gpu, fields) if above]
     return _dominated_floors(model, gpu, tp, ep, network, memory_utilization, domain, step_overhead_s), above_it
 
 

@@ -205,7 +205,7 @@ def show(name: Optional[str] = typer.Argument(None, help="a shipped profile (h80
 def _floors_line(gpu_name: str) -> str:
     """What holds a shipped kernel profile's steps down (``calibration.generation_cost``): the presets its
     datasheet matches or beats, and for FP8 weights the weight-only path; '' where nothing does."""
-    from rollart.calibration import BF16_TIMING_FIELDS, TIMING_FIELDS, bounding_presets
+    from rollart.calibration import beaten_presets
     from rollart.plan.presets import GPU_PRESETS, canonical_gpu
     from rollart.plan.schema import GpuType
 
@@ -214,8 +214,7 @@ def _floors_line(gpu_name: str) -> str:
         return ""
     gpu = GpuType(**GPU_PRESETS[preset])
     parts = []
-    bf16, fp8 = ([p for p, below, _ in bounding_presets(gpu, fields) if below]
-                 for fields in (BF16_TIMING_FIELDS, TIMING_FIELDS))
+    bf16, fp8 = beaten_presets(gpu, fp8=False), beaten_presets(gpu, fp8=True)
     for label, beaten in ((("BF16 and FP8", bf16),) if bf16 == fp8 else (("BF16", bf16), ("FP8", fp8))):
         if beaten:
             parts.append(f"{label} weights: each step at most its price on {', '.join(beaten)} (every timing "

@@ -163,7 +163,7 @@ def task_share_summary(plan: Any, steps: list[StepRecord], stats: Any, mode: Any
         if timeouts:
             causes.append(f"{timeouts:,} of its env calls timed out (tasks.{t.name}.env.timeout_s={t.env.timeout_s:g})")
             if t.env.image_gb > 0:  # a reset waits for its image: a slow pull times out the reset (helper-88)
-                pool = t.env.pool or next(iter(plan.cluster.cpu_pools), "<pool>")
+                pool = plan.env_pool(t)
                 causes.append(f"its resets first pull a {t.env.image_gb:g} GB image through "
                               f"cluster.cpu_pools.{pool}.image_pull_gbps, a pull a reset's timeout_s cuts off")
         why = ("; ".join(causes) + "; fix the env or remove the task from tasks") if causes else \

@@ -875,10 +875,10 @@ class SimOutcome:
         and image pulls (of the simulated subset under --scale-approx): how many, their mean time, the most
         at once, and those a reset's timeout cut off."""
         b = self.backend
+        now = max(b.env.now, elapsed)  # the cores are integrated to the clock, which may pass the last step
         out: dict[str, dict[str, Any]] = {}
         for pool, w in b.cpu_wait.items():
             held = b.cpu_held[pool]
-            now = max(b.env.now, elapsed)  # the cores are integrated to the clock, which may pass the last step
             area = held[1] + held[0] * max(0.0, now - held[2])
             capacity = b.cpu[pool].capacity
             c: dict[str, Any] = {"cores": b.full_plan.cluster.cpu_pools[pool].cores,

@@ -183,9 +183,8 @@ def test_a_sheet_no_preset_bounds_is_its_references_composition() -> None:
 
 def _beaten(preset: str, fp8: bool) -> list[str]:
     """The presets with a shipped profile that ``preset`` matches or beats in every timing figure."""
-    from rollart.calibration import BF16_TIMING_FIELDS, bounding_presets
-    fields = TIMING_FIELDS if fp8 else BF16_TIMING_FIELDS
-    return [p for p, below, _ in bounding_presets(GpuType(**GPU_PRESETS[preset]), fields) if below]
+    from rollart.calibration import beaten_presets
+    return beaten_presets(GpuType(**GPU_PRESETS[preset]), fp8)
 
 
 SHIPPED_PAIRS = [(a, b, dtype) for dtype in ("bf16", "fp8") for a in MEASURED for b in _beaten(a, dtype == "fp8")]

@@ -126,7 +126,7 @@ def unused_settings(plan: Plan, mode: ModeConfig) -> list[str]:
                      "placement.reward.gpus=0 to judge serverless")
     for t in plan.tasks:  # a cache for images that are never pulled: the calibrated reset already holds the pull
         if t.env.image_cache_hit > 0 and t.env.image_gb <= 0:
-            pool = t.env.pool or next(iter(plan.cluster.cpu_pools), "<pool>")
+            pool = plan.env_pool(t)
             notes.append(f"tasks.{t.name}.env.image_cache_hit={t.env.image_cache_hit:g}: the task pulls no image "
                          f"(env.image_gb is 0; its env.reset distribution holds whatever pull it measured), so a "
                          f"cache saves nothing; to model pulls set tasks.{t.name}.env.image_gb and "

@@ -850,6 +850,10 @@ class Plan(_Strict):
     def groups_per_batch(self) -> int:
         return self.algorithm.batch_size // self.algorithm.group_size
 
+    def env_pool(self, task: TaskSpec) -> str:
+        """The CPU pool ``task``'s envs run on: its ``env.pool``, else the plan's first (a valid plan has one)."""
+        return task.env.pool or next(iter(self.cluster.cpu_pools))
+
     @cached_property
     def llm_judged_tasks(self) -> list[TaskSpec]:
         """The tasks whose trajectories the LLM judge scores (``reward: llm_judge``): none, and no judge runs."""

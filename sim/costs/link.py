@@ -133,7 +133,8 @@ class WeightTransferCost:
         self.publish_overhead_s = measured_on(self.cross, "publish_s")
         self.pull_overhead_s = measured_on(self.intra, "pull_s")
         # where each per-bucket cost comes from, for the run's weight-sync line
-        self.bucket_cost_sources = tuple("measured" if store and link.kind == "tcp" else "assumed"
+        self.bucket_cost_sources = tuple("Mooncake TCP, measured on a 2-core loopback host"
+                                         if store and link.kind == "tcp" else "assumed"
                                          for link in (self.cross, self.intra))
         if ws.bucket_overhead_s is not None:  # the plan's own store (e.g. an RDMA cluster's)
             self.publish_overhead_s = self.pull_overhead_s = ws.bucket_overhead_s
@@ -146,9 +147,7 @@ class WeightTransferCost:
         of throughput)."""
         if not store_used:
             return ""
-        words = {"measured": "Mooncake TCP, measured on a 2-core loopback host", "assumed": "assumed",
-                 "the plan's": "the plan's"}
-        pub, pull = (words[w] for w in self.bucket_cost_sources)
+        pub, pull = self.bucket_cost_sources
         note = (f"; per bucket {self.publish_overhead_s * 1e3:.3g} ms publish ({pub}), "
                 f"{self.pull_overhead_s * 1e3:.3g} ms pull ({pull})")
         return note + ("" if pub == "the plan's" else "; weight_sync.bucket_overhead_s sets yours")
