@@ -549,3 +549,30 @@ def test_a_winner_with_a_wide_window_says_staleness_is_not_priced():
         assert bool(lines) == said
         if said:
             assert "4.00 versions stale" in lines[0] and "--alphas 0,1" in lines[0]
+
+
+LOW_MEMORY = ["model=Qwen3-14B", "placement.generation=[{pool: h800, workers: 2, tp: 2, gpu_memory_utilization: 0.3}, "
+              "{pool: h20, workers: 4, tp: 2, gpu_memory_utilization: 0.3}]"]
+
+
+def test_tp_degrees_fit_the_context_at_the_scenarios_gpu_memory_utilization():
+    """A candidate's engines keep the scenario's gpu_memory_utilization (Candidate.apply), so the degrees the
+    search tries are the ones that hold a 32K context there: at 0.3 a tp-1 Qwen3-14B engine on an 80 GB H800
+    has 0.3 × 79.2 − 27.5 GiB of weights − 4 GiB, no room for KV; at tp 2 it has ~12 GiB (~78K tokens)."""
+    _, plan = _base(["model=Qwen3-14B"])
+    assert 1 in Space.from_plan(plan, Budget(gpus=16)).gen_tp["h800"]
+    _, plan = _base(LOW_MEMORY)
+    space = Space.from_plan(plan, Budget(gpus=16))
+    assert space.gen_tp["h800"][0] == 2 and 1 not in space.gen_tp["h20"]
+
+
+def test_a_search_whose_every_candidate_fails_says_why():
+    """Candidates that all fail at the first rung leave no finalist; the search still carries their errors, so
+    `rollart plan` prints the cause, not only that nothing fitted."""
+    base, plan = _base(LOW_MEMORY)
+    space = Space.from_plan(plan, Budget(gpus=16), tps=[2])
+    space.gen_tp = {pool: [1] for pool in space.gen_tp}  # every engine left without KV room: each run fails
+    result = search(space, base, SerialPool(), candidates=4, finalists=1, min_steps=1, local_rounds=0,
+                    polish_rounds=0, confirm_seeds=0)
+    assert result.best is None and result.infeasible
+    assert "KV tokens" in result.infeasible[0].error

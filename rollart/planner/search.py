@@ -324,10 +324,13 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
             ranked = rank(finals)
 
     baseline = cache.get((space.baseline, full)) if space.baseline is not None else None
+    infeasible = [e for e in finals if e not in ranked]
+    if not ranked and not infeasible:  # every candidate failed before the last rung: say why they did
+        infeasible = [e for e in cache.values() if e.error]
     return PlanSearch(ranked=ranked, baseline=baseline, rungs=rung_log, simulations=stats["sims"],
                       simulated_steps=stats["steps"], wall_s=time.perf_counter() - t0, objective=objective,
                       budget=space.budget, exhaustive=exhaustive,
-                      infeasible=[e for e in finals if e not in ranked], spreads=spreads)
+                      infeasible=infeasible, spreads=spreads)
 
 
 def _confirm(ranked: list[Evaluation], finalists: int, seeds: list[int], objective: str, budget: Budget,

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from rollart.core.modes import dedicated_reward_used, mode_config
 from rollart.plan.loader import PlanError
-from rollart.plan.schema import Plan, TrainerPlacement
+from rollart.plan.schema import GenerationGroup, Plan, TrainerPlacement
 from rollart.sim.costs.train import trainer_fits, trainer_memory_problems
 
 SERVERLESS = ("serverless", None, 0)
@@ -294,13 +294,18 @@ class Space:
         for p in pools:
             gpu_name = c.gpu_pools[p].gpu
             domain = c.gpu_type(gpu_name).nvlink_domain
+            # a candidate's engines on this pool take the scenario's first group there as their template
+            # (Candidate.apply), so their KV room is its gpu_memory_utilization's, not vLLM's default
+            util = next((g.gpu_memory_utilization for g in plan.placement.generation if g.pool == p),
+                        GenerationGroup.model_fields["gpu_memory_utilization"].default)
 
-            def fitting(options: set[int]) -> list[int]:
+            def fitting(options: set[int], util: float = util) -> list[int]:
                 found = []
                 for tp in sorted(options):
                     if plan.model.heads % tp:
                         continue
-                    cost = generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp, c.gpu_pools[p].profile)
+                    cost = generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp, c.gpu_pools[p].profile,
+                                           memory_utilization=util)
                     if cost.kv_capacity_tokens >= longest:
                         found.append(tp)
                         # MoE: one rank per GPU (ep = tp) besides ep 1, when tp divides the experts and the
@@ -308,7 +313,8 @@ class Space:
                         # (ranks of several GPUs) would multiply the space for a finer trade-off; not searched.
                         eps = [tp] if (experts and tp > 1 and experts % tp == 0  # a context on one rank's KV
                                        and generation_cost(plan.model, gpu_name, c.gpu_type(gpu_name), tp,
-                                                           c.gpu_pools[p].profile, tp).kv_capacity_tokens // tp
+                                                           c.gpu_pools[p].profile, tp, memory_utilization=util
+                                                           ).kv_capacity_tokens // tp
                                        >= longest) else []
                         if eps:
                             gen_ep.setdefault(p, {})[tp] = eps
