@@ -53,8 +53,8 @@ DEFAULT_MFU_MEASURED_ON = "H100"
 
 def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None = None) -> tuple[float, str]:
     """(the MFU the trainer's GPUs compute at, how it was found). ``placement.trainer.mfu`` is the
-    trainer GPU's own unless ``mfu_measured_on`` names another type (left at its default, on a preset GPU
-    type, it is :data:`DEFAULT_MFU_MEASURED_ON`'s): then mfu × e_max(trainer GPU) /
+    trainer GPU's own unless ``mfu_measured_on`` names another type (left at its default, on a named GPU
+    type, preset or custom, it is :data:`DEFAULT_MFU_MEASURED_ON`'s): then mfu × e_max(trainer GPU) /
     e_max(measured-on GPU), each the BF16 ``gemm`` fit's e_max of the kernel profile the type is priced
     with (:func:`~rollart.calibration.gemm_share.gemm_e_max`: H20 0.951, H800/H100/H200 0.772, A100
     0.725), capped at 1. A GPU of few FLOP/s per byte of HBM (H20) keeps its tensor cores busier, so the
@@ -65,10 +65,11 @@ def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None 
     measured_on, measured_name = trainer.measured_on_gpu(), trainer.mfu_measured_on
     said = f"measured on {measured_name}"
     if measured_on is None:
-        from rollart.calibration import _shipped_kernel_profile
-
-        if "mfu" in trainer.model_fields_set or gpu_name is None or _shipped_kernel_profile(gpu_name, gpu) is None:
-            return mfu, own  # a stated MFU is the trainer GPU's own; a type priced on its datasheet keeps it too
+        # a stated MFU is the trainer GPU's own. The default moves to every named type, a custom one too: its
+        # GEMMs' share is its reference profile's, held between the presets it matches or beats and those that
+        # beat it (gemm_e_max), so an H20 with more HBM no longer trains 23 % slower than the H20 it beats
+        if "mfu" in trainer.model_fields_set or gpu_name is None:
+            return mfu, own
         measured_name = DEFAULT_MFU_MEASURED_ON
         measured_on, said = GpuType(**GPU_PRESETS[measured_name]), f"(the default, an {measured_name} figure)"
     elif measured_on == gpu and gpu_name in (None, measured_name):
