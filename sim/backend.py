@@ -135,9 +135,9 @@ class SimBackend:
         full = self.full_plan
         gpu = full.gpu_of_pool(full.placement.trainer.pool)
         try:
-            self.train_cost = train_cost(full.model, gpu, full.placement.trainer,
-                                         full.cluster.gpu_pools[full.placement.trainer.pool].gpu,
-                                         full.cluster.links.get("intra_cluster"))
+            pool = full.cluster.gpu_pools[full.placement.trainer.pool]
+            self.train_cost = train_cost(full.model, gpu, full.placement.trainer, pool.gpu,
+                                         full.cluster.links.get("intra_cluster"), pool.profile == "datasheet")
         except (OSError, ValueError) as exc:
             raise PlanError([f"placement.trainer.profile: {exc}"]) from None
         measured = self.train_cost.profile if isinstance(self.train_cost, ProfiledTrainCost) else None

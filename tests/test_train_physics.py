@@ -386,3 +386,14 @@ def test_a_custom_gpu_type_trains_at_least_as_fast_as_a_preset_it_matches_or_bea
     assert custom.step_time(lens) <= theirs.step_time(lens) * (1 + 1e-9)
     assert custom.mfu == pytest.approx(theirs.mfu)  # the same BF16 peak: the same share of it
     assert "(the default, an H100 figure)" in custom.source
+
+
+def test_a_pool_priced_on_its_datasheet_keeps_the_default_mfu() -> None:
+    """`profile: datasheet` (validate's CPU "GPUs"): no GPU's kernel efficiencies carry over, so the default
+    MFU is used as it is, not moved by the GEMM share of the profile a custom type would borrow."""
+    from rollart.calibration import train_cost
+
+    cpu = GpuType(tflops_bf16=0.1, hbm_tbps=0.02, memory_gb=8, nvlink_gbps=10)
+    t = TrainerPlacement(pool="p", gpus=1)
+    assert train_cost(QWEN8, cpu, t, "cpu", datasheet=True).mfu == t.mfu
+    assert train_cost(QWEN8, cpu, t, "cpu").mfu != t.mfu

@@ -51,7 +51,8 @@ def stage_layers(layers: int, pp: int) -> list[int]:
 DEFAULT_MFU_MEASURED_ON = "H100"
 
 
-def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None = None) -> tuple[float, str]:
+def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None = None,
+                  datasheet: bool = False) -> tuple[float, str]:
     """(the MFU the trainer's GPUs compute at, how it was found). ``placement.trainer.mfu`` is the
     trainer GPU's own unless ``mfu_measured_on`` names another type (left at its default, on a named GPU
     type, preset or custom, it is :data:`DEFAULT_MFU_MEASURED_ON`'s): then mfu × e_max(trainer GPU) /
@@ -59,7 +60,9 @@ def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None 
     with (:func:`~rollart.calibration.gemm_share.gemm_e_max`: H20 0.951, H800/H100/H200 0.772, A100
     0.725), capped at 1. A GPU of few FLOP/s per byte of HBM (H20) keeps its tensor cores busier, so the
     same model at the same parallelism reaches a larger share of its peak; the GEMMs' ratio is a lower
-    bound of that (the non-GEMM kernels, memory-bound, are relatively cheaper there too)."""
+    bound of that (the non-GEMM kernels, memory-bound, are relatively cheaper there too). ``datasheet``: the
+    pool is priced on its datasheet roofline (``profile: datasheet``), no GPU's kernel efficiencies carry over,
+    so a default MFU stays as it is."""
     mfu = trainer.mfu
     own = f"MFU {mfu:.3g} (placement.trainer.mfu)"
     measured_on, measured_name = trainer.measured_on_gpu(), trainer.mfu_measured_on
@@ -68,7 +71,7 @@ def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None 
         # a stated MFU is the trainer GPU's own. The default moves to every named type, a custom one too: its
         # GEMMs' share is its reference profile's, held between the presets it matches or beats and those that
         # beat it (gemm_e_max), so an H20 with more HBM no longer trains 23 % slower than the H20 it beats
-        if "mfu" in trainer.model_fields_set or gpu_name is None:
+        if "mfu" in trainer.model_fields_set or gpu_name is None or datasheet:
             return mfu, own
         measured_name = DEFAULT_MFU_MEASURED_ON
         measured_on, said = GpuType(**GPU_PRESETS[measured_name]), f"(the default, an {measured_name} figure)"
@@ -155,8 +158,9 @@ class TrainCost:
                  all_to_all: tuple[tuple[float, float, str], tuple[float, float, str]] | None = None,
                  dp_link: tuple[float, float, str] | None = None, gpu_name: str | None = None,
                  expert_dp_link: tuple[float, float, str] | None = None,
-                 cp_link: tuple[float, float, str] | None = None):
-        # gpu_name: the trainer pool's GPU type name (None: known by its timing numbers), for the MFU's transfer
+                 cp_link: tuple[float, float, str] | None = None, datasheet: bool = False):
+        # gpu_name: the trainer pool's GPU type name (None: known by its timing numbers), for the MFU's transfer;
+        # datasheet: the pool is priced on its datasheet roofline (effective_mfu)
         self.model, self.gpu, self.trainer = model, gpu, trainer
         m = model
         self._linear_per_token = LINEAR_FLOPS_PER_PARAM_TOKEN * (m.active_params - input_embedding_params(m))
@@ -186,7 +190,7 @@ class TrainCost:
             self.stages[-1] = (linear + LINEAR_FLOPS_PER_PARAM_TOKEN * m.vocab * m.hidden, attention)
         cp = trainer.cp  # a rank's sequences are split over cp GPUs: each computes 1/cp of their tokens
         self.dp = trainer.dp
-        self.mfu, mfu_source = effective_mfu(trainer, gpu, gpu_name)
+        self.mfu, mfu_source = effective_mfu(trainer, gpu, gpu_name, datasheet)
         self._peak = trainer.gpus * gpu.tflops_bf16 * 1e12 * self.mfu
         tp = trainer.tp
         # (seconds a micro-batch, seconds a rank token) of one layer's tensor-parallel all-reduces
