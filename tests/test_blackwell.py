@@ -57,9 +57,9 @@ def test_a_trainer_moved_from_h100_speeds_up_as_megatron_bridge_measured(gpu: st
 
 
 @pytest.mark.parametrize("gpu, system", [("B200", "DGX-B200"), ("GB200", "DGX-GB200")])
-def test_the_default_mfu_is_an_h100_figure_so_a_blackwell_trainer_gets_blackwells_share(gpu: str, system: str) -> None:
-    """placement.trainer.mfu left at its default moves from H100 like a measured one (a helper found a GB200
-    trainer 2.43 × an H100 with the default, where Megatron-Bridge measured 2.18); a stated MFU stays the
+def test_the_default_mfu_is_a_hopper_figure_so_a_blackwell_trainer_gets_blackwells_share(gpu: str, system: str) -> None:
+    """placement.trainer.mfu left at its default (fitted on H800) moves like a measured one (a helper found a
+    GB200 trainer 2.43 × an H100 with the default, where Megatron-Bridge measured 2.18); a stated MFU stays the
     trainer GPU's own, and a Hopper-class trainer keeps the default as it is."""
     default = TrainerPlacement(pool="t", gpus=8)
     mfu, source = effective_mfu(default, GpuType(**GPU_PRESETS[gpu]), gpu)
@@ -67,8 +67,8 @@ def test_the_default_mfu_is_an_h100_figure_so_a_blackwell_trainer_gets_blackwell
     speedup = GPU_PRESETS[gpu]["tflops_bf16"] * mfu / (GPU_PRESETS["H100"]["tflops_bf16"] * h100)
     mb = _data()["megatron_bridge_llama3_8b_fp8"]
     assert speedup == pytest.approx(mb[system] / mb["DGX-H100"], rel=0.05)
-    assert "the default, an H100 figure" in source
-    assert (h100, effective_mfu(default, GpuType(**GPU_PRESETS["H800"]), "H800")[0]) == (0.35, 0.35)
+    assert "the default, fitted on H800" in source
+    assert (h100, effective_mfu(default, GpuType(**GPU_PRESETS["H800"]), "H800")[0]) == (0.16, 0.16)
     stated = TrainerPlacement(pool="t", gpus=8, mfu=0.35)
     assert effective_mfu(stated, GpuType(**GPU_PRESETS[gpu]), gpu)[0] == 0.35
 

@@ -291,7 +291,7 @@ def _figures(name: str, dtype: str) -> tuple:
            kern8.prefill_time(4096, 4096 * 4096 / 2, 2),
            generation_cost(m, "H20", h20, 1, bounded=False).mixed_step_time(1000, 1000 * 3000.0, 32, 32 * 4000.0, 3),
            generation_cost(m, "H200", h200, 16, bounded=False).decode_line(256).total(256 * 8192, 256, 3),
-           train_cost(m, h800, TrainerPlacement(pool="p", gpus=64, tp=8), "H800").step_time([4096] * 32 + [16384] * 4)]
+           train_cost(m, h800, TrainerPlacement(pool="p", gpus=64, tp=8, mfu=0.35), "H800").step_time([4096] * 32 + [16384] * 4)]
     if m.moe_experts:
         out += [generation_cost(m, "H800", h800, 8, ep=2, bounded=False).decode_line(64).total(64 * 8192, 64, 3),
                 RooflineGeneration(m, h800, 8, ep=2).prefill_time(4096, 4096 * 4096 / 2, 2),

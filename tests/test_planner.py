@@ -354,14 +354,14 @@ def test_plan_tries_the_trainer_on_each_pool_it_is_given(tmp_path):
     assert res.exit_code == 0, res.output
     moved = load_plan(out)
     assert moved.placement.trainer.pool == "h20" and "vs the scenario placement" not in res.output
-    # the scenario's MFU is the default, an H100 figure wherever the trainer goes: on H20 it moves by the GEMM
+    # the scenario's MFU is the default, an H800 fit wherever the trainer goes: on H20 it moves by the GEMM
     # rule, as the same scenario written on H20 prices it (not pinned to H800, nor read as H20's own)
     from rollart.sim.costs.train import effective_mfu
 
     tr = moved.placement.trainer
     assert tr.mfu_measured_on is None and "mfu" not in tr.model_fields_set
     on_h20, how = effective_mfu(tr, moved.gpu_of_pool("h20"), "H20")
-    assert on_h20 > 0.4 and "the default, an H100 figure" in how  # 0.35 × 0.951 / 0.772
+    assert on_h20 == pytest.approx(0.16 * 0.950623 / 0.772048) and "the default, fitted on H800" in how
     # a stated MFU (the trainer GPU's own) is pinned to the scenario's GPU when the trainer moves
     res = _small_plan_run(out, "--confirm-seeds", "0", "--trainer-pools", "h20", "--set", "placement.trainer.mfu=0.3")
     assert res.exit_code == 0, res.output

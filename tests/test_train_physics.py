@@ -372,10 +372,10 @@ def test_attention_runs_slower_than_the_gemms_by_default() -> None:
     ("B200", dict(tflops_bf16=2250, hbm_tbps=8, memory_gb=288, nvlink_gbps=1800, tflops_fp8=4500)),  # a B300 sheet
 ])
 def test_a_custom_gpu_type_trains_at_least_as_fast_as_a_preset_it_matches_or_beats(preset: str, sheet: dict) -> None:
-    """The default MFU (an H100 figure) moves to a custom type as to a preset, by the GEMMs' share of peak its
+    """The default MFU (fitted on H800) moves to a custom type as to a preset, by the GEMMs' share of peak its
     reference profile reaches, held between the presets that bound its sheet: a card at least as good as a
     preset in every figure trains at least as fast. It used to keep 0.35 unmoved, so an H20 with more HBM
-    trained 23 % slower than the H20 (whose GEMMs reach 0.951 of peak, the H100's 0.772), and a B300 sheet
+    trained 23 % slower than the H20 (whose GEMMs reach 0.951 of peak, the H800's 0.772), and a B300 sheet
     7 % faster than a B200 with the same BF16 peak."""
     from rollart.calibration import train_cost
 
@@ -385,7 +385,7 @@ def test_a_custom_gpu_type_trains_at_least_as_fast_as_a_preset_it_matches_or_bea
     custom = train_cost(QWEN8, GpuType(**sheet), t, "custom")
     assert custom.step_time(lens) <= theirs.step_time(lens) * (1 + 1e-9)
     assert custom.mfu == pytest.approx(theirs.mfu)  # the same BF16 peak: the same share of it
-    assert "(the default, an H100 figure)" in custom.source
+    assert "(the default, fitted on H800" in custom.source
 
 
 def test_a_pool_priced_on_its_datasheet_keeps_the_default_mfu() -> None:

@@ -31,7 +31,7 @@ def did_you_mean(word: str, options: Iterable[str], what: str, many: int = 12) -
     if options and len(options) <= many:
         out += f" {what} are: {', '.join(options)}" if close else f"; {what} are: {', '.join(options)}"
     elif not close:
-        out += f" (see the README's plan reference)" if what == "fields" else ""
+        out += " (see the README's plan reference)" if what == "fields" else ""
     return out
 
 

@@ -523,9 +523,11 @@ class TrainerPlacement(_Strict):
         "(the order tp-cp-dp-pp), which hold 1/cp of its tokens and their activations and pass their keys and "
         "values round a ring for causal attention (overlapped with the attention they compute); a data-parallel "
         "rank is tp·cp·pp GPUs. What lets a long context train without a wide tp or refusing for memory"))
-    mfu: Annotated[float, Field(gt=0, le=1)] = Field(0.35, description=(
+    mfu: Annotated[float, Field(gt=0, le=1)] = Field(0.16, description=(
         "model-FLOPs utilisation of the GEMMs (causal attention runs at attention_efficiency × it; the default "
-        "0.35 is an H100 figure, moved to another preset GPU type by the GEMM rule of mfu_measured_on), of "
+        "0.16 is fitted on H800 to the paper's SWE step, an agentic GRPO step's training 23 % of 366 s, "
+        "calibration/tasks/swe-fit.md; Megatron pretraining reaches 0.35-0.45; moved to another GPU type by the "
+        "GEMM rule of mfu_measured_on), of "
         "the compute alone: the tensor-parallel all-reduces are priced beside it "
         "(on the GPUs' NVLink inside the GPU type's NVLink domain, nvlink_domain; on the intra-cluster link for "
         "a group wider than the domain or straddling two), so an end-to-end MFU measured at tp > 1 counts them "
@@ -535,8 +537,8 @@ class TrainerPlacement(_Strict):
         "another type the MFU used is mfu × e_max(trainer GPU) / e_max(this GPU), each the e_max of the BF16 gemm "
         "fit in the kernel profile that type is priced with (H20 0.951; H800, H100, H200 0.772; A100 0.725: an H800 "
         "MFU of 0.16 is 0.197 on H20), capped at 1; a lower bound of the change (non-GEMM kernels are relatively "
-        "cheaper on a GPU of fewer FLOP/s too). Unset: a stated mfu is the trainer GPU's own, and the default (0.35, "
-        "an H100 figure) moves from H100 by the same rule on a preset GPU type (GB200 0.301, H20 0.431)"))
+        "cheaper on a GPU of fewer FLOP/s too). Unset: a stated mfu is the trainer GPU's own, and the default (0.16, "
+        "fitted on H800) moves from H800 by the same rule on a named GPU type (GB200 0.137, H20 0.197)"))
     attention_efficiency: Annotated[float, Field(gt=0, le=2)] = Field(0.52, description=(
         "the rate training's causal attention kernels (flash attention forward and backward) reach in model "
         "FLOPs, as a share of the rate the MFU gives the GEMMs: attention FLOPs grow with the square of a "

@@ -44,11 +44,16 @@ def stage_layers(layers: int, pp: int) -> list[int]:
     return [base + (i < extra) for i in range(pp)]
 
 
-# placement.trainer.mfu's default (0.35) is a Hopper figure, Megatron's typical share of an H100's peak with
-# full recompute: left unset on a preset GPU type it moves to that type by the GEMM rule, as one measured on an
-# H100 would, so a GB200 trainer runs at the share Blackwell sustains (Megatron-Bridge: GB200 2.18 × an H100,
-# not its datasheets' 2.53) and an H20 or A100 trainer at the share their GEMMs reach.
-DEFAULT_MFU_MEASURED_ON = "H100"
+# placement.trainer.mfu's default (0.16) is the one RL train step measured for us: fitted on H800 to the paper's
+# §2 SWE step (training 23 % of 366 s: 128 GRPO sequences of ~20K tokens, Qwen3-8B on 32 H800;
+# calibration/tasks/swe-fit.md), the GEMMs' share with the all-reduces, the gradient sync and the colocation
+# switch priced beside it. Megatron pretraining reaches 0.35-0.45 of an H100; an agentic RL step (one sequence
+# a micro-batch, log-prob passes, the framework between them) did not, and a default of pretraining's halved the
+# train step of every plan that states none against the plans that use the fit. Left unset on a named GPU type
+# it moves to that type by the GEMM rule, as one measured on an H800 would, so a GB200 trainer runs at the
+# share Blackwell sustains (Megatron-Bridge: GB200 2.18 × an H100, not its datasheets' 2.53) and an H20 or
+# A100 trainer at the share their GEMMs reach.
+DEFAULT_MFU_MEASURED_ON = "H800"
 
 
 def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None = None,
@@ -64,7 +69,8 @@ def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None 
     pool is priced on its datasheet roofline (``profile: datasheet``), no GPU's kernel efficiencies carry over,
     so a default MFU stays as it is."""
     mfu = trainer.mfu
-    own = f"MFU {mfu:.3g} (placement.trainer.mfu)"
+    own = f"MFU {mfu:.3g} (placement.trainer.mfu)" if "mfu" in trainer.model_fields_set else \
+        f"MFU {mfu:.3g} (the default, fitted on {DEFAULT_MFU_MEASURED_ON} to the paper's SWE step)"
     measured_on, measured_name = trainer.measured_on_gpu(), trainer.mfu_measured_on
     said = f"measured on {measured_name}"
     if measured_on is None:
@@ -74,7 +80,8 @@ def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None 
         if "mfu" in trainer.model_fields_set or gpu_name is None or datasheet:
             return mfu, own
         measured_name = DEFAULT_MFU_MEASURED_ON
-        measured_on, said = GpuType(**GPU_PRESETS[measured_name]), f"(the default, an {measured_name} figure)"
+        measured_on, said = GpuType(**GPU_PRESETS[measured_name]), \
+            f"(the default, fitted on {measured_name} to the paper's SWE step)"
     elif measured_on == gpu and gpu_name in (None, measured_name):
         return mfu, f"MFU {mfu:.3g} {said} (placement.trainer.mfu)"
     from rollart.calibration.gemm_share import gemm_e_max
