@@ -296,8 +296,8 @@ def plan(
     Successive halving on short simulations, then full simulations of the finalists and of the
     winner's neighbours. `rollart simulate PLAN.yaml` reproduces the winner's figures."""
     from rollart.plan.schema import sim_request_scale
-    from rollart.planner import (Budget, Space, best_of, held_fixed_line, plan_data, search, spread_line, top_table,
-                                 trainer_pools_table, why_lines, write_plan)
+    from rollart.planner import (Budget, Space, best_of, held_fixed_line, plan_data, search, serverless_billing_line,
+                                 spread_line, top_table, trainer_pools_table, why_lines, write_plan)
     from rollart.planner.search import OBJECTIVES
     from rollart.report import plan_rates
     from rollart.sim.costs.price import require_prices
@@ -419,6 +419,11 @@ def plan(
     ])
     if spread:
         console.print(f"#1 {spread}", highlight=False)
+    from rollart.sim.costs.price import serverless_price
+
+    billing = serverless_billing_line(best, serverless_price(base_plan))
+    if billing:
+        console.print(billing, highlight=False)
     console.print(f"[dim]{held_fixed_line(base_plan, [*searches, *refused] if trainer_pools else None)}[/]",
                   highlight=False)
     for note in notes:

@@ -398,11 +398,12 @@ def compare_table(results: list[RunResult]) -> Table:
     steady = all(plan_figures(r.summary)[1] for r in results)
     figs = [r.summary["steady"] if steady else r.summary for r in results]  # one basis for every mode
     base = figs[0]["trajectories_per_s"] or 1.0
-    what = ("traj/s, trained tok/s and step s past the cold first step; busy and aborted (stale / redundant) "
-            "over the whole run" if steady else "whole run; tok/s: trained tokens; aborted: stale / redundant")
+    what = ("traj/s, trained tok/s, step s and stale (the trained trajectories' mean policy lag, versions) past "
+            "the cold first step; busy and aborted (stale / redundant) over the whole run" if steady else
+            "whole run; tok/s: trained tokens; stale: their mean policy lag; aborted: stale / redundant")
     table = Table(title=f"{results[0].scenario}: throughput normalised to {results[0].mode} ({what})",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("mode", "step s", "traj/s", f"× {results[0].mode}", "tok/s", "GPU busy", "aborted"):
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("mode", "step s", "traj/s", f"× {results[0].mode}", "tok/s", "stale", "GPU busy", "aborted"):
         table.add_column(col, justify="left" if col in ("mode", "GPU busy") else "right", no_wrap=col != "GPU busy",
                          min_width=len(col))
     d = decimals_for([f["step_time_s_mean"] for f in figs])
@@ -410,6 +411,7 @@ def compare_table(results: list[RunResult]) -> Table:
         sm = r.summary
         busy = " ".join(f"{p}:{x:.0%}" for p, x in sm.get("gpu_busy_fraction", {}).items())
         table.add_row(r.mode, f"{f['step_time_s_mean']:.{d}f}", f"{f['trajectories_per_s']:.3f}",
-                      f"{f['trajectories_per_s'] / base:.2f}", f"{f.get('trained_tokens_per_s', 0.0):,.0f}", busy,
+                      f"{f['trajectories_per_s'] / base:.2f}", f"{f.get('trained_tokens_per_s', 0.0):,.0f}",
+                      f"{f.get('mean_staleness', sm.get('mean_staleness', 0.0)):.2f}", busy,
                       f"{sm['aborted_stale']} / {sm['aborted_redundant']}")
     return table

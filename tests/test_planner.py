@@ -533,15 +533,18 @@ def test_trainer_sizes_are_multiples_of_an_explicit_ep_per_stage():
 
 def test_a_winner_with_a_wide_window_says_staleness_is_not_priced():
     """Speed alone ranks the widest α first (helper-83: α 4 at 1.93 against 1.26 trajectories/s at α 1, every
-    batch trained 4 versions stale): the plan says what the ranking leaves out and how to keep α narrow."""
+    batch trained 4 versions stale): the plan says what the ranking leaves out and how to keep α narrow. The
+    staleness is the steady window's, where the rate is read (helper-93: the whole run's, cold first step
+    included, said 1.25 for α 2 batches trained 2.0 stale)."""
     from rollart.planner import Candidate, Evaluation
     from rollart.planner.report import why_lines
     from rollart.planner.search import PlanSearch
 
     def ev(alpha: int) -> Evaluation:
         c = Candidate("h800", 8, (("h20", 8, 1),), (), alpha, 0.25, SERVERLESS)
-        return Evaluation(c, 3, {"summary": {"mean_staleness": float(alpha), "steady": {
-            "settled": True, "trajectories_per_s": 1.0 + alpha, "breakdown_s_mean": {"generation": 1.0}}}})
+        return Evaluation(c, 3, {"summary": {"mean_staleness": alpha / 2, "steady": {
+            "settled": True, "trajectories_per_s": 1.0 + alpha, "breakdown_s_mean": {"generation": 1.0},
+            "mean_staleness": float(alpha)}}})
 
     for alpha, said in ((4, True), (1, False)):
         result = PlanSearch([ev(alpha)], None, [], 1, 3, 0.0, "throughput", Budget(gpus=16), False)
@@ -576,3 +579,65 @@ def test_a_search_whose_every_candidate_fails_says_why():
                     polish_rounds=0, confirm_seeds=0)
     assert result.best is None and result.infeasible
     assert "KV tokens" in result.infeasible[0].error
+
+
+def _costed(candidate, cph: float, tps: float, **summary) -> "Evaluation":
+    from rollart.planner import Evaluation
+
+    return Evaluation(candidate, 4, {"seed": 0, "summary": {
+        "cost_usd_per_hour": cph, "simulated_s": 3600.0, "mean_staleness": 1.0, **summary,
+        "steady": {"settled": True, "trajectories_per_s": tps, "breakdown_s_mean": {"generation": 1.0},
+                   "cost_per_1k_trajectories_usd": 1000 * cph / 3600 / tps, "mean_staleness": 1.0}}})
+
+
+def test_a_scenario_placement_over_the_dollar_budget_is_said_to_be():
+    """The scenario's own placement can run faster than the winner and still be left out: its billed serverless
+    time put it over the US$ budget (helper-93: -69 % traj/s against it, no reason given, at $507.63/h on a
+    $507 budget). The line against it says so; within the budget it says nothing more."""
+    from rollart.planner import Candidate
+    from rollart.planner.report import why_lines
+    from rollart.planner.search import PlanSearch
+
+    win = _costed(Candidate("h800", 8, (("h20", 8, 1),), (), 1, 0.0, SERVERLESS), 500.0, 1.0)
+    own = Candidate("h800", 8, (("h20", 16, 1),), (), 1, 0.0, SERVERLESS)
+    for cph, said in ((507.63, True), (506.0, False)):
+        base = _costed(own, cph, 3.2, serverless_gpu_seconds=100.0)
+        result = PlanSearch([win], base, [], 2, 8, 0.0, "throughput", Budget(usd_per_hour=507.0), False)
+        line = next(line for line in why_lines(result) if "vs the scenario placement" in line)
+        assert ("costs $507.63/h, over the $507.00/h budget, its serverless reward billed as it ran" in line) == said
+
+
+def test_a_serverless_winner_billed_per_request_shows_its_instance_time_price():
+    """The price table's serverless rate is Modal's, and Modal bills container time: a winner billed per
+    request also shows what its run costs billed by instance time, from the same run's instance GPU·s
+    (helper-93: $38/h → $50/h, past the budget and dearer per trajectory than 2 dedicated GPUs)."""
+    from rollart.planner import Candidate, serverless_billing_line
+
+    c = Candidate("h800", 8, (("h20", 8, 1),), (), 1, 0.0, SERVERLESS)
+    ev = _costed(c, 38.0, 2.0, serverless_gpu_seconds=1000.0, serverless_instance_s=4000.0)
+    line = serverless_billing_line(ev, 0.001)  # 3,000 idle GPU·s in an hour at $0.001: +$3/h
+    assert "$38.00/h in all" in line and "$41.00/h" in line and "at seed 0" in line
+    per_1k = 1000 * 38.0 / 3600 / 2.0 * 41.0 / 38.0
+    assert f"${per_1k:,.2f} per 1k" in line
+    assert serverless_billing_line(ev, None) is None
+    assert serverless_billing_line(_costed(c, 38.0, 2.0, serverless_billing="instance_time",
+                                           serverless_gpu_seconds=4000.0, serverless_instance_s=4000.0), 0.001) is None
+    assert serverless_billing_line(_costed(c, 38.0, 2.0), 0.001) is None  # a dedicated judge: no line
+
+
+def test_the_top_table_shows_the_seed_mean_cost_where_it_ranks_by_it():
+    """A confirmed finalist ranks by its seeds' mean: its $/1k column is that mean too, not seed 0's alone
+    (helper-93: $3.87 at seed 0 beside a 3-seed mean rank; the mean was $4.39)."""
+    from rich.console import Console
+
+    from rollart.planner import Candidate, SeedSpread, top_table
+    from rollart.planner.search import PlanSearch
+
+    c = Candidate("h800", 8, (("h20", 8, 1),), (), 1, 0.0, SERVERLESS)
+    ev = _costed(c, 36.0, 2.5)  # seed 0: $4.00 per 1k
+    spread = SeedSpread((0, 1, 2), (2.5, 2.0, 2.3), (4.0, 5.0, 4.6), 36.0)
+    result = PlanSearch([ev], None, [], 1, 4, 0.0, "throughput", Budget(gpus=16), False, spreads={c: spread})
+    console = Console(width=200, record=True)
+    console.print(top_table(result))
+    text = console.export_text()
+    assert f"{spread.mean_cost_per_1k:,.2f}" in text and "4.00 " not in text

@@ -173,3 +173,34 @@ def test_the_rate_error_bar_is_the_batch_means_standard_error_over_pairs_of_step
     assert rate_standard_error(steps([50] * 6 + [100, 100])) == pytest.approx(se)
     # an odd last step joins the last pair instead of being dropped: a slow one widens the bar
     assert rate_standard_error(steps([50] * 8 + [500])) > 0.1
+
+
+def test_the_steady_staleness_is_the_windows_trajectory_weighted_lag():
+    """The steady state's mean staleness is read over the steps its rates are (helper-93: an α-2 plan's note
+    said 1.25 versions, the whole run's mean with the cold first step's fresh batch, where every steady batch
+    trained 2.0 stale); weighted by each step's trajectories, as the run's mean is."""
+    steps = [StepRecord(i, 10.0 * i, 10.0 * (i + 1), {"train": 10.0}, n, 100 * n, lag)
+             for i, (n, lag) in enumerate([(8, 0.0), (8, 2.0), (4, 2.0), (8, 1.0)])]
+    s = steady_state(steps)
+    assert s["mean_staleness"] == pytest.approx((8 * 2.0 + 4 * 2.0 + 8 * 1.0) / 20)
+    assert steady_state(steps[:1])["mean_staleness"] == 0.0
+
+
+def test_compare_shows_each_modes_steady_staleness(tmp_path):
+    """`rollart compare` puts how stale each mode's trained batches were beside its speed: an asynchronous
+    mode's gain over Sync is bought with policy lag (helper-93: 9.13× Sync beside nothing on 1.48 versions)."""
+    from rich.console import Console
+
+    from rollart.report import compare_table
+
+    plan = load_plan(default_scenario(), ["algorithm.batch_size=16", "algorithm.steps=4"])
+    results = [simulate_plan(plan, mode_config(plan, m), 0).to_result() for m in ("sync", "rollart")]
+    console = Console(width=120, record=True)
+    console.print(compare_table(results))
+    lines = console.export_text().splitlines()
+    rows = {ln.split()[0]: ln.split() for ln in lines if ln.split()[:1] in (["sync"], ["rollart"])}
+    header = next(ln.split() for ln in lines if ln.split()[:1] == ["mode"])
+    col = header.index("stale") - 2  # "step s" and "× sync" are two words in the header, one cell in a row
+    assert float(rows["sync"][col]) == 0.0
+    assert float(rows["rollart"][col]) == pytest.approx(results[1].summary["steady"]["mean_staleness"], abs=0.005)
+    assert results[1].summary["steady"]["mean_staleness"] > 0

@@ -15,7 +15,7 @@ METRICS = ("trajectories_per_s", "tokens_per_s", "step_time_s_mean", "step_time_
            "aborted_redundant", "env_failures", "serverless_gpu_seconds", "serverless_serving_s", "steps_done",
            "simulated_s")
 
-STEADY_METRICS = ("trajectories_per_s", "cost_per_1k_trajectories_usd", "step_time_s_mean")
+STEADY_METRICS = ("trajectories_per_s", "cost_per_1k_trajectories_usd", "step_time_s_mean", "mean_staleness")
 
 
 def all_steady(rows: list[dict[str, Any]]) -> bool:
