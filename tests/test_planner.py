@@ -581,7 +581,7 @@ def test_a_search_whose_every_candidate_fails_says_why():
     assert "KV tokens" in result.infeasible[0].error
 
 
-def _costed(candidate, cph: float, tps: float, **summary) -> "Evaluation":
+def _costed(candidate, cph: float, tps: float, **summary):
     from rollart.planner import Evaluation
 
     return Evaluation(candidate, 4, {"seed": 0, "summary": {
