@@ -466,7 +466,8 @@ def test_means_over_seeds_tie_within_twice_the_standard_error_of_their_differenc
     """The margin is 2·s·√(1/n₁ + 1/n₂) for the two values with the fewest seeds, s the relative
     seed-to-seed sd pooled over the keys; never below the one-seed margin scaled the same way, and
     the one-seed margin when nothing has two seeds to pool."""
-    from rollart.reproduce.checks import TIE_MARGIN, leader_text, leaders, seed_counts, seed_margin
+    from rollart.core.ties import TIE_MARGIN, seed_counts, seed_margin
+    from rollart.reproduce.checks import leader_text, leaders
 
     per_seed = {"a": [0.98, 1.00, 1.02], "b": [1.96, 2.00, 2.04]}  # the same relative spread
     s = math.sqrt(4 * 0.02 ** 2 / 4)  # pooled: four residuals of 0.02 over four degrees of freedom
@@ -489,7 +490,8 @@ def test_variants_run_at_the_same_seeds_are_compared_seed_by_seed():
     all variants (seed 0 fast everywhere) cancels: the margin is 2·s_d/√n of the per-seed log-ratios,
     floored at TIE_MARGIN/√n; a failed seed falls back to the unpaired rule, a variant that failed at
     every seed is left out (as leaders() leaves it out)."""
-    from rollart.reproduce.checks import TIE_MARGIN, leaders, paired_margin, seed_margin, tie_rule
+    from rollart.core.ties import TIE_MARGIN, paired_margin, seed_margin
+    from rollart.reproduce.checks import leaders, tie_rule
 
     # the hw-affinity figures of the session-54 reproduce: the mix leads all-H800 by 3.1-4.0 % at every seed
     swing = {"mix": {0: 3.319, 1: 3.175, 2: 3.182}, "h800": {0: 3.217, 1: 3.052, 2: 3.086}}

@@ -45,7 +45,8 @@ def changes(a: Evaluation, b: Evaluation) -> list[str]:
     return out
 
 
-def reason(a: Evaluation, b: Evaluation, b_name: str, spreads: dict[Any, SeedSpread] | None = None) -> str:
+def reason(a: Evaluation, b: Evaluation, b_name: str, spreads: dict[Any, SeedSpread] | None = None,
+           tie: float | None = None) -> str:
     """Why ``a`` beats (or trails) ``b``: throughput and cost (their means over the seeds where both ran
     at several, ``spreads``: what they rank by), the step-time components that moved most along the
     critical path, and what ``a`` chose differently."""
@@ -59,6 +60,9 @@ def reason(a: Evaluation, b: Evaluation, b_name: str, spreads: dict[Any, SeedSpr
         parts[0] += f", {_pct(ca / cb - 1)} $/1k traj"
     if pa is not None and pb is not None:
         parts[0] += " (seed means)"
+        # a slower plan above a faster one: they tie inside the seeds' noise, and the cheaper leads
+        if tie is not None and tb and ta < tb and ta >= tb / (1 + tie) and ca is not None and cb and ca <= cb:
+            parts[0] += f", a tie within the seeds' ±{tie:.1%}: the cheaper per trajectory ranks first"
     ba, bb = _bd(a), _bd(b)
     deltas = sorted(((ba.get(k, 0.0) - bb.get(k, 0.0), k) for k in BREAKDOWN_KEYS), key=lambda d: -abs(d[0]))
     moved = [f"{NAMES[k]} {d:+.0f} s" for d, k in deltas[:2] if abs(d) >= 0.5]
@@ -209,7 +213,7 @@ def why_lines(result: PlanSearch, top: int = 5) -> list[str]:
     out = []
     for i, ev in enumerate(rows):
         if i + 1 < len(rows):
-            out.append(f"#{i + 1} {reason(ev, rows[i + 1], f'#{i + 2}', result.spreads)}")
+            out.append(f"#{i + 1} {reason(ev, rows[i + 1], f'#{i + 2}', result.spreads, result.seed_tie)}")
         elif i > 0:  # the winner's bottleneck follows below
             out.append(f"#{i + 1} {bottleneck(ev)}")
     if rows:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from rollart.reproduce import plots
-from rollart.reproduce.checks import direction, leader_text, leaders, paired_margin, seed_counts, tie_rule
+from rollart.core.ties import paired_margin, seed_counts
+from rollart.reproduce.checks import direction, leader_text, leaders, tie_rule
 from rollart.reproduce.experiments.common import (BOUND_RULE, EXP, SEEDS, STEADY_NOTE, _failures, _find, _same_trainer,
                                                   _seed_runs, _side, _train_s, finite_mean, mean_throughput,
                                                   seed_throughputs, seeded)

@@ -37,7 +37,7 @@ def _find(outs: list[Outcome], **params: Any) -> Outcome | None:
 
 
 # Experiments whose variants differ by a few %, as much as one seed's draws (env latencies, response
-# lengths, failures) move a run, run each variant at these seeds and read the means (checks.paired_margin).
+# lengths, failures) move a run, run each variant at these seeds and read the means (core.ties.paired_margin).
 SEEDS = (0, 1, 2)
 
 

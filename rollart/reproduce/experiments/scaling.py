@@ -6,7 +6,8 @@ import math
 from typing import Any
 
 from rollart.reproduce import plots
-from rollart.reproduce.checks import direction, leader_text, leaders, paired_margin, seed_counts, tie_rule
+from rollart.core.ties import paired_margin, seed_counts
+from rollart.reproduce.checks import direction, leader_text, leaders, tie_rule
 from rollart.reproduce.experiments.common import (EXP, MODES, MODE_LABEL, SEEDS, STEADY_NOTE, _bound_note, _failures,
                                                   _find, _seed_runs, _side, _train_s, conversations_per_worker,
                                                   env_managers, finite_mean, mean_throughput, seeded)
