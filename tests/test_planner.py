@@ -674,3 +674,22 @@ def test_finalists_inside_the_seeds_noise_rank_cheaper_first_and_say_so():
     # a seed that failed: no paired reading, the fixed tie
     assert seed_tie([fast, cheap[:3] + [Evaluation(cheap[0].candidate, 4, {"error": "x"})]], [0, 1, 2, 3]) \
         == THROUGHPUT_TIE
+
+
+@pytest.mark.parametrize("alpha, train, said", [(2, 0.77, "rollout-bound"), (2, 0.85, "trainer-bound"), (0, 0.77, None)])
+def test_the_bottleneck_line_says_which_side_bounds_an_overlapping_step(alpha: int, train: float, said: str | None):
+    """Where training overlaps the rollout (α ≥ 1) the critical path's train share is not the lever by
+    itself: below TRAINER_BOUND the trainer waits for batches (helper-93 doubled the trainer of a plan whose
+    line read "train 77 %" and gained nothing). At α 0 a step is its rollout plus its train step: no side."""
+    from rollart.planner import Candidate, Evaluation
+    from rollart.planner.report import bottleneck
+
+    c = Candidate("h800", 8, (("h20", 8, 1),), (), alpha, 0.0, SERVERLESS)
+    ev = Evaluation(c, 8, {"summary": {"steady": {"settled": True, "trajectories_per_s": 1.0, "breakdown_s_mean": {
+        "train": 100 * train, "generation": 100 * (1 - train)}}}})
+    line = bottleneck(ev)
+    assert f"train {train:.0%}" in line
+    if said is None:
+        assert "bound" not in line
+    else:
+        assert said in line and ("more rollout capacity" in line) == (said == "rollout-bound")

@@ -69,6 +69,10 @@ START_UP_STEPS = 1
 # pairs of steady steps (eight steps) the rate's standard error needs (:func:`rate_standard_error`): from two
 # it scatters 0.08-4x the seed-to-seed spread (default scenario, 16 seeds)
 SE_MIN_PAIRS = 4
+# From this share of an overlapping run's step spent training (on the critical path) on, the trainer sets the
+# pace and faster rollout cannot shorten the step much; below it the trainer waits for batches, so the rollout
+# does (reproduce's bound notes, plan's bottleneck line).
+TRAINER_BOUND = 0.8
 # A run whose steps after the first 1 + α wait on the weights this share of their time or more is bound
 # by the weight transfer (a slow cross-cluster link): there steps 1..α run ahead on the version the
 # engines already hold (the window lets them lag α versions) and only then does each step wait for its

@@ -12,7 +12,7 @@ import yaml
 from rich import box
 from rich.table import Table
 
-from rollart.core.stats import BREAKDOWN_KEYS
+from rollart.core.stats import BREAKDOWN_KEYS, TRAINER_BOUND
 from rollart.plan.schema import Plan
 from rollart.planner.search import Evaluation, PlanSearch, SeedSpread
 from rollart.report import plan_figures, plan_rates
@@ -75,13 +75,23 @@ def reason(a: Evaluation, b: Evaluation, b_name: str, spreads: dict[Any, SeedSpr
 
 
 def bottleneck(ev: Evaluation) -> str:
-    """The critical path of the plan's steps, largest share first, and its GPU busy fractions."""
+    """The critical path of the plan's steps, largest share first, its GPU busy fractions, and which side
+    bounds a step where training overlaps the rollout (α ≥ 1): the trainer from :data:`TRAINER_BOUND` of
+    the step on, else the rollout, whose batches the trainer waits for. A helper read "critical path train
+    77 %" as the lever, doubled the trainer and gained nothing: at 77 % the trainer already waits."""
     bd = _bd(ev)
     total = sum(bd.values()) or 1.0
     top = sorted(bd.items(), key=lambda kv: -kv[1])[:3]
     path = ", ".join(f"{NAMES[k]} {v / total:.0%}" for k, v in top if v > 0)
     busy = " ".join(f"{p} {x:.0%}" for p, x in (ev.summary.get("gpu_busy_fraction") or {}).items())
-    return f"critical path {path}; GPU busy {busy}"
+    line = f"critical path {path}; GPU busy {busy}"
+    if getattr(ev.candidate, "alpha", 0) >= 1 and sum(bd.values()) > 0:
+        share = bd.get("train", 0.0) / total
+        line += (f"; trainer-bound (train ≥ {TRAINER_BOUND:.0%} of the step): a faster trainer shortens it"
+                 if share >= TRAINER_BOUND else
+                 f"; rollout-bound (train under {TRAINER_BOUND:.0%} of the step, the trainer waits for batches): "
+                 "more rollout capacity shortens it, a faster trainer little")
+    return line
 
 
 def _money(x: Any, fmt: str) -> str:

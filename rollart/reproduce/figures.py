@@ -6,7 +6,7 @@ import math
 from typing import Callable, Iterable
 
 from rollart.core import stats
-from rollart.core.stats import StepRecord
+from rollart.core.stats import TRAINER_BOUND, StepRecord
 from rollart.reproduce.model import Outcome
 
 NA = "—"
@@ -71,10 +71,6 @@ def share(r: StepRecord, *keys: str) -> float:
 def breakdown_mean(recs: list[StepRecord], key: str) -> float:
     return mean(r.breakdown_s.get(key, 0.0) for r in recs)
 
-
-# From this share of the step spent training (on the critical path) on, the trainer sets the pace
-# and faster rollout cannot shorten the step much.
-TRAINER_BOUND = 0.8
 
 
 def train_share(o: Outcome) -> float:
