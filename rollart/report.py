@@ -318,6 +318,8 @@ def summary_table(result: RunResult) -> Table:
         table.add_row("weight sync", sm["weight_sync"])
     for note in sm.get("unused_settings") or ():
         table.add_row("not used", note)
+    for note in sm.get("context_notes") or ():
+        table.add_row("note", note)
     for gpu, source in result.calibration.items():
         table.add_row(f"cost model {gpu}", source)
     mixed = mixed_cost_models(result.calibration)

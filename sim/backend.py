@@ -943,6 +943,8 @@ class SimOutcome:
             "kv_preempted_reuse_share": self.preempted_reuse_share(),
             "weight_sync": weight_sync_summary(b.plan, b.mode) + b.transfer.bucket_cost_note(b.mode.async_weight_transfer),
             "unused_settings": unused_settings(b.plan, b.mode),
+            # a task window past the model's native one (served only with rope scaling): said, not refused
+            **({"context_notes": notes} if (notes := b.plan.context_notes()) else {}),
             "env_cores": self.env_cores_summary(elapsed),
             "routed_fallback": ctl.proxy.routed_fallback,
             "routed_preferred": ctl.proxy.routed_preferred,

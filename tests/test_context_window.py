@@ -101,3 +101,20 @@ def test_a_worker_that_cannot_hold_a_context_names_its_served_weights_and_the_fp
         run_sim(small_plan([*base, fp8, small, "cluster.gpu_pools.h20.gpu=H800x40"]))
     line, = info.value.problems
     assert "(34.3 GB of fp8 weights held)" in line and "FP8 (" not in line  # an FP8 cache would not hold it
+
+
+def test_a_window_past_the_models_native_one_is_said_not_refused() -> None:
+    """Qwen3 is trained for 32,768 tokens; 64K or 128K needs YaRN rope scaling (the model card). A task
+    window past it still runs and is priced as it is, but the summary says so (helper-91 found 128K accepted
+    silently); a model the plan describes (no preset) has no card to read."""
+    long = ["tasks.GEM-Math.max_context_tokens=65536", "placement.trainer.cp=2", "algorithm.batch_size=16",
+            "algorithm.steps=1"]
+    notes = load_plan(default_scenario(), long).context_notes()
+    assert len(notes) == 1 and "tasks.GEM-Math.max_context_tokens=65,536" in notes[0] and "YaRN, factor 2" in notes[0]
+    assert load_plan(default_scenario()).context_notes() == []
+    described = load_plan(default_scenario(), [*long, "model={name: mine, layers: 36, hidden: 4096, heads: 32, "
+                                                       "kv_heads: 8, head_dim: 128, intermediate: 12288, vocab: 151936}"])
+    assert described.context_notes() == []
+    summary = run_sim(load_plan(default_scenario(), long)).to_result().summary
+    assert summary["context_notes"] == notes
+    assert "context_notes" not in run_sim(small_plan()).to_result().summary

@@ -79,6 +79,14 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
                        intermediate=128, vocab=1024, tied_embeddings=1),
 }
 
+# The context window each released preset was trained for (its model card): past it the model needs rope
+# scaling (Qwen: YaRN, up to 131,072 tokens at factor 4, applied statically by vLLM, which the cards note may
+# cost quality on short texts). A plan's model.max_context_tokens states its own.
+NATIVE_CONTEXT_TOKENS: dict[str, int] = {
+    "Qwen3-8B": 32768, "Qwen3-14B": 32768, "Qwen3-32B": 32768, "Qwen3-30B-A3B": 32768, "Qwen3-235B-A22B": 32768,
+    "Qwen2.5-7B": 32768, "DeepSeek-V3": 131072,
+}
+
 LINK_PRESETS: dict[str, dict[str, float]] = {
     # kind: bandwidth Gbit/s, one-way latency µs (typical published figures)
     "tcp": {"bandwidth_gbps": 200.0, "latency_us": 50.0},

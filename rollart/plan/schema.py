@@ -874,6 +874,21 @@ class Plan(_Strict):
     def gpu_of_pool(self, pool: str) -> GpuType:
         return self.cluster.gpu_type(self.cluster.gpu_pools[pool].gpu)
 
+    def context_notes(self) -> list[str]:
+        """One line per task whose window is past the model's native one (a released preset's model card,
+        :data:`NATIVE_CONTEXT_TOKENS`; a model the plan describes states none): the run prices the longer context
+        as it is, but the model serves it only with rope scaling, which a buyer should know before reading the
+        figures."""
+        from rollart.plan.presets import NATIVE_CONTEXT_TOKENS
+
+        native = NATIVE_CONTEXT_TOKENS.get(self.model.name)
+        if native is None:
+            return []
+        return [f"tasks.{t.name}.max_context_tokens={t.max_context_tokens:,} is past {self.model.name}'s native "
+                f"{native:,}-token window: the model serves it only with rope scaling (YaRN, factor "
+                f"{t.max_context_tokens / native:.3g}); priced as it is" for t in self.tasks
+                if t.max_context_tokens > native]
+
 
 def _cross_problems(plan: Plan) -> list[str]:
     c, p, a = plan.cluster, plan.placement, plan.algorithm
