@@ -296,8 +296,9 @@ def plan(
     Successive halving on short simulations, then full simulations of the finalists and of the
     winner's neighbours. `rollart simulate PLAN.yaml` reproduces the winner's figures."""
     from rollart.plan.schema import sim_request_scale
-    from rollart.planner import (Budget, Space, best_of, held_fixed_line, plan_data, search, serverless_billing_line,
-                                 spread_line, top_table, trainer_pools_table, why_lines, write_plan)
+    from rollart.planner import (Budget, Space, affinity_note, best_of, held_fixed_line, plan_data, search,
+                                 serverless_billing_line, spread_line, top_table, trainer_pools_table, why_lines,
+                                 write_plan)
     from rollart.planner.search import OBJECTIVES
     from rollart.report import plan_rates
     from rollart.sim.costs.price import require_prices
@@ -424,6 +425,10 @@ def plan(
     billing = serverless_billing_line(best, serverless_price(base_plan))
     if billing:
         console.print(billing, highlight=False)
+    space = searches[chosen][0]
+    routed = affinity_note(best, space.heuristic_affinity, space.compute_rank, base_plan.placement.prefix_cache)
+    if routed:
+        console.print(routed, highlight=False)
     console.print(f"[dim]{held_fixed_line(base_plan, [*searches, *refused] if trainer_pools else None)}[/]",
                   highlight=False)
     for note in notes:

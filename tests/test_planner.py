@@ -693,3 +693,22 @@ def test_the_bottleneck_line_says_which_side_bounds_an_overlapping_step(alpha: i
         assert "bound" not in line
     else:
         assert said in line and ("more rollout capacity" in line) == (said == "rollout-bound")
+
+
+def test_a_winner_routing_prefill_heavy_work_off_the_compute_gpus_says_why():
+    """The paper routes prefill-heavy tasks to compute-optimised GPUs; a winner that puts them on H20 says
+    so, why the simulator finds it faster (decode-bound turns with the prefix cache), and how to hold the
+    paper's map (helper-93: only CHANGES.md said it)."""
+    from rollart.planner import Candidate, Evaluation, affinity_note
+
+    heuristic = {"FrozenLake": "compute", "GEM-Math": "bandwidth"}
+    def ev(frozen: str) -> Evaluation:
+        c = Candidate("h800", 8, (("h800", 4, 1), ("h20", 8, 1)), (("FrozenLake", frozen), ("GEM-Math", "h20")),
+                      1, 0.0, SERVERLESS)
+        return Evaluation(c, 4, {"summary": {}})
+
+    line = affinity_note(ev("h20"), heuristic, ["h800", "h20"])
+    assert "prefill-heavy FrozenLake on h20, not h800" in line and "--fixed-affinity" in line
+    assert "prefix cache" in line and "prefix cache" not in affinity_note(ev("h20"), heuristic, ["h800", "h20"], False)
+    assert affinity_note(ev("h800"), heuristic, ["h800", "h20"]) is None  # the paper's map
+    assert affinity_note(ev("h20"), heuristic, ["h20"]) is None  # one pool: no routing to question

@@ -216,6 +216,26 @@ def serverless_billing_line(ev: Evaluation, usd_per_gpu_s: float | None) -> str 
             f"${cph + extra:,.2f}/h{per_1k}")
 
 
+def affinity_note(ev: Evaluation, heuristic: dict[str, str], compute_rank: list[str],
+                  prefix_cache: bool = True) -> str | None:
+    """A line when the winner runs a prefill-heavy task (``heuristic``: tag → "compute"/"bandwidth", the
+    space's reading of the task profiles) on a pool other than the most compute-rich one it could buy
+    (``compute_rank``, most FLOP/byte first): against the paper's rule, so the buyer is told why and how to
+    test the rule (a helper saw winners route FrozenLake to H20 and only CHANGES.md said why)."""
+    if len(compute_rank) < 2:
+        return None
+    where = dict(ev.candidate.affinity)
+    off = [tag for tag, kind in heuristic.items() if kind == "compute" and where.get(tag, compute_rank[0]) != compute_rank[0]]
+    if not off:
+        return None
+    why = ("with the prefix cache a turn prefills only its new tokens, so its turns read KV and weights more than they "
+           "compute, where bandwidth per dollar wins" if prefix_cache else
+           "it ran faster or cheaper there in these simulations")
+    return (f"#1 runs prefill-heavy {', '.join(off)} on {', '.join(sorted({where[t] for t in off}))}, not "
+            f"{compute_rank[0]} (the paper routes prefill-heavy tasks to compute-optimised GPUs): {why} "
+            "(rollart reproduce, h800-vs-h20); --fixed-affinity holds the paper's map")
+
+
 def why_lines(result: PlanSearch, top: int = 5) -> list[str]:
     """One line per listed plan: why it ranks above the next one (the last: its bottleneck), and
     the winner against the scenario's own placement."""
