@@ -163,22 +163,25 @@ def _print_points(result: Any) -> None:
     bad = [r for r in result.rows if r["error"]]
     over = "past the cold first step" if steady else "over the whole run"
     table = Table(title=f"{len(result.rows)} points, fastest first; * the Pareto frontier ({len(result.front)}: "
-                        f"cost per 1 000 trajectories vs throughput); rates and step s {over}",
+                        f"cost per 1 000 trajectories vs throughput); rates, step s and stale (the trained "
+                        f"trajectories' mean policy lag, versions) {over}",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("*", justify="center")
     for d in result.dims:
         table.add_column(d.path, justify="right")
-    for col in ("traj/s", "$/1k traj", "$/h", "GPUs", "step s"):
+    for col in ("traj/s", "$/1k traj", "$/h", "GPUs", "step s", "stale"):
         table.add_column(col, justify="right")
     step_key = "steady_step_time_s_mean" if steady else "step_time_s_mean"
+    stale_key = "steady_mean_staleness" if steady else "mean_staleness"
     d = decimals_for([r.get(step_key) or 0.0 for r in ok])
     for r in ok:
         tps, c1k = rates(r, steady)
         table.add_row("*" if id(r) in front else "", *(_fmt(r.get(dim.path)) for dim in result.dims),
                       "-" if tps is None else f"{tps:.3f}", "-" if c1k is None else f"{c1k:.2f}",
-                      _num(r, "cost_usd_per_hour", ",.0f"), _fmt(r.get("gpus")), _num(r, step_key, f".{d}f"))
+                      _num(r, "cost_usd_per_hour", ",.0f"), _fmt(r.get("gpus")), _num(r, step_key, f".{d}f"),
+                      _num(r, stale_key, ".2f"))
     for r in bad:
-        table.add_row("", *(_fmt(r.get(dim.path)) for dim in result.dims), "[red]failed[/]", "-", "-", "-", "-")
+        table.add_row("", *(_fmt(r.get(dim.path)) for dim in result.dims), "[red]failed[/]", "-", "-", "-", "-", "-")
     console.print(table)
     if ok and not steady:
         need = max(r.get("steady_steps_needed") or 0 for r in ok)
@@ -231,8 +234,8 @@ def _trainer_pool_choices(plan: Any, choice: Optional[str]) -> list[str]:
 def _trainer_pool_overrides(plan: Any, pool: str) -> list[str]:
     """Overrides that move the trainer to ``pool``, with room for it there (the search caps an owned pool,
     priced 0, at its real count: see ``owned_counts``). A stated MFU that was the trainer GPU's own stays the
-    scenario GPU's, moved to the new type by the GEMM rule (``mfu_measured_on``); the default MFU is an H100
-    figure wherever the trainer goes (``effective_mfu``); a measured train profile belongs to its GPU and
+    scenario GPU's, moved to the new type by the GEMM rule (``mfu_measured_on``); the default MFU is an H800
+    fit wherever the trainer goes (``effective_mfu``); a measured train profile belongs to its GPU and
     cannot move."""
     tr = plan.placement.trainer
     if pool == tr.pool:
@@ -254,9 +257,11 @@ def plan(
                                                              "serverless, priced by the plan's prices)"),
     budget_gpus: Optional[int] = typer.Option(None, "--budget-gpus", min=1,
                                               help="at most this many placed GPUs (trainer + generation + reward)"),
-    objective: str = typer.Option("throughput", "--objective", help="throughput (max traj/s; within 1 %, the "
-                                                                   "cheaper plan) or cost (min $ per 1 000 "
-                                                                   "trajectories)"),
+    objective: str = typer.Option("throughput", "--objective", help="throughput (max traj/s; plans within 1 % "
+                                                                   "tie, or finalists within their seeds' noise, "
+                                                                   "twice the standard error of their per-seed "
+                                                                   "difference: the cheaper plan first) or cost "
+                                                                   "(min $ per 1 000 trajectories)"),
     out: Path = typer.Option(Path("plan.yaml"), "--out", help="where to write the winning plan"),
     candidates: int = typer.Option(48, "--candidates", min=1, help="candidates in the first (shortest) rung"),
     finalists: int = typer.Option(4, "--finalists", min=1, help="plans simulated at full length"),
@@ -422,7 +427,7 @@ def plan(
         console.print(f"#1 {spread}", highlight=False)
     from rollart.sim.costs.price import serverless_price
 
-    billing = serverless_billing_line(best, serverless_price(base_plan))
+    billing = serverless_billing_line(best, serverless_price(base_plan), budget.usd_per_hour)
     if billing:
         console.print(billing, highlight=False)
     space = searches[chosen][0]

@@ -308,12 +308,22 @@ def summary_table(result: RunResult) -> Table:
                       + (f" · env CPU billed for the {sm['cpu_cores_billed_at_peak']:,.0f} cores held at peak "
                          "(the plan sets no cluster.cpu_pools; its default pool is not bought whole)"
                          if "cpu_cores_billed_at_peak" in sm else ""))
-    table.add_row("staleness", f"{sm['mean_staleness']:.2f} versions mean")
+    steady = sm.get("steady") or {}
+    past = f" · {steady['mean_staleness']:.2f} past the cold first step (the steady state's)" \
+        if steady.get("settled") and "mean_staleness" in steady else ""
+    table.add_row("staleness", f"{sm['mean_staleness']:.2f} versions mean over the whole run{past}")
     if "prefix_cache_hit_rate" in sm:
         preempted = sm.get("kv_preemptions") or 0
+        held, flight = sm.get("kv_conversations_held"), sm.get("env_managers_in_flight")
+        rounds = sm.get("env_manager_rounds", 1)
+        fit = (f"; the engines' KV holds ~{held:,} conversations of the trained length and {flight:,} ran at "
+               f"once: algorithm.env_managers={sm['env_managers_fit']:,}"
+               + (f" ({-(-sm['groups_per_batch'] // rounds):,} env groups, each {rounds} of a batch's "
+                  f"{sm['groups_per_batch']:,} groups)" if rounds > 1 else "") + " keeps them cached"
+               if held is not None and flight is not None and flight > held else "")
         table.add_row("prefix cache", f"{sm['prefix_cache_hit_rate']:.0%} of prompt tokens reused" + (
             f" · KV full: {preempted:,} requests preempted and recomputed "
-            f"({sm.get('kv_preempted_reuse_share', 0.0):.0%} of the reuse their own KV)" if preempted else ""))
+            f"({sm.get('kv_preempted_reuse_share', 0.0):.0%} of the reuse their own KV){fit}" if preempted else ""))
     if sm.get("weight_sync"):
         table.add_row("weight sync", sm["weight_sync"])
     for note in sm.get("unused_settings") or ():

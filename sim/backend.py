@@ -902,6 +902,27 @@ class SimOutcome:
         total = hits + sum(e.prefill_tokens for e in self.backend.engines)
         return hits / total if total else 0.0
 
+    def kv_fit(self, steps: list[Any]) -> dict[str, int]:
+        """Where the engines preempted requests for KV in a mode whose env managers bound the conversations in
+        flight: how many conversations of the trained length their KV holds at once, how many ran, and the
+        env_managers (whole groups) that fit. Past the fit every turn's conversation is recomputed or re-read:
+        a batch of 1,024 on the 32B plan read 0.56 trajectories/s at its default 1,280 env managers and 1.31
+        at 640 (helper-95), a setting, not more GPUs. Empty otherwise."""
+        b = self.backend
+        preempted = sum(e.preemptions for e in b.engines)
+        trained, trajectories = sum(s.tokens for s in steps), sum(s.trajectories for s in steps)
+        if not preempted or b.mode.batch_level_launch or not trained or not trajectories:
+            return {}
+        held = int(sum(e.capacity for e in b.engines) * trajectories / trained)
+        sched = b.ctl.scheduler
+        members, groups = sched.members_per_group, sched.groups_per_batch
+        # env groups that each roll out a whole number of a batch's groups: fewer managers that leave a batch
+        # one round short (1,180 of the 1,280 above: 0.31 trajectories/s) make every step wait for a second round
+        rounds = next((k for k in range(1, groups + 1) if -(-groups // k) * members <= held), groups)
+        return {"kv_conversations_held": held, "env_managers_in_flight": sched.env_managers,
+                "env_managers_fit": -(-groups // rounds) * members, "env_manager_rounds": rounds,
+                "groups_per_batch": groups}
+
     def preempted_reuse_share(self) -> float:
         """Of the prompt tokens found in the prefix cache, the share a preempted request found of its own KV."""
         hits = sum(e.cache_hits_tokens for e in self.backend.engines)
@@ -941,6 +962,7 @@ class SimOutcome:
             # hit rate above counts a resumed request's own KV found in the cache, as vLLM counts it
             "kv_preemptions": sum(e.preemptions for e in b.engines),
             "kv_preempted_reuse_share": self.preempted_reuse_share(),
+            **self.kv_fit(steps),
             "weight_sync": weight_sync_summary(b.plan, b.mode) + b.transfer.bucket_cost_note(b.mode.async_weight_transfer),
             "unused_settings": unused_settings(b.plan, b.mode),
             # a task window past the model's native one (served only with rope scaling): said, not refused

@@ -223,7 +223,14 @@ def test_sweep_command(local_ray, tmp_path):
     assert "Pareto frontier" in res.output and "4 simulated, 0 already done, 0 failed" in res.output
     # 2 steps cannot pass the cold first step: every point is read over its whole run, and told so
     text = " ".join(res.output.split())
-    assert "rates and step s over the whole run" in text and "--steps 3 or more reads them past it" in text
+    assert "rates, step s and stale (the trained trajectories' mean policy lag, versions) over the whole run" in text
+    assert "--steps 3 or more reads them past it" in text
+    # the stale column (helper-94: the printed sweep showed no lag): each point's row ends with it
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert any(line.split()[-1:] == ["stale"] for line in res.output.splitlines())
+    lasts = [line.split()[-1] for line in res.output.splitlines() if line.split()[:1] in (["*"], ["0"], ["2"])]
+    assert sorted(f"{float(r['mean_staleness']):.2f}" for r in rows) == sorted(x for x in lasts if x != "stale")
+    assert any(float(r["mean_staleness"]) > 0 for r in rows)
     rerun = runner.invoke(_app(), args, env={"COLUMNS": "200"})
     assert rerun.exit_code == 0 and "0 simulated, 4 already done" in rerun.output
     sampled = runner.invoke(_app(), [*args, "--samples", "3", "--grid", "algorithm.group_size=4,8"],

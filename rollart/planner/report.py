@@ -12,9 +12,9 @@ import yaml
 from rich import box
 from rich.table import Table
 
-from rollart.core.stats import BREAKDOWN_KEYS, TRAINER_BOUND
+from rollart.core.stats import BREAKDOWN_KEYS, TRAINER_BOUND, WEIGHT_BOUND_SHARE
 from rollart.plan.schema import Plan
-from rollart.planner.search import Evaluation, PlanSearch, SeedSpread
+from rollart.planner.search import Evaluation, PlanSearch, SeedSpread, pair_tie
 from rollart.report import plan_figures, plan_rates
 
 NAMES = {"generation": "generation", "env_queue": "waiting for env cores", "env_reset": "env reset", "env_step": "env", "reward": "reward",
@@ -46,7 +46,7 @@ def changes(a: Evaluation, b: Evaluation) -> list[str]:
 
 
 def reason(a: Evaluation, b: Evaluation, b_name: str, spreads: dict[Any, SeedSpread] | None = None,
-           tie: float | None = None) -> str:
+           objective: str = "throughput") -> str:
     """Why ``a`` beats (or trails) ``b``: throughput and cost (their means over the seeds where both ran
     at several, ``spreads``: what they rank by), the step-time components that moved most along the
     critical path, and what ``a`` chose differently."""
@@ -60,8 +60,10 @@ def reason(a: Evaluation, b: Evaluation, b_name: str, spreads: dict[Any, SeedSpr
         parts[0] += f", {_pct(ca / cb - 1)} $/1k traj"
     if pa is not None and pb is not None:
         parts[0] += " (seed means)"
-        # a slower plan above a faster one: they tie inside the seeds' noise, and the cheaper leads
-        if tie is not None and tb and ta < tb and ta >= tb / (1 + tie) and ca is not None and cb and ca <= cb:
+        # a slower plan above a faster one by the throughput objective: they tie inside their seeds' noise,
+        # and the cheaper leads (the cost objective ranks by cost anyway)
+        tie = pair_tie(pa, pb)
+        if objective == "throughput" and tb and tb / (1 + tie) <= ta < tb and ca is not None and cb and ca <= cb:
             parts[0] += f", a tie within the seeds' ±{tie:.1%}: the cheaper per trajectory ranks first"
     ba, bb = _bd(a), _bd(b)
     deltas = sorted(((ba.get(k, 0.0) - bb.get(k, 0.0), k) for k in BREAKDOWN_KEYS), key=lambda d: -abs(d[0]))
@@ -86,11 +88,15 @@ def bottleneck(ev: Evaluation) -> str:
     busy = " ".join(f"{p} {x:.0%}" for p, x in (ev.summary.get("gpu_busy_fraction") or {}).items())
     line = f"critical path {path}; GPU busy {busy}"
     if getattr(ev.candidate, "alpha", 0) >= 1 and sum(bd.values()) > 0:
-        share = bd.get("train", 0.0) / total
-        line += (f"; trainer-bound (train ≥ {TRAINER_BOUND:.0%} of the step): a faster trainer shortens it"
-                 if share >= TRAINER_BOUND else
-                 f"; rollout-bound (train under {TRAINER_BOUND:.0%} of the step, the trainer waits for batches): "
-                 "more rollout capacity shortens it, a faster trainer little")
+        share, weights = bd.get("train", 0.0) / total, bd.get("weight_sync", 0.0) / total
+        if share >= TRAINER_BOUND:
+            line += f"; trainer-bound (train ≥ {TRAINER_BOUND:.0%} of the step): a faster trainer shortens it"
+        elif weights >= WEIGHT_BOUND_SHARE:  # the step waits on its weights: neither side's GPUs are the lever
+            line += (f"; bound by the weight transfer (weight sync ≥ {WEIGHT_BOUND_SHARE:.0%} of the step): a "
+                     "faster cross-cluster link shortens it, more GPUs little")
+        else:
+            line += (f"; rollout-bound (train under {TRAINER_BOUND:.0%} of the step, the trainer waits for "
+                     "batches): more rollout capacity shortens it, a faster trainer little")
     return line
 
 
@@ -189,14 +195,17 @@ def _outside_budget(ev: Evaluation, result: PlanSearch) -> str:
     serverless time known only after simulating (a helper saw the winner trail the scenario's placement by
     69 % with no reason given: the placement cost $507.63/h against a $507 budget)."""
     cph, limit = ev.summary.get("cost_usd_per_hour"), result.budget.usd_per_hour
-    if limit is None or cph is None or cph <= limit * (1 + 1e-9):
+    best = result.ranked[0] if result.ranked else None
+    if limit is None or cph is None or cph <= limit * (1 + 1e-9) or best is None \
+            or plan_rates(ev.summary)[0] <= plan_rates(best.summary)[0]:  # slower: no question to answer
         return ""
     serverless = ev.summary.get("serverless_gpu_seconds") or 0.0
     return (f" (the scenario's placement costs ${cph:,.2f}/h, over the ${limit:,.2f}/h budget"
             + (", its serverless reward billed as it ran" if serverless else "") + ")")
 
 
-def serverless_billing_line(ev: Evaluation, usd_per_gpu_s: float | None) -> str | None:
+def serverless_billing_line(ev: Evaluation, usd_per_gpu_s: float | None, budget_usd_per_hour: float | None = None
+                            ) -> str | None:
     """For a winner whose reward runs serverless, billed per request: its $/h and $/1k were the platform
     billed the instances' whole time (cold start to scale-down, as Modal and RunPod bill; the price table's
     serverless rate is Modal's), read from the same run's instance GPU·s. None otherwise."""
@@ -211,9 +220,11 @@ def serverless_billing_line(ev: Evaluation, usd_per_gpu_s: float | None) -> str 
     per_1k = f", ${c1k * (cph + extra) / cph:,.2f} per 1k trajectories" if c1k and cph > 0 else ""
     seed = ev.record.get("seed")
     at = f" at seed {seed}" if seed is not None else ""
+    over = f", over the ${budget_usd_per_hour:,.2f}/h budget" if budget_usd_per_hour is not None and \
+        cph + extra > budget_usd_per_hour * (1 + 1e-9) else ""
     return (f"#1{at}: serverless reward billed per request (cluster.serverless.billing), ${cph:,.2f}/h in all; billed "
             f"by instance time, idle until scale-down included (billing: instance_time, as Modal bills), "
-            f"${cph + extra:,.2f}/h{per_1k}")
+            f"${cph + extra:,.2f}/h{per_1k}{over}")
 
 
 def affinity_note(ev: Evaluation, heuristic: dict[str, str], compute_rank: list[str],
@@ -236,6 +247,34 @@ def affinity_note(ev: Evaluation, heuristic: dict[str, str], compute_rank: list[
             "(rollart reproduce, h800-vs-h20); --fixed-affinity holds the paper's map")
 
 
+def redundancy_note(result: PlanSearch) -> str | None:
+    """For a winner with redundant rollout: it trains each group's first finishers, shorter trajectories than
+    the tasks' mean, so trajectories/s flatters it (helper-95, the 8B plan: tokens per trained trajectory 13.2K
+    → 11.7K → 10.7K at redundancy 0 / 0.25 / 0.5, trained tokens/s 35.2K → 35.0K → 32.9K). Beside the best
+    listed plan without redundancy, when there is one, both rates; None without redundancy."""
+    if not result.ranked or getattr(result.ranked[0].candidate, "redundancy", 0.0) <= 0:
+        return None
+    best = result.ranked[0]
+
+    def per_traj(ev: Evaluation) -> tuple[float, float, float]:
+        f = _steady(ev)
+        tps, tok = f.get("trajectories_per_s") or 0.0, f.get("trained_tokens_per_s") or 0.0
+        return tps, tok, tok / tps if tps else 0.0
+
+    tps, tok, size = per_traj(best)
+    line = (f"#1 redundancy {best.candidate.redundancy:g} trains each group's first finishers, "
+            f"{size:,.0f} tokens a trajectory")
+    plain = next(((i, ev) for i, ev in enumerate(result.ranked) if ev.candidate.redundancy == 0), None)
+    if plain is None or not tok:
+        return line + "; traj/s counts them as a plan without redundancy counts longer ones"
+    i, ev = plain
+    tps0, tok0, size0 = per_traj(ev)
+    if not tps0 or not tok0:
+        return line
+    return (line + f" against {size0:,.0f} on #{i + 1} (redundancy 0): {_pct(tps / tps0 - 1)} traj/s, "
+            f"{_pct(tok / tok0 - 1)} trained tokens/s (seed {best.record.get('seed', 0)})")
+
+
 def why_lines(result: PlanSearch, top: int = 5) -> list[str]:
     """One line per listed plan: why it ranks above the next one (the last: its bottleneck), and
     the winner against the scenario's own placement."""
@@ -243,7 +282,7 @@ def why_lines(result: PlanSearch, top: int = 5) -> list[str]:
     out = []
     for i, ev in enumerate(rows):
         if i + 1 < len(rows):
-            out.append(f"#{i + 1} {reason(ev, rows[i + 1], f'#{i + 2}', result.spreads, result.seed_tie)}")
+            out.append(f"#{i + 1} {reason(ev, rows[i + 1], f'#{i + 2}', result.spreads, result.objective)}")
         elif i > 0:  # the winner's bottleneck follows below
             out.append(f"#{i + 1} {bottleneck(ev)}")
     if rows:
@@ -258,6 +297,9 @@ def why_lines(result: PlanSearch, top: int = 5) -> list[str]:
                 and result.baseline.summary:
             out.append(f"#1 {reason(rows[0], result.baseline, 'the scenario placement')}"
                        + _outside_budget(result.baseline, result))
+        redundant = redundancy_note(result)
+        if redundant:
+            out.append(redundant)
         best_alpha = getattr(rows[0].candidate, "alpha", 0)
         if best_alpha > 1:  # speed alone favours a wide window; what staleness costs the learning is not priced
             staleness = _steady(rows[0]).get("mean_staleness")  # over the steps its rate is read over

@@ -130,25 +130,28 @@ def score(ev: Evaluation, objective: str, budget: Budget) -> tuple[float, float]
 
 
 def rank_evaluations(evals: list[Evaluation], objective: str, budget: Budget,
-                     tie: float = THROUGHPUT_TIE) -> list[Evaluation]:
+                     tie: Callable[[Evaluation, Evaluation], float] | None = None) -> list[Evaluation]:
     """Best first, failures and over-budget runs left out. Throughput objective, in blocks: the
     best remaining throughput leads a block of every remaining plan within ``THROUGHPUT_TIE`` of it
     (throughput ≥ leader / (1 + THROUGHPUT_TIE)), ordered cheaper per 1k trajectories first (then
     throughput, then label); the next block starts from the best plan left, so every plan of a later
     block is more than ``THROUGHPUT_TIE`` below each earlier block's leader, and the tie-break holds
     at every position, not only first place (a fixed logarithmic bin would split 2.819 and 2.806
-    traj/s apart and let the dearer one win). ``tie``: the block's width where it is measured (the seed-
-    confirmed finalists, :func:`_confirm`). Cost objective: cost, then throughput."""
+    traj/s apart and let the dearer one win). ``tie(leader, other)``: the width a pair's block takes where
+    their seeds measured it (:func:`pair_tie`, the seed-confirmed finalists), else ``THROUGHPUT_TIE``. Cost
+    objective: cost, then throughput."""
     scored = sorted(((s, e) for e in evals if (s := score(e, objective, budget)) is not None),
                     key=lambda se: (se[0], se[1].candidate.label()))
     if objective != "throughput":
         return [e for _, e in scored]
     out: list[tuple[tuple[float, float], Evaluation]] = []
     while scored:  # scored stays in throughput order, so its head leads the next block
-        floor = -scored[0][0][0] / (1 + tie)
-        n = sum(1 for s, _ in scored if -s[0] >= floor)  # a prefix: throughput only falls along scored
-        out += sorted(scored[:n], key=lambda se: (se[0][1], se[0][0], se[1].candidate.label()))
-        scored = scored[n:]
+        lead_s, lead = scored[0]
+        block = [(s, e) for s, e in scored
+                 if -s[0] >= -lead_s[0] / (1 + (tie(lead, e) if tie is not None and e is not lead else THROUGHPUT_TIE))]
+        out += sorted(block, key=lambda se: (se[0][1], se[0][0], se[1].candidate.label()))
+        taken = {id(e) for _, e in block}
+        scored = [se for se in scored if id(se[1]) not in taken]
     return [e for _, e in out]
 
 
@@ -166,8 +169,6 @@ class PlanSearch:
     infeasible: list[Evaluation] = field(default_factory=list)  # full-length runs that failed or broke budget
     # the finalists re-run at further seeds: candidate -> SeedSpread (ranked by their mean, see search)
     spreads: dict[Candidate, "SeedSpread"] = field(default_factory=dict)
-    # the throughput tie the spreads were ranked by: THROUGHPUT_TIE, or the seeds' paired margin where wider
-    seed_tie: float = THROUGHPUT_TIE
 
     @property
     def best(self) -> Evaluation | None:
@@ -185,8 +186,8 @@ def best_of(results: dict[str, PlanSearch], objective: str, budget: Budget) -> s
         for ev in confirmed or r.ranked:
             spread = r.spreads.get(ev.candidate)
             entries.append((key, spread.evaluation(ev) if spread is not None else ev))
-    tie = max((r.seed_tie for r in results.values()), default=THROUGHPUT_TIE)
-    order = rank_evaluations([ev for _, ev in entries], objective, budget, tie)
+    spreads = {c: sp for r in results.values() for c, sp in r.spreads.items()}
+    order = rank_evaluations([ev for _, ev in entries], objective, budget, spread_ties(spreads))
     return next((k for k, ev in entries if order and ev is order[0]), None)
 
 
@@ -312,15 +313,13 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
         finals = full_runs()
         ranked = rank(finals)
         spreads: dict[Candidate, SeedSpread] = {}
-        tie = THROUGHPUT_TIE
         seed0 = int(base["algorithm"].get("seed", 0))
         for again in range(2 if confirm_seeds > 0 else 0):
             if len(ranked) < 2:
                 break
             lucky = ranked[0]
-            ranked, spreads, tie = _confirm(ranked, finalists, [seed0 + k for k in range(confirm_seeds + 1)],
-                                            objective, space.budget,
-                                            lambda cands, s: evaluate(cands, full, f"seed {s}", seed=s))
+            ranked, spreads = _confirm(ranked, finalists, [seed0 + k for k in range(confirm_seeds + 1)], objective,
+                                       space.budget, lambda cands, s: evaluate(cands, full, f"seed {s}", seed=s))
             # the best mean is not the best single draw the climb started from: climb one move from it too
             nbrs = [n for n in space.neighbours(ranked[0].candidate) if (n, full) not in cache]
             if again or ranked[0] is lucky or not nbrs:
@@ -337,27 +336,36 @@ def search(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objec
     return PlanSearch(ranked=ranked, baseline=baseline, rungs=rung_log, simulations=stats["sims"],
                       simulated_steps=stats["steps"], wall_s=time.perf_counter() - t0, objective=objective,
                       budget=space.budget, exhaustive=exhaustive,
-                      infeasible=infeasible, spreads=spreads, seed_tie=tie)
+                      infeasible=infeasible, spreads=spreads)
 
 
-def seed_tie(by_seed: list[list[Evaluation]], seeds: list[int]) -> float:
-    """The throughput tie for finalists run at the same ``seeds`` (``by_seed``: each one's runs, in seed order):
-    twice the standard error of their difference read seed by seed (:func:`~rollart.core.ties.paired_margin`,
-    as `rollart reproduce` reads a winner), at least :data:`THROUGHPUT_TIE`. A seed draws each trajectory's
-    workload from the same stream in every plan, so the common swing cancels; what is left is how far apart two
-    plans' means can be by their draws alone (helper-93: #1 ranked 1.9 % above #2 at 18 % more per trajectory,
-    0.3 % apart over 8 seeds)."""
+def pair_tie(a: SeedSpread, b: SeedSpread) -> float:
+    """How far apart two plans' mean throughputs can be by their draws alone: twice the standard error of their
+    difference read seed by seed where they ran at the same seeds (:func:`~rollart.core.ties.paired_margin`, as
+    `rollart reproduce` reads a winner: a seed draws each trajectory's workload from the same stream in every
+    plan, so the common swing cancels), else of a difference of two means; at least :data:`THROUGHPUT_TIE`.
+    Read per pair, so a far plan's spread does not widen a close pair's tie (helper-93: #1 ranked 1.9 % above
+    #2 at 18 % more per trajectory, 0.3 % apart over 8 seeds)."""
     from rollart.core.ties import paired_margin
 
-    per_seed = {str(i): {s: plan_rates(e.summary)[0] if not e.error and e.summary else math.nan
-                         for s, e in zip(seeds, evs)} for i, evs in enumerate(by_seed)}
-    margin, paired = paired_margin(per_seed)
-    return max(THROUGHPUT_TIE, margin) if paired else THROUGHPUT_TIE
+    if len(a.seeds) < 2 or a.seeds != b.seeds:
+        return THROUGHPUT_TIE
+    margin, _ = paired_margin({"a": dict(zip(a.seeds, a.throughputs)), "b": dict(zip(b.seeds, b.throughputs))})
+    return max(THROUGHPUT_TIE, margin)
+
+
+def spread_ties(spreads: dict[Candidate, SeedSpread]) -> Callable[[Evaluation, Evaluation], float]:
+    """:func:`rank_evaluations`' pair tie for plans with seed spreads (:func:`pair_tie`), ``THROUGHPUT_TIE`` for
+    any other pair."""
+    def tie(a: Evaluation, b: Evaluation) -> float:
+        sa, sb = spreads.get(a.candidate), spreads.get(b.candidate)
+        return pair_tie(sa, sb) if sa is not None and sb is not None else THROUGHPUT_TIE
+    return tie
 
 
 def _confirm(ranked: list[Evaluation], finalists: int, seeds: list[int], objective: str, budget: Budget,
              run_at: Callable[[list[Candidate], int], list[Evaluation]]
-             ) -> tuple[list[Evaluation], dict[Candidate, SeedSpread], float]:
+             ) -> tuple[list[Evaluation], dict[Candidate, SeedSpread]]:
     """Re-run the ``finalists`` best (``ranked``: their runs at ``seeds[0]``) at the other ``seeds``
     (``run_at``) and order them by their mean over every seed (:func:`seed_mean`), the rest of ``ranked``
     after them. A search ranks a few hundred single-seed runs, whose throughput spreads ±15 % from seed
@@ -368,14 +376,15 @@ def _confirm(ranked: list[Evaluation], finalists: int, seeds: list[int], objecti
     runs = [run_at([e.candidate for e in head], s) for s in seeds[1:]]
     by_seed = [[e, *(at[i] for at in runs)] for i, e in enumerate(head)]
     means = [seed_mean(evs) for evs in by_seed]
-    tie = seed_tie(by_seed, seeds)
-    order = {id(m): n for n, m in enumerate(rank_evaluations(means, objective, budget, tie))}
+    ran = {head[i].candidate: SeedSpread.of(evs, tuple(seeds)) for i, evs in enumerate(by_seed)
+           if not means[i].error and means[i].summary}  # a finalist that failed at a seed ranks on no mean
+    order = {id(m): n for n, m in enumerate(rank_evaluations(means, objective, budget, spread_ties(ran)))}
     kept = sorted(range(len(head)), key=lambda i: order.get(id(means[i]), len(head) + i))
     spreads = {}
     for i in kept:
         if id(means[i]) in order:
             spreads[head[i].candidate] = SeedSpread.of(by_seed[i], tuple(seeds))
-    return [head[i] for i in kept] + ranked[finalists:], spreads, tie
+    return [head[i] for i in kept] + ranked[finalists:], spreads
 
 
 def grid_ranked(space: Space, base: dict[str, Any], pool: RayPool | SerialPool, objective: str = "throughput",
