@@ -415,14 +415,16 @@ def ep_all_to_all(gpu_name: str | None, gpu: "GpuType", network: "Link | None" =
 
 
 def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement",  # noqa: ANN201
-               gpu_name: str | None = None, network: "Link | None" = None, datasheet: bool = False):
+               gpu_name: str | None = None, network: "Link | None" = None, datasheet: bool = False,
+               reference: bool = True):
     """The training cost model: the trainer placement's ``profile:`` (a measured train
     profile) when set, else the FLOPs/MFU model with the tensor-parallel all-reduces, a MoE's
     expert-parallel all-to-alls and the data-parallel gradient sync on the links of the trainer's GPU
     type ``gpu_name``: NVLink inside one NVLink domain (the type's ``nvlink_domain``), ``network`` (the
     cluster's link) across domains, also for a group that straddles a domain boundary (groups are laid
     out as consecutive GPUs over the trainer's ``gpus``). ``datasheet``: the pool is priced on its datasheet
-    roofline (``profile: datasheet``), so a default MFU is not moved by any GPU's GEMM efficiency."""
+    roofline (``profile: datasheet``), so a default MFU is not moved by any GPU's GEMM efficiency. ``reference``:
+    the step runs the reference model's forward for a KL term (``algorithm.reference_kl``)."""
     from rollart.calibration.cost import ProfiledTrainCost
     from rollart.calibration.profiles import TrainProfile
     from rollart.sim.costs.train import TrainCost, trainer_ep
@@ -442,7 +444,7 @@ def train_cost(model: "ModelSpec", gpu: "GpuType", trainer: "TrainerPlacement", 
                          tp_allreduce(gpu_name, gpu, trainer.tp, network, trainer.gpus) if trainer.tp > 1 else None,
                          ep_all_to_all(gpu_name, gpu, network) if ep > 1 else None,
                          ring(trainer.tp), gpu_name, ring(ep) if model.moe_experts else None, cp_link=cp_ring,
-                         datasheet=datasheet)
+                         datasheet=datasheet, reference=reference)
     loaded = _load(str(Path(trainer.profile).resolve()))
     if not isinstance(loaded, TrainProfile):
         raise ValueError(f"placement.trainer.profile: {trainer.profile} is a {loaded.kind} profile, not a train "

@@ -137,7 +137,8 @@ class SimBackend:
         try:
             pool = full.cluster.gpu_pools[full.placement.trainer.pool]
             self.train_cost = train_cost(full.model, gpu, full.placement.trainer, pool.gpu,
-                                         full.cluster.links.get("intra_cluster"), pool.profile == "datasheet")
+                                         full.cluster.links.get("intra_cluster"), pool.profile == "datasheet",
+                                         full.algorithm.reference_kl)
         except (OSError, ValueError) as exc:
             raise PlanError([f"placement.trainer.profile: {exc}"]) from None
         measured = self.train_cost.profile if isinstance(self.train_cost, ProfiledTrainCost) else None

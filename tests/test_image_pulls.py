@@ -101,17 +101,19 @@ def test_a_real_run_names_the_fields_only_the_simulator_prices() -> None:
     pytest.importorskip("ray")
     from rollart.runtime.backend import simulator_only_settings
 
-    assert simulator_only_settings(small_plan()) == []
+    assert simulator_only_settings(small_plan(["algorithm.reference_kl=false"])) == []
+    assert [n.split(":")[0] for n in simulator_only_settings(small_plan())] == ["algorithm.reference_kl"]
     notes = simulator_only_settings(small_plan([*PULL, "cluster.cpu_pools.env.image_pull_gbps=10",
                                                 "tasks.CodeExec.rule_reward_s=20"]))
-    assert [n.split(":")[0] for n in notes] == ["tasks.CodeExec.env.image_gb", "tasks.CodeExec.rule_reward_s"]
+    assert [n.split(":")[0] for n in notes] == ["tasks.CodeExec.env.image_gb", "tasks.CodeExec.rule_reward_s",
+                                                "algorithm.reference_kl"]
     # the engine's step overhead and what a judge reads are cost-model figures too
     notes = simulator_only_settings(small_plan(["tasks.GEM-Math.judge_input_tokens=500",
                                                 "placement.generation.1.step_overhead_ms=1.5",
                                                 "placement.reward.step_overhead_ms=2"]))
     assert [n.split(":")[0] for n in notes] == ["tasks.GEM-Math.judge_input_tokens",
                                                 "placement.generation.1.step_overhead_ms",
-                                                "placement.reward.step_overhead_ms"]
+                                                "placement.reward.step_overhead_ms", "algorithm.reference_kl"]
 
 
 def test_gigabyte_pulls_arriving_apart_all_finish() -> None:

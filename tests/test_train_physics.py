@@ -397,3 +397,21 @@ def test_a_pool_priced_on_its_datasheet_keeps_the_default_mfu() -> None:
     t = TrainerPlacement(pool="p", gpus=1)
     assert train_cost(QWEN8, cpu, t, "cpu", datasheet=True).mfu == t.mfu
     assert train_cost(QWEN8, cpu, t, "cpu").mfu != t.mfu
+
+
+def test_without_a_kl_term_the_step_drops_the_reference_forward() -> None:
+    """GRPO's step runs the forward and backward (6·P a token) and two extra forwards, the old policy's and the
+    frozen reference's log-probs (2·P each): 10·P. With no KL term (algorithm.reference_kl false, a KL
+    coefficient of 0) the reference forward goes: 8·P, 4 attention passes of 5, 4 tensor-parallel
+    all-reduce passes of 5. Short sequences (attention small) take ~8/10 of the compute."""
+    from rollart.calibration import train_cost
+
+    t = _trainer(gpus=8, tp=2)
+    lens = [2048] * 64
+    on, off = TrainCost(QWEN8, H800, t), TrainCost(QWEN8, H800, t, reference=False)
+    assert _compute_s(off, lens) / _compute_s(on, lens) == pytest.approx(0.8, abs=0.01)
+    assert "no reference-model forward" in off.source and "reference" not in on.source
+    # through the calibration entry point, links and all: the tp all-reduces lose a pass too
+    linked_on, linked_off = train_cost(QWEN8, H800, t, "H800"), train_cost(QWEN8, H800, t, "H800", reference=False)
+    assert linked_off.step_time(lens) < linked_on.step_time(lens)
+    assert linked_off._allreduce[0] == pytest.approx(linked_on._allreduce[0] * 4 / 5)

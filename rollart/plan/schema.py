@@ -681,6 +681,11 @@ class Algorithm(_Strict):
     mode: Mode = "rollart"
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
     max_refills_per_group: Annotated[int, Field(ge=0, le=1000)] = 16
+    reference_kl: bool = Field(True, description=(
+        "the train step runs the frozen reference model's forward over the batch for a KL term (GRPO's; ROLL's "
+        "agentic pipeline keeps a reference cluster for it): one of the step's two extra forwards beside the "
+        "old-policy log-probs, 2·P of its 10·P FLOPs a token. false (a KL coefficient of 0, as DAPO-style recipes "
+        "train) drops it. The default trainer MFU was fitted with it on"))
     env_managers: Annotated[int, Field(gt=0, le=100_000_000)] | None = Field(
         None, description="trajectories rolled out at once by the continuous modes (rollart, areal): the env "
                           "managers, ROLL's num_env_groups × group_size, AReaL's max_concurrent_rollouts; "

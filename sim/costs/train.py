@@ -165,15 +165,21 @@ class TrainCost:
                  all_to_all: tuple[tuple[float, float, str], tuple[float, float, str]] | None = None,
                  dp_link: tuple[float, float, str] | None = None, gpu_name: str | None = None,
                  expert_dp_link: tuple[float, float, str] | None = None,
-                 cp_link: tuple[float, float, str] | None = None, datasheet: bool = False):
+                 cp_link: tuple[float, float, str] | None = None, datasheet: bool = False,
+                 reference: bool = True):
         # gpu_name: the trainer pool's GPU type name (None: known by its timing numbers), for the MFU's transfer;
-        # datasheet: the pool is priced on its datasheet roofline (effective_mfu)
+        # datasheet: the pool is priced on its datasheet roofline (effective_mfu); reference: the step runs the
+        # frozen reference model's forward for a KL term (algorithm.reference_kl), one of the two extra forwards
         self.model, self.gpu, self.trainer = model, gpu, trainer
         m = model
-        self._linear_per_token = LINEAR_FLOPS_PER_PARAM_TOKEN * (m.active_params - input_embedding_params(m))
-        attention_per_layer_sq = ATTENTION_PASSES * 2 * m.heads * m.head_dim
+        skip = 0 if reference else 1  # the reference forward's share of each pass count
+        self._linear_flops = LINEAR_FLOPS_PER_PARAM_TOKEN - 2 * skip
+        self._comm_passes = TP_COMM_PASSES - skip
+        self._linear_per_token = self._linear_flops * (m.active_params - input_embedding_params(m))
+        attention_per_layer_sq = (ATTENTION_PASSES - skip) * 2 * m.heads * m.head_dim
         if m.mla:  # training runs MLA non-absorbed: QKᵀ over head_dim + rope, PV over v_head_dim (s²/2 pairs)
-            attention_per_layer_sq = ATTENTION_PASSES * m.heads * (m.head_dim + m.qk_rope_head_dim + m.value_head_dim)
+            attention_per_layer_sq = (ATTENTION_PASSES - skip) * m.heads * (m.head_dim + m.qk_rope_head_dim
+                                                                            + m.value_head_dim)
         self._attention_per_sq = attention_per_layer_sq * m.layers
         # Attention runs at attention_efficiency × the GEMMs' rate: its FLOPs weigh 1/efficiency in the time
         self._attention_weight = 1.0 / trainer.attention_efficiency
@@ -190,11 +196,11 @@ class TrainCost:
             per_layer, first = m.layer_params(max(1, m.moe_active_experts)), 0
             self.stages = []
             for n in self.stage_layers:
-                self.stages.append((LINEAR_FLOPS_PER_PARAM_TOKEN * sum(per_layer[first:first + n]),
+                self.stages.append((self._linear_flops * sum(per_layer[first:first + n]),
                                     attention_per_layer_sq * n))
                 first += n
             linear, attention = self.stages[-1]  # the lm_head, a vocab × hidden GEMM, on the last stage
-            self.stages[-1] = (linear + LINEAR_FLOPS_PER_PARAM_TOKEN * m.vocab * m.hidden, attention)
+            self.stages[-1] = (linear + self._linear_flops * m.vocab * m.hidden, attention)
         cp = trainer.cp  # a rank's sequences are split over cp GPUs: each computes 1/cp of their tokens
         self.dp = trainer.dp
         self.mfu, mfu_source = effective_mfu(trainer, gpu, gpu_name, datasheet)
@@ -203,11 +209,13 @@ class TrainCost:
         # (seconds a micro-batch, seconds a rank token) of one layer's tensor-parallel all-reduces
         self._allreduce: tuple[float, float] | None = None
         self.source = f"FLOPs model, {mfu_source}; attention at {trainer.attention_efficiency:g} × the GEMMs' rate"
+        if not reference:
+            self.source += "; no reference-model forward (algorithm.reference_kl false)"
         if trainer.pp > 1 and max(self.stage_layers) > min(self.stage_layers):
             self.source += f"; pp {trainer.pp} stages of {', '.join(map(str, self.stage_layers))} layers"
         if tp > 1 and allreduce is not None:
             alpha, beta, where = allreduce
-            calls = TP_COMM_PASSES * TP_ALLREDUCES_PER_LAYER  # a layer's
+            calls = self._comm_passes * TP_ALLREDUCES_PER_LAYER  # a layer's
             # a tp group all-reduces the activations of its 1/cp of the rank's tokens
             self._allreduce = (calls * alpha, calls * m.hidden * 2.0 * 2 * (tp - 1) / tp / beta / cp)
             self.source += f"; tp {tp} all-reduces on {where}"
@@ -215,7 +223,8 @@ class TrainCost:
         self._cp_ring: tuple[float, float] | None = None
         if cp > 1 and cp_link is not None:
             alpha, beta, where = cp_link
-            self._cp_ring = (CP_RING_CALLS * alpha, CP_KV_CHUNKS * ring_kv_bytes_per_token(m, tp) / cp / beta)
+            self._cp_ring = ((CP_RING_CALLS - skip) * alpha,
+                             (CP_KV_CHUNKS - skip) * ring_kv_bytes_per_token(m, tp) / cp / beta)
             self.source += f"; cp {cp} ring attention on {where}, each step beside the attention of the chunk held"
         domain = gpu.nvlink_domain
         self.ep = trainer_ep(m, trainer, domain)
@@ -320,7 +329,7 @@ class TrainCost:
             gpu_tokens = tokens / (micro_batches * self.trainer.tp * self.trainer.cp)
             one = all_to_all_s(self.model, gpu_tokens * self.ep, self.ep, self.ep, *self._all_to_all,
                                domain=self._a2a_domain)
-            whole = TP_COMM_PASSES * micro_batches * one
+            whole = self._comm_passes * micro_batches * one
             t = [a + whole * share for a, share in zip(t, self._moe_share)]
         return t
 
