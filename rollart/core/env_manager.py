@@ -239,6 +239,7 @@ def _on_failure(ctl: "Controller", traj: Trajectory, error: str) -> Proc:
         return
     if group.refills < ctl.plan.algorithm.max_refills_per_group:
         group.refills += 1
+        group.failed_paths.append(traj.segments)  # the refill's critical path starts with this attempt's
         if group.slot is not None:  # the env group's next free manager starts it (fill_slot: oldest group short first)
             return
         refill = ctl.new_trajectory(group)

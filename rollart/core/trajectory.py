@@ -72,6 +72,9 @@ class Group:
     members: list[Trajectory] = field(default_factory=list)
     scored: list[Trajectory] = field(default_factory=list)
     refills: int = 0
+    # the critical-path spans of failed members whose refill has not started yet: a refill continues its
+    # predecessor's path, so the time the failed attempt took reads as what it was, not as idle
+    failed_paths: list[list[tuple[float, float, str]]] = field(default_factory=list)
     complete: bool = False
     abandoned: bool = False  # ran out of refills
     evicted: bool = False    # fell out of the α window
