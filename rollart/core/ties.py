@@ -49,7 +49,7 @@ def seed_margin(per_seed: dict[str, list[float]]) -> float:
 
 def _paired_runs(per_seed: dict[str, dict[int, float]]) -> dict[str, dict[int, float]] | None:
     """The keys' values by seed when every key that gave any (a key that failed at every seed is out, as in
-    :func:`leaders`) gave a positive finite one at the same two or more seeds, else None."""
+    reproduce's leaders) gave a positive finite one at the same two or more seeds, else None."""
     runs = {k: {s: v for s, v in vs.items() if finite(v)} for k, vs in per_seed.items()}
     runs = {k: vs for k, vs in runs.items() if vs}
     seeds = {frozenset(vs) for vs in runs.values()}

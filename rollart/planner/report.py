@@ -216,7 +216,7 @@ def serverless_billing_line(ev: Evaluation, usd_per_gpu_s: float | None, budget_
             usd_per_gpu_s is None or cph is None or wall <= 0:
         return None
     extra = (up - billed) * usd_per_gpu_s * 3600 / wall
-    tps, c1k, _ = plan_rates(sm)
+    _, c1k, _ = plan_rates(sm)
     per_1k = f", ${c1k * (cph + extra) / cph:,.2f} per 1k trajectories" if c1k and cph > 0 else ""
     seed = ev.record.get("seed")
     at = f" at seed {seed}" if seed is not None else ""
