@@ -30,6 +30,7 @@ from rollart.report import RunResult, price_steady_state, summary_from_steps, ta
 from rollart.sim.costs.env import EnvModel
 from rollart.sim.costs.link import WeightTransferCost
 from rollart.sim.costs.moe import effective_domain, worker_domain, worker_weight_bytes
+from rollart.sim.costs.price import unplaced_gpu_notes
 from rollart.sim.costs.train import ColocationSwitch, trainer_memory_problems
 from rollart.sim.contention import HostContention, ScaledGeneration
 from rollart.sim.engine import GenerationEngine, Request
@@ -965,7 +966,7 @@ class SimOutcome:
             "kv_preempted_reuse_share": self.preempted_reuse_share(),
             **self.kv_fit(steps),
             "weight_sync": weight_sync_summary(b.plan, b.mode) + b.transfer.bucket_cost_note(b.mode.async_weight_transfer),
-            "unused_settings": unused_settings(b.plan, b.mode),
+            "unused_settings": unused_settings(b.plan, b.mode) + unplaced_gpu_notes(b.plan, b.mode),
             # a task window past the model's native one (served only with rope scaling): said, not refused
             **({"context_notes": notes} if (notes := b.plan.context_notes()) else {}),
             "env_cores": self.env_cores_summary(elapsed),

@@ -52,3 +52,19 @@ def test_a_run_without_cpu_pools_bills_what_its_envs_held_and_says_so() -> None:
     # same run, same GPUs: the hourly cost differs by the cores billed, 256 written vs the peak held
     price = wrote.prices.cpu_core_usd_per_hour
     assert explicit["cost_usd_per_hour"] - sm["cost_usd_per_hour"] == pytest.approx((256 - peak) * price, rel=1e-6)
+
+
+def test_gpus_a_pool_holds_beyond_the_placement_are_said_unbilled() -> None:
+    """The cost counts placed GPUs: a pool of 16 that the placement fills with 8 prices 8, and the run says so
+    rather than let a buyer read the price of 16 (helper-93)."""
+    from rollart.core import mode_config
+    from rollart.plan import load_plan
+    from rollart.scenarios_catalog import default_scenario
+    from rollart.sim.costs.price import unplaced_gpu_notes
+
+    full = load_plan(default_scenario())
+    assert unplaced_gpu_notes(full, mode_config(full)) == []
+    spare = load_plan(default_scenario(), ["cluster.gpu_pools.h20.count=16"])
+    notes = unplaced_gpu_notes(spare, mode_config(spare))
+    assert notes == ["cluster.gpu_pools.h20.count=16: the placement uses 8; the other 8 are neither used nor billed "
+                     "(the cost counts placed GPUs)"]

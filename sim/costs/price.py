@@ -46,6 +46,20 @@ def gpus_placed(plan: Plan, mode: ModeConfig | None = None) -> dict[str, int]:
     return used
 
 
+def unplaced_gpu_notes(plan: Plan, mode: ModeConfig | None = None) -> list[str]:
+    """One line per pool whose ``count`` is more GPUs than the run places there: the cost counts placed GPUs
+    only, so a buyer pricing a pool of 16 that the placement fills with 8 reads the price of 8 (helper-93)."""
+    placed = gpus_placed(plan, mode)
+    notes = []
+    for name, spec in plan.cluster.gpu_pools.items():
+        spare = spec.count - placed.get(name, 0)
+        if spare > 0:
+            notes.append(f"cluster.gpu_pools.{name}.count={spec.count}: the placement uses {placed.get(name, 0)}; "
+                         f"the other {spare} {'is' if spare == 1 else 'are'} neither used nor billed (the cost "
+                         "counts placed GPUs)")
+    return notes
+
+
 def gpus_placed_by_type(plan: Plan, mode: ModeConfig | None = None) -> dict[str, int]:
     out: dict[str, int] = {}
     for pool, n in gpus_placed(plan, mode).items():
@@ -153,4 +167,4 @@ def run_cost(plan: Plan, wall_s: float, steps: int, trajectories: int, serverles
 
 
 __all__ = ["RunCost", "cpu_cores", "cpu_cores_billed", "dedicated_reward_used", "implicit_cpu_pool", "gpus_placed", "gpus_placed_by_type", "hourly_fixed_usd",
-           "missing_prices", "require_prices", "run_cost", "serverless_price"]
+           "missing_prices", "require_prices", "run_cost", "serverless_price", "unplaced_gpu_notes"]
