@@ -315,12 +315,14 @@ def summary_table(result: RunResult) -> Table:
     if "prefix_cache_hit_rate" in sm:
         preempted = sm.get("kv_preemptions") or 0
         held, flight = sm.get("kv_conversations_held"), sm.get("env_managers_in_flight")
-        rounds = sm.get("env_manager_rounds", 1)
-        fit = (f"; the engines' KV holds ~{held:,} conversations of the trained length and {flight:,} ran at "
-               f"once: algorithm.env_managers={sm['env_managers_fit']:,}"
-               + (f" ({-(-sm['groups_per_batch'] // rounds):,} env groups, each {rounds} of a batch's "
-                  f"{sm['groups_per_batch']:,} groups)" if rounds > 1 else "") + " keeps them cached"
-               if held is not None and flight is not None and flight > held else "")
+        rounds, fits = sm.get("env_manager_rounds", 1), sm.get("env_managers_fit")
+        fit = ""
+        if held is not None and flight is not None and flight > held:
+            fit = f"; the engines' KV holds ~{held:,} conversations of the trained length and {flight:,} ran at once"
+            fit += (f": try algorithm.env_managers={fits:,}" + (
+                f" ({-(-sm['groups_per_batch'] // rounds):,} env groups, each {rounds} of a batch's "
+                f"{sm['groups_per_batch']:,} groups)" if rounds > 1 else "")
+                if fits is not None else ": not one group's; more KV (GPUs, tp, FP8 KV) or shorter contexts")
         table.add_row("prefix cache", f"{sm['prefix_cache_hit_rate']:.0%} of prompt tokens reused" + (
             f" · KV full: {preempted:,} requests preempted and recomputed "
             f"({sm.get('kv_preempted_reuse_share', 0.0):.0%} of the reuse their own KV){fit}" if preempted else ""))

@@ -56,6 +56,9 @@ def _fp8_hint(model: Any, section: str, holds: Callable[[Any], bool]) -> str:
     return ""
 
 
+# KV preemptions from this share of the trajectories trained on are thrash worth a setting (kv_fit): the 32B plan
+# at batch 1,024 preempted 812 requests for 5,120 trajectories (16 %); a run 6 over 768 (0.8 %) lost to the cure
+KV_THRASH_SHARE = 0.05
 # The highest vLLM gpu_memory_utilization a fix suggests: past it an engine has no room for its activations
 # and CUDA graphs (vLLM's docs use up to 0.95)
 GPU_MEMORY_UTILIZATION_CEILING = 0.95
@@ -905,22 +908,29 @@ class SimOutcome:
         return hits / total if total else 0.0
 
     def kv_fit(self, steps: list[Any]) -> dict[str, int]:
-        """Where the engines preempted requests for KV in a mode whose env managers bound the conversations in
-        flight: how many conversations of the trained length their KV holds at once, how many ran, and the
-        env_managers (whole groups) that fit. Past the fit every turn's conversation is recomputed or re-read:
-        a batch of 1,024 on the 32B plan read 0.56 trajectories/s at its default 1,280 env managers and 1.31
-        at 640 (helper-95), a setting, not more GPUs. Empty otherwise."""
+        """Where the engines preempted requests for KV often (:data:`KV_THRASH_SHARE` of the trajectories
+        trained or more) in a mode whose env managers bound the conversations in flight: how many conversations
+        of the trained length their KV holds at once, how many ran, and env_managers to try (whole env groups,
+        each rolling out a whole number of a batch's groups: a batch one round short makes every step wait for a
+        second). Past the fit each turn's conversation is recomputed or re-read: a batch of 1,024 on the 32B plan
+        read 0.56 trajectories/s at its default 1,280 env managers and 1.31 at 640 (helper-95), a setting, not
+        more GPUs. A rough estimate (the trained length, every engine's KV pooled), so a suggestion to try, made
+        only where the thrash is material: a run 6 preemptions over the line read 11 % slower at its suggestion
+        (helper-96). Empty otherwise."""
         b = self.backend
         preempted = sum(e.preemptions for e in b.engines)
         trained, trajectories = sum(s.tokens for s in steps), sum(s.trajectories for s in steps)
-        if not preempted or b.mode.batch_level_launch or not trained or not trajectories:
+        if b.mode.batch_level_launch or not trained or not trajectories or preempted < KV_THRASH_SHARE * trajectories:
             return {}
         held = int(sum(e.capacity for e in b.engines) * trajectories / trained)
         sched = b.ctl.scheduler
         members, groups = sched.members_per_group, sched.groups_per_batch
-        # env groups that each roll out a whole number of a batch's groups: fewer managers that leave a batch
-        # one round short (1,180 of the 1,280 above: 0.31 trajectories/s) make every step wait for a second round
-        rounds = next((k for k in range(1, groups + 1) if -(-groups // k) * members <= held), groups)
+        if held < members:  # not one group's conversations: no env_managers setting helps
+            return {"kv_conversations_held": held, "env_managers_in_flight": sched.env_managers}
+        if not sched.env_groups:  # one pool of env managers: any whole number of groups
+            return {"kv_conversations_held": held, "env_managers_in_flight": sched.env_managers,
+                    "env_managers_fit": held // members * members, "env_manager_rounds": 1, "groups_per_batch": groups}
+        rounds = next(k for k in range(1, groups + 1) if -(-groups // k) * members <= held)
         return {"kv_conversations_held": held, "env_managers_in_flight": sched.env_managers,
                 "env_managers_fit": -(-groups // rounds) * members, "env_manager_rounds": rounds,
                 "groups_per_batch": groups}
@@ -966,7 +976,7 @@ class SimOutcome:
             "kv_preempted_reuse_share": self.preempted_reuse_share(),
             **self.kv_fit(steps),
             "weight_sync": weight_sync_summary(b.plan, b.mode) + b.transfer.bucket_cost_note(b.mode.async_weight_transfer),
-            "unused_settings": unused_settings(b.plan, b.mode) + unplaced_gpu_notes(b.plan, b.mode),
+            "unused_settings": unused_settings(b.plan, b.mode) + unplaced_gpu_notes(b.plan),
             # a task window past the model's native one (served only with rope scaling): said, not refused
             **({"context_notes": notes} if (notes := b.plan.context_notes()) else {}),
             "env_cores": self.env_cores_summary(elapsed),

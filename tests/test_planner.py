@@ -728,6 +728,11 @@ def test_a_winner_routing_prefill_heavy_work_off_the_compute_gpus_says_why():
     assert "prefix cache" in line and "prefix cache" not in affinity_note(ev("h20"), heuristic, ["h800", "h20"], False)
     assert affinity_note(ev("h800"), heuristic, ["h800", "h20"]) is None  # the paper's map
     assert affinity_note(ev("h20"), heuristic, ["h20"]) is None  # one pool: no routing to question
+    # no generation GPUs bought on the compute pool: a purchase, not a routing the cache explains (helper-96)
+    bought = Evaluation(Candidate("h800", 8, (("h20", 8, 1),), (("FrozenLake", "h20"), ("GEM-Math", "h20")), 1, 0.0,
+                                  SERVERLESS), 4, {"summary": {}})
+    line = affinity_note(bought, heuristic, ["h800", "h20"])
+    assert "buys no h800 generation GPUs" in line and "prefix cache" not in line
 
 
 def test_a_redundant_winner_says_its_trajectories_are_the_first_finishers():
@@ -748,8 +753,13 @@ def test_a_redundant_winner_says_its_trajectories_are_the_first_finishers():
     line = redundancy_note(result)
     assert "redundancy 0.25 trains each group's first finishers, 11,706 tokens a trajectory" in line
     assert "against 13,184 on #3 (redundancy 0): +12% traj/s, -0.6% trained tokens/s" in line
+    wider = Evaluation(Candidate("h800", 8, (("h20", 16, 1),), (), 2, 0.0, SERVERLESS), 4, {"seed": 0, "summary": {
+        "steady": {"settled": True, "trajectories_per_s": 2.67, "trained_tokens_per_s": 35_200}}})
+    other = redundancy_note(PlanSearch([ev(0.25, 2.99, 35_000), wider], None, [], 2, 8, 0.0, "throughput",
+                                       Budget(gpus=16), False))
+    assert "(redundancy 0, and 2 other choices)" in other  # not redundancy's effect alone
     assert redundancy_note(PlanSearch([ev(0.0, 2.67, 35_200)], None, [], 1, 4, 0.0, "throughput", Budget(gpus=16),
                                       False)) is None
     alone = redundancy_note(PlanSearch([ev(0.25, 2.99, 35_000)], None, [], 1, 4, 0.0, "throughput", Budget(gpus=16),
                                        False))
-    assert "longer ones" in alone
+    assert "counts smaller work (none listed)" in alone

@@ -60,11 +60,17 @@ def test_gpus_a_pool_holds_beyond_the_placement_are_said_unbilled() -> None:
     from rollart.core import mode_config
     from rollart.plan import load_plan
     from rollart.scenarios_catalog import default_scenario
+    from rollart.sim.backend import SimBackend
     from rollart.sim.costs.price import unplaced_gpu_notes
 
-    full = load_plan(default_scenario())
-    assert unplaced_gpu_notes(full, mode_config(full)) == []
-    spare = load_plan(default_scenario(), ["cluster.gpu_pools.h20.count=16"])
-    notes = unplaced_gpu_notes(spare, mode_config(spare))
+    assert unplaced_gpu_notes(load_plan(default_scenario())) == []
+    notes = unplaced_gpu_notes(load_plan(default_scenario(), ["cluster.gpu_pools.h20.count=16"]))
     assert notes == ["cluster.gpu_pools.h20.count=16: the placement uses 8; the other 8 are neither used nor billed "
                      "(the cost counts placed GPUs)"]
+
+    # dedicated judges the run sends nowhere are named once, by unused_settings, not again here
+    judged = load_plan(default_scenario(), ["placement.reward.gpus=2", "placement.reward.pool=h20",
+                                            "cluster.gpu_pools.h20.count=10"])
+    assert unplaced_gpu_notes(judged) == []
+    notes = SimBackend(judged, mode_config(judged), 0).run().to_result().summary["unused_settings"]
+    assert sum("h20" in n for n in notes) == 1

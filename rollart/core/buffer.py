@@ -69,6 +69,7 @@ class SampleBuffer:
             return []
         group.complete = True
         group.completed_at = now
+        group.failed_paths.clear()  # a refill still pending (an env group's slot) will not start
         del self.open[group.id]
         self.ready.append(group)
         surplus = group.running
@@ -83,6 +84,7 @@ class SampleBuffer:
     def abandon(self, group: Group) -> list[Trajectory]:
         """The group cannot be filled (refills exhausted): release its slot."""
         group.abandoned = True
+        group.failed_paths.clear()
         if self.open.pop(group.id, None) is not None:
             self._unslot(group)
         running = group.running
@@ -109,6 +111,7 @@ class SampleBuffer:
                 keep.append(g)
             else:
                 g.evicted = True
+                g.failed_paths.clear()
                 self._unslot(g)
                 for t in g.scored:
                     t.state = TrajState.ABORTED_STALE

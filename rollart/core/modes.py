@@ -124,6 +124,9 @@ def unused_settings(plan: Plan, mode: ModeConfig) -> list[str]:
         notes.append(f"placement.reward.where=serverless: mode {mode.name} judges on the plan's dedicated GPUs "
                      f"({r.gpus} {r.pool}, placement.reward.gpus), as its baseline does; set "
                      "placement.reward.gpus=0 to judge serverless")
+    if not plan.algorithm.reference_kl and plan.placement.trainer.profile is not None:
+        notes.append("algorithm.reference_kl=false: placement.trainer.profile prices the train step as it was "
+                     "measured, whatever passes it ran")
     for t in plan.tasks:  # a cache for images that are never pulled: the calibrated reset already holds the pull
         if t.env.image_cache_hit > 0 and t.env.image_gb <= 0:
             pool = plan.env_pool(t)

@@ -239,12 +239,17 @@ def affinity_note(ev: Evaluation, heuristic: dict[str, str], compute_rank: list[
     off = [tag for tag, kind in heuristic.items() if kind == "compute" and where.get(tag, compute_rank[0]) != compute_rank[0]]
     if not off:
         return None
+    rich = compute_rank[0]
+    pools = ", ".join(sorted({where[t] for t in off}))
+    head = (f"#1 runs prefill-heavy {', '.join(off)} on {pools}, not {rich} (the paper routes prefill-heavy tasks to "
+            "compute-optimised GPUs)")
+    if not any(pool == rich and n > 0 for pool, n, _ in ev.candidate.gen):  # not a routing choice: a purchase one
+        return (f"{head}: it buys no {rich} generation GPUs, which can be the cheaper plan within a tie rather than "
+                "the faster; --fixed-affinity holds the paper's map")
     why = ("with the prefix cache a turn prefills only its new tokens, so its turns read KV and weights more than they "
            "compute, where bandwidth per dollar wins" if prefix_cache else
            "it ran faster or cheaper there in these simulations")
-    return (f"#1 runs prefill-heavy {', '.join(off)} on {', '.join(sorted({where[t] for t in off}))}, not "
-            f"{compute_rank[0]} (the paper routes prefill-heavy tasks to compute-optimised GPUs): {why} "
-            "(rollart reproduce, h800-vs-h20); --fixed-affinity holds the paper's map")
+    return f"{head}: {why} (rollart reproduce, h800-vs-h20); --fixed-affinity holds the paper's map"
 
 
 def redundancy_note(result: PlanSearch) -> str | None:
@@ -266,13 +271,14 @@ def redundancy_note(result: PlanSearch) -> str | None:
             f"{size:,.0f} tokens a trajectory")
     plain = next(((i, ev) for i, ev in enumerate(result.ranked) if ev.candidate.redundancy == 0), None)
     if plain is None or not tok:
-        return line + "; traj/s counts them as a plan without redundancy counts longer ones"
+        return line + ", shorter than a plan without redundancy trains, so its traj/s counts smaller work (none listed)"
     i, ev = plain
     tps0, tok0, size0 = per_traj(ev)
     if not tps0 or not tok0:
         return line
-    return (line + f" against {size0:,.0f} on #{i + 1} (redundancy 0): {_pct(tps / tps0 - 1)} traj/s, "
-            f"{_pct(tok / tok0 - 1)} trained tokens/s (seed {best.record.get('seed', 0)})")
+    other = [c for c in changes(ev, best) if not c.startswith("redundancy")]
+    return (line + f" against {size0:,.0f} on #{i + 1} (redundancy 0{', and ' + str(len(other)) + ' other choices' if other else ''}): "
+            f"{_pct(tps / tps0 - 1)} traj/s, {_pct(tok / tok0 - 1)} trained tokens/s (seed {best.record.get('seed', 0)})")
 
 
 def why_lines(result: PlanSearch, top: int = 5) -> list[str]:

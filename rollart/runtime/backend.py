@@ -72,7 +72,7 @@ def simulator_only_settings(plan: Any) -> list[str]:
                          "take (simulator only)")
     if plan.placement.reward.step_overhead_ms is not None:
         notes.append("placement.reward.step_overhead_ms: a real run's judge takes the steps it takes (simulator only)")
-    if plan.algorithm.reference_kl:
+    if plan.algorithm.reference_kl and plan.placement.trainer.profile is None:  # a measured profile: as it ran
         notes.append("algorithm.reference_kl: a real run's trainer has no KL term and runs no reference forward; the "
                      "simulator prices one (set it false to compare like with like)")
     return notes
