@@ -907,7 +907,7 @@ class SimOutcome:
         total = hits + sum(e.prefill_tokens for e in self.backend.engines)
         return hits / total if total else 0.0
 
-    def kv_fit(self, steps: list[Any]) -> dict[str, int]:
+    def kv_fit(self, steps: list[Any], preempted: int) -> dict[str, int]:
         """Where the engines preempted requests for KV often (:data:`KV_THRASH_SHARE` of the trajectories
         trained or more) in a mode whose env managers bound the conversations in flight: how many conversations
         of the trained length their KV holds at once, how many ran, and env_managers to try (whole env groups,
@@ -918,21 +918,20 @@ class SimOutcome:
         only where the thrash is material: a run 6 preemptions over the line read 11 % slower at its suggestion
         (helper-96). Empty otherwise."""
         b = self.backend
-        preempted = sum(e.preemptions for e in b.engines)
         trained, trajectories = sum(s.tokens for s in steps), sum(s.trajectories for s in steps)
         if b.mode.batch_level_launch or not trained or not trajectories or preempted < KV_THRASH_SHARE * trajectories:
             return {}
         held = int(sum(e.capacity for e in b.engines) * trajectories / trained)
         sched = b.ctl.scheduler
         members, groups = sched.members_per_group, sched.groups_per_batch
+        out = {"kv_conversations_held": held, "env_managers_in_flight": sched.env_managers}
         if held < members:  # not one group's conversations: no env_managers setting helps
-            return {"kv_conversations_held": held, "env_managers_in_flight": sched.env_managers}
-        if not sched.env_groups:  # one pool of env managers: any whole number of groups
-            return {"kv_conversations_held": held, "env_managers_in_flight": sched.env_managers,
-                    "env_managers_fit": held // members * members, "env_manager_rounds": 1, "groups_per_batch": groups}
+            return out
+        if not sched.env_groups:  # one pool of env managers: any whole number of groups, in one round
+            return {**out, "env_managers_fit": held // members * members, "env_manager_rounds": 1,
+                    "groups_per_batch": groups}
         rounds = next(k for k in range(1, groups + 1) if -(-groups // k) * members <= held)
-        return {"kv_conversations_held": held, "env_managers_in_flight": sched.env_managers,
-                "env_managers_fit": -(-groups // rounds) * members, "env_manager_rounds": rounds,
+        return {**out, "env_managers_fit": -(-groups // rounds) * members, "env_manager_rounds": rounds,
                 "groups_per_batch": groups}
 
     def preempted_reuse_share(self) -> float:
@@ -948,6 +947,7 @@ class SimOutcome:
         steps = ctl.stats.steps
         elapsed = steps[-1].end_s if steps else self.elapsed_s
         summary: dict[str, Any] = summary_from_steps(steps, b.mode.alpha)
+        preempted = sum(e.preemptions for e in b.engines)  # running requests whose KV the engines evicted
         summary.update(task_share_summary(b.plan, steps, ctl.stats, b.mode))
         summary.update(waste_summary(ctl.stats, ctl.discarded_tokens()))
         summary.update({
@@ -972,9 +972,9 @@ class SimOutcome:
             "prefix_cache_hit_rate": self.prefix_cache_hit_rate(),
             # running requests the engines preempted when their KV filled up (recomputed later); the
             # hit rate above counts a resumed request's own KV found in the cache, as vLLM counts it
-            "kv_preemptions": sum(e.preemptions for e in b.engines),
+            "kv_preemptions": preempted,
             "kv_preempted_reuse_share": self.preempted_reuse_share(),
-            **self.kv_fit(steps),
+            **self.kv_fit(steps, preempted),
             "weight_sync": weight_sync_summary(b.plan, b.mode) + b.transfer.bucket_cost_note(b.mode.async_weight_transfer),
             "unused_settings": unused_settings(b.plan, b.mode) + unplaced_gpu_notes(b.plan),
             # a task window past the model's native one (served only with rope scaling): said, not refused

@@ -81,7 +81,7 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 
 # The context window each released preset was trained for (its model card): past it the model needs rope
 # scaling (Qwen: YaRN, up to 131,072 tokens at factor 4, applied statically by vLLM, which the cards note may
-# cost quality on short texts). A plan's model.max_context_tokens states its own.
+# cost quality on short texts). A model a plan describes has no card here (Plan.context_notes says nothing).
 NATIVE_CONTEXT_TOKENS: dict[str, int] = {
     "Qwen3-8B": 32768, "Qwen3-14B": 32768, "Qwen3-32B": 32768, "Qwen3-30B-A3B": 32768, "Qwen3-235B-A22B": 32768,
     "Qwen2.5-7B": 32768, "DeepSeek-V3": 131072,

@@ -50,7 +50,7 @@ def unplaced_gpu_notes(plan: Plan) -> list[str]:
     """One line per pool whose ``count`` is more GPUs than the placement gives a role there: the cost counts
     placed GPUs only, so a buyer pricing a pool of 16 that the placement fills with 8 reads the price of 8
     (helper-93). Dedicated judges the run does not use count as placed here: ``unused_settings`` names them."""
-    placed = plan.placement.gpus_by_pool()  # with judges the run does not place: unused_settings names those
+    placed = plan.placement.gpus_by_pool()
     notes = []
     for name, spec in plan.cluster.gpu_pools.items():
         spare = spec.count - placed.get(name, 0)

@@ -68,20 +68,19 @@ def effective_mfu(trainer: TrainerPlacement, gpu: GpuType, gpu_name: str | None 
     bound of that (the non-GEMM kernels, memory-bound, are relatively cheaper there too). ``datasheet``: the
     pool is priced on its datasheet roofline (``profile: datasheet``), no GPU's kernel efficiencies carry over,
     so a default MFU stays as it is."""
-    mfu = trainer.mfu
-    own = f"MFU {mfu:.3g} (placement.trainer.mfu)" if "mfu" in trainer.model_fields_set else \
-        f"MFU {mfu:.3g} (the default, fitted on {DEFAULT_MFU_MEASURED_ON} to the paper's SWE step)"
+    mfu, stated = trainer.mfu, "mfu" in trainer.model_fields_set
+    default = f"(the default, fitted on {DEFAULT_MFU_MEASURED_ON} to the paper's SWE step)"
+    own = f"MFU {mfu:.3g} " + ("(placement.trainer.mfu)" if stated else default)
     measured_on, measured_name = trainer.measured_on_gpu(), trainer.mfu_measured_on
     said = f"measured on {measured_name}"
     if measured_on is None:
         # a stated MFU is the trainer GPU's own. The default moves to every named type, a custom one too: its
         # GEMMs' share is its reference profile's, held between the presets it matches or beats and those that
         # beat it (gemm_e_max), so an H20 with more HBM no longer trains 23 % slower than the H20 it beats
-        if "mfu" in trainer.model_fields_set or gpu_name is None or datasheet:
+        if stated or gpu_name is None or datasheet:
             return mfu, own
         measured_name = DEFAULT_MFU_MEASURED_ON
-        measured_on, said = GpuType(**GPU_PRESETS[measured_name]), \
-            f"(the default, fitted on {measured_name} to the paper's SWE step)"
+        measured_on, said = GpuType(**GPU_PRESETS[measured_name]), default
     elif measured_on == gpu and gpu_name in (None, measured_name):
         return mfu, f"MFU {mfu:.3g} {said} (placement.trainer.mfu)"
     from rollart.calibration.gemm_share import gemm_e_max
